@@ -1,0 +1,24 @@
+"""Train one configuration, or (with -m) the default study.
+
+    python experiments/sweep.py precision=fp16 clip.enabled=true train.accum_steps=4
+    python experiments/sweep.py -m
+"""
+
+from __future__ import annotations
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from stability.job import run_job
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    """Hydra entry point; returns the best validation loss for sweepers."""
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    return run_job(raw, overrides=list(HydraConfig.get().overrides.task))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""The sequence task: predict whether the sum of a length-30 sequence is positive.
+
+The data and its stratified train/val/test split depend on ``data.seed`` alone; the
+training seed never changes them. The test split is sealed: ``make_splits`` never
+returns it, and ``open_test_split`` is the one guarded way in, used only by the
+report's final evaluation of the selected winner.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from stability.config import DataConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Split:
+    """Inputs ``x`` of shape (N, seq_len, 1) float32 and labels ``y`` of shape (N,) float32."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+
+@dataclass(frozen=True)
+class TrainValSplits:
+    """What training may see."""
+
+    train: Split
+    val: Split
+
+
+def _generate(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(cfg.seed)
+    x = rng.standard_normal((cfg.num_samples, cfg.seq_len, 1), dtype=np.float32)
+    y = (x.sum(axis=(1, 2)) > 0).astype(np.float32)
+    parts: dict[str, list[np.ndarray]] = {"train": [], "val": [], "test": []}
+    # Stratified: split each class separately with the same fractions.
+    for label in (0.0, 1.0):
+        idx = rng.permutation(np.flatnonzero(y == label))
+        n_test = round(len(idx) * cfg.test_fraction)
+        n_val = round(len(idx) * cfg.val_fraction)
+        parts["test"].append(idx[:n_test])
+        parts["val"].append(idx[n_test : n_test + n_val])
+        parts["train"].append(idx[n_test + n_val :])
+    return x, y, {k: np.sort(np.concatenate(v)) for k, v in parts.items()}
+
+
+def _split(x: np.ndarray, y: np.ndarray, idx: np.ndarray) -> Split:
+    return Split(torch.from_numpy(x[idx].copy()), torch.from_numpy(y[idx].copy()))
+
+
+def make_splits(cfg: DataConfig) -> TrainValSplits:
+    """Train and validation splits; the test split is not returned.
+
+    Args:
+        cfg: data configuration; ``cfg.seed`` fully determines data and split.
+
+    Returns:
+        The training and validation splits as CPU tensors.
+    """
+    x, y, idx = _generate(cfg)
+    return TrainValSplits(train=_split(x, y, idx["train"]), val=_split(x, y, idx["val"]))
+
+
+def split_sizes(cfg: DataConfig) -> dict[str, int]:
+    """Sizes of the three splits (reading sizes does not open the test data)."""
+    _, _, idx = _generate(cfg)
+    return {k: len(v) for k, v in idx.items()}
+
+
+def open_test_split(cfg: DataConfig, *, winner: str) -> Split:
+    """The sealed test split. Only the report's evaluation of the selected winner calls this.
+
+    Args:
+        cfg: data configuration of the winning runs.
+        winner: fingerprint of the config chosen on validation loss; must be non-empty,
+            which forces the caller to have made the selection first.
+
+    Returns:
+        The test split.
+
+    Raises:
+        PermissionError: no winner was named.
+    """
+    if not winner:
+        raise PermissionError("the test split opens only for a winner selected on validation")
+    log.info("opening the sealed test split for winner %s", winner)
+    x, y, idx = _generate(cfg)
+    return _split(x, y, idx["test"])

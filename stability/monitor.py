@@ -1,0 +1,112 @@
+"""Run health: a rolling skip-rate monitor that can end a run as diverged, and diagnostics."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stability.config import MonitorConfig
+from stability.steplog import StepLog
+
+log = logging.getLogger(__name__)
+
+
+class DivergedError(RuntimeError):
+    """The skip rate stayed above ``monitor.max_skip_rate`` for ``monitor.abort_after`` steps."""
+
+
+class SkipRateMonitor:
+    """Rolling skip rate over the last ``window`` optimizer steps.
+
+    Alerts (once per excursion) when the rate exceeds ``max_skip_rate`` and raises
+    ``DivergedError`` when it stays above for ``abort_after`` consecutive steps.
+    """
+
+    def __init__(self, cfg: MonitorConfig) -> None:
+        self.cfg = cfg
+        self._window: deque[bool] = deque(maxlen=cfg.window)
+        self._skips_in_window = 0
+        self.consecutive_above = 0
+        self.alerts = 0
+
+    @property
+    def rate(self) -> float:
+        """Skip rate over the current window."""
+        return self._skips_in_window / len(self._window) if self._window else 0.0
+
+    def update(self, skipped: bool) -> bool:
+        """Record one step; returns True if the rate is above the threshold now."""
+        if len(self._window) == self._window.maxlen:
+            self._skips_in_window -= self._window[0]
+        self._window.append(skipped)
+        self._skips_in_window += skipped
+        above = self.rate > self.cfg.max_skip_rate
+        if above:
+            if self.consecutive_above == 0:
+                self.alerts += 1
+                log.warning("skip rate %.3f > %.3f over the last %d steps",
+                            self.rate, self.cfg.max_skip_rate, len(self._window))
+            self.consecutive_above += 1
+            if self.consecutive_above >= self.cfg.abort_after:
+                raise DivergedError(
+                    f"skip rate {self.rate:.3f} above monitor.max_skip_rate="
+                    f"{self.cfg.max_skip_rate} for {self.consecutive_above} consecutive steps "
+                    f"(monitor.abort_after={self.cfg.abort_after})"
+                )
+        else:
+            self.consecutive_above = 0
+        return above
+
+
+@dataclass
+class Diagnostics:
+    """Accumulates per-run diagnostics from ``StepLog`` records."""
+
+    steps: int = 0
+    clip_count: int = 0
+    skip_count: int = 0
+    skip_reasons: dict[str, int] = field(default_factory=dict)
+    first_nonfinite_param: str = ""
+    first_nonfinite_step: int = 0
+    _norms: list[float] = field(default_factory=list)
+    _underflow: list[float] = field(default_factory=list)
+
+    def on_step(self, s: StepLog) -> None:
+        """Fold one step in."""
+        self.steps += 1
+        self.clip_count += s.clipped
+        if s.skipped:
+            self.skip_count += 1
+            self.skip_reasons[s.skip_reason] = self.skip_reasons.get(s.skip_reason, 0) + 1
+            if s.nonfinite_param and not self.first_nonfinite_param:
+                self.first_nonfinite_param = s.nonfinite_param
+                self.first_nonfinite_step = s.step
+        if math.isfinite(s.grad_l2_pre_clip):
+            self._norms.append(s.grad_l2_pre_clip)
+        if not math.isnan(s.underflow_frac):
+            self._underflow.append(s.underflow_frac)
+
+    def summary(self) -> dict[str, float | int | str]:
+        """Clip count/fraction, pre-clip norm max and percentiles, fp16 underflow share."""
+        norms = np.asarray(self._norms) if self._norms else np.asarray([math.nan])
+        p50, p90, p99 = np.percentile(norms, [50, 90, 99])
+        return {
+            "clip_count": self.clip_count,
+            "clip_fraction": self.clip_count / self.steps if self.steps else 0.0,
+            "skip_count": self.skip_count,
+            "skip_nonfinite_loss": self.skip_reasons.get("nonfinite_loss", 0),
+            "skip_nonfinite_grad": self.skip_reasons.get("nonfinite_grad", 0),
+            "grad_norm_max": float(np.max(norms)),
+            "grad_norm_p50": float(p50),
+            "grad_norm_p90": float(p90),
+            "grad_norm_p99": float(p99),
+            "fp16_underflow_fraction": (
+                float(np.mean(self._underflow)) if self._underflow else math.nan
+            ),
+            "first_nonfinite_param": self.first_nonfinite_param,
+            "first_nonfinite_step": self.first_nonfinite_step,
+        }

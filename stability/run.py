@@ -1,0 +1,205 @@
+"""``train(RunConfig)``: build data, model and ``TrainStep``; loop epochs; keep the best checkpoint.
+
+Records flow one way: ``TrainStep.step`` returns a ``StepLog``; this loop hands it to the
+CSV writer (the ground truth, flushed per row), the diagnostics, the skip-rate monitor and
+any extra sinks (e.g. the MLflow buffer). The step itself never logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+from stability.config import RunConfig, StepConfig
+from stability.data import Split, make_splits
+from stability.model import SequenceClassifier
+from stability.monitor import Diagnostics, DivergedError, SkipRateMonitor
+from stability.precision import autocast, check_precision_supported, resolve_device
+from stability.step import MicroBatch, TrainStep
+from stability.steplog import CsvStepWriter, EpochLog, StepSink
+
+log = logging.getLogger(__name__)
+
+CSV_NAME = "steps.csv"
+CONFIG_NAME = "config.yaml"
+CHECKPOINT_NAME = "checkpoints/best.pt"
+
+
+@dataclass
+class RunResult:
+    """What a run produced. ``status`` is ``finished`` or ``diverged`` (failures raise)."""
+
+    status: str
+    reason: str
+    best_val_loss: float
+    best_epoch: int
+    epochs: list[EpochLog]
+    summary: dict[str, Any]
+    output_dir: Path
+    wall_time_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def csv_path(self) -> Path:
+        """The run's ``steps.csv``."""
+        return self.output_dir / CSV_NAME
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """The best-validation checkpoint (a plain ``state_dict``)."""
+        return self.output_dir / CHECKPOINT_NAME
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, split: Split, config: StepConfig,
+             batch_size: int = 1024) -> tuple[float, float]:
+    """Mean BCE loss and accuracy of ``model`` on ``split``, under the run's autocast policy.
+
+    Args:
+        model: the classifier.
+        split: the data to evaluate on.
+        config: the step config (device and precision).
+        batch_size: evaluation batch size.
+
+    Returns:
+        ``(loss, accuracy)``.
+    """
+    model.eval()
+    loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
+    total, correct = 0.0, 0
+    for i in range(0, len(split), batch_size):
+        x = split.x[i : i + batch_size].to(config.device)
+        y = split.y[i : i + batch_size].to(config.device)
+        with autocast(config):
+            logits = model(x).float()
+        total += float(loss_fn(logits, y))
+        correct += int(((logits > 0).float() == y).sum())
+    model.train()
+    return total / len(split), correct / len(split)
+
+
+def windows(split: Split, batch_size: int, accum_steps: int, generator: torch.Generator,
+            device: str) -> Iterator[list[MicroBatch]]:
+    """One epoch of shuffled micro-batches grouped into windows of ``accum_steps``.
+
+    The last window may be shorter; it is still stepped (with its own divisor).
+    """
+    perm = torch.randperm(len(split), generator=generator)
+    batches = [perm[i : i + batch_size] for i in range(0, len(split), batch_size)]
+    for w in range(0, len(batches), accum_steps):
+        yield [(split.x[idx].to(device), split.y[idx].to(device))
+               for idx in batches[w : w + accum_steps]]
+
+
+def write_config(cfg: RunConfig, path: Path) -> None:
+    """Write the resolved config as YAML."""
+    path.write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+
+
+def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -> RunResult:
+    """Train one configuration.
+
+    Args:
+        cfg: the validated run configuration.
+        sinks: extra consumers of ``StepLog``/``EpochLog`` records (the CSV is always written).
+        world_size: number of data-parallel ranks (for the effective batch).
+
+    Returns:
+        The ``RunResult``; a run ended by the skip-rate monitor has ``status == "diverged"``.
+
+    Raises:
+        ConfigError: the device cannot run the requested precision.
+    """
+    t0 = time.perf_counter()
+    device = resolve_device(cfg.device)
+    check_precision_supported(cfg.precision.name, device)
+    step_cfg = cfg.step_config(device)
+    torch.set_num_threads(cfg.train.threads)
+    out = Path(cfg.output_dir)
+    (out / CHECKPOINT_NAME).parent.mkdir(parents=True, exist_ok=True)
+    write_config(cfg, out / CONFIG_NAME)
+
+    splits = make_splits(cfg.data)
+    torch.manual_seed(cfg.seed)  # the training seed: initialisation and shuffling only
+    model = SequenceClassifier(cfg.model).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr,
+                                  weight_decay=cfg.train.weight_decay)
+    trainer = TrainStep(model, optimizer, nn.BCEWithLogitsLoss(), step_cfg, fault=cfg.fault)
+    shuffle = torch.Generator().manual_seed(cfg.seed)
+
+    csv_writer = CsvStepWriter(out / CSV_NAME)
+    all_sinks: list[StepSink] = [csv_writer, *sinks]
+    monitor = SkipRateMonitor(cfg.monitor)
+    diag = Diagnostics()
+    epochs: list[EpochLog] = []
+    best_val, best_epoch = math.inf, 0
+    status, reason = "finished", ""
+    try:
+        for epoch in range(1, cfg.train.epochs + 1):
+            te = time.perf_counter()
+            losses, norms, clipped, skipped, n_steps = [], [], 0, 0, 0
+            for window in windows(splits.train, cfg.train.batch_size, cfg.train.accum_steps,
+                                  shuffle, device):
+                s = trainer.step(window)
+                diag.on_step(s)
+                for sink in all_sinks:
+                    sink.on_step(s, epoch)
+                n_steps += 1
+                clipped += s.clipped
+                skipped += s.skipped
+                if not s.skipped:
+                    losses.append(s.loss)
+                    norms.append(s.grad_l2_pre_clip)
+                monitor.update(s.skipped)  # raises DivergedError
+            val_loss, val_acc = evaluate(model, splits.val, step_cfg)
+            record = EpochLog(
+                epoch=epoch,
+                train_loss=sum(losses) / len(losses) if losses else math.nan,
+                val_loss=val_loss,
+                val_acc=val_acc,
+                clip_fraction=clipped / n_steps,
+                max_grad_norm=max(norms) if norms else math.nan,
+                skip_count=skipped,
+                steps=n_steps,
+                seconds=time.perf_counter() - te,
+            )
+            epochs.append(record)
+            for sink in all_sinks:
+                sink.on_epoch(record)
+            if val_loss < best_val:  # nan never wins
+                best_val, best_epoch = val_loss, epoch
+                torch.save(model.state_dict(), out / CHECKPOINT_NAME)
+            log.info(
+                "epoch %2d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  clip %.2f  "
+                "skips %d", epoch, cfg.train.epochs, record.train_loss, val_loss, val_acc,
+                record.clip_fraction, skipped,
+            )
+    except DivergedError as err:
+        status, reason = "diverged", str(err)
+        log.error("run diverged: %s", err)
+    finally:
+        csv_writer.close()
+
+    summary: dict[str, Any] = diag.summary() | {
+        "best_val_loss": best_val,
+        "best_epoch": best_epoch,
+        "final_scaler_scale": trainer.scaler.get_scale() if trainer.scaler.is_enabled() else 1.0,
+        "diverged": int(status == "diverged"),
+        "effective_batch": cfg.train.batch_size * cfg.train.accum_steps * world_size,
+        "optimizer_steps": trainer.step_count,
+        "grad_syncs": trainer.grad_syncs,
+        "skip_alerts": monitor.alerts,
+    }
+    wall = time.perf_counter() - t0
+    summary["wall_time_s"] = wall
+    return RunResult(status, reason, best_val, best_epoch, epochs, summary, out, wall)

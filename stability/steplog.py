@@ -1,0 +1,108 @@
+"""Per-step records and the CSV writer that is the ground truth of every run.
+
+Each row is flushed to the operating system as it is written, so a crash, SIGKILL or
+interrupt of the process loses nothing that was already logged. (``fsync`` per row would
+also survive a power cut, but costs ~1 ms a step, more than the step itself here.)
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Protocol
+
+SKIP_REASONS = ("", "nonfinite_loss", "nonfinite_grad")
+
+
+@dataclass(frozen=True)
+class StepLog:
+    """What one optimizer step did. ``step`` is the 1-based optimizer-step index."""
+
+    step: int
+    lr: float
+    grad_l2_pre_clip: float
+    grad_l2_post_clip: float
+    loss: float
+    skipped: bool
+    skip_reason: str
+    scaler_scale: float
+    clipped: bool
+    micro_batches: int
+    samples: int
+    underflow_frac: float = math.nan
+    nonfinite_param: str = ""
+
+
+@dataclass(frozen=True)
+class EpochLog:
+    """Per-epoch summary produced by the run loop."""
+
+    epoch: int
+    train_loss: float
+    val_loss: float
+    val_acc: float
+    clip_fraction: float
+    max_grad_norm: float
+    skip_count: int
+    steps: int
+    seconds: float
+
+
+class StepSink(Protocol):
+    """Anything that consumes the run's records (CSV writer, MLflow buffer...)."""
+
+    def on_step(self, log: StepLog, epoch: int) -> None: ...
+
+    def on_epoch(self, log: EpochLog) -> None: ...
+
+
+# The first eight columns are fixed by contract; extra columns follow.
+CSV_COLUMNS = [
+    "step", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "loss", "skipped", "skip_reason",
+    "scaler_scale", "epoch", "clipped", "micro_batches", "samples", "skips_cumulative",
+    "underflow_frac", "nonfinite_param",
+]
+assert {f.name for f in fields(StepLog)} <= set(CSV_COLUMNS)
+
+
+class CsvStepWriter:
+    """Writes ``steps.csv``: one row per optimizer step, flushed to disk per row."""
+
+    def __init__(self, path: str | Path, fsync: bool = False) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("w", newline="")
+        self._writer = csv.writer(self._file)
+        self._writer.writerow(CSV_COLUMNS)
+        self._fsync = fsync
+        self._skips = 0
+        self._flush()
+
+    def _flush(self) -> None:
+        self._file.flush()
+        if self._fsync:
+            os.fsync(self._file.fileno())
+
+    def on_step(self, log: StepLog, epoch: int) -> None:
+        """Append one row and flush it."""
+        self._skips += log.skipped
+        row = asdict(log) | {
+            "epoch": epoch,
+            "skipped": int(log.skipped),
+            "clipped": int(log.clipped),
+            "skips_cumulative": self._skips,
+        }
+        self._writer.writerow([row[c] for c in CSV_COLUMNS])
+        self._flush()
+
+    def on_epoch(self, log: EpochLog) -> None:
+        """Epoch records are not part of the step CSV."""
+
+    def close(self) -> None:
+        """Flush and close the file (idempotent)."""
+        if not self._file.closed:
+            self._flush()
+            self._file.close()
