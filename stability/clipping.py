@@ -20,7 +20,7 @@ def _grads(parameters: Iterable[torch.nn.Parameter]) -> list[torch.Tensor]:
 
 
 def grad_global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """Global L2 norm of ``grads`` as a 0-d float32 tensor (``inf``/``nan`` if any is non-finite)."""
+    """Global L2 norm of ``grads``, a 0-d float32 tensor (inf/nan if any element is)."""
     if not grads:
         return torch.zeros(())
     norms = torch._foreach_norm(grads, 2.0)

@@ -20,7 +20,9 @@ def resolve_device(requested: str) -> str:
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda is invalid: no CUDA device is available (allowed: auto | cpu)")
+        raise ConfigError(
+            "device=cuda is invalid: no CUDA device is available (allowed: auto | cpu)"
+        )
     if requested not in ("cpu", "cuda"):
         raise ConfigError(f"device={requested!r} is invalid: allowed values are auto | cpu | cuda")
     return requested

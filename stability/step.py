@@ -2,9 +2,9 @@
 
 The order is the one AMP requires and every test pins:
 
-    for each micro-batch:  forward under autocast -> isfinite(loss) -> scaler.scale(loss / n).backward()
-    after the window:      scaler.unscale_(opt) -> finiteness check -> clip -> scaler.step(opt)
-    always:                scaler.update()      (skipped or not; a no-op unless fp16)
+    per micro-batch:  autocast forward -> isfinite(loss) -> scaler.scale(loss / n).backward()
+    after the window: scaler.unscale_(opt) -> finiteness check -> clip -> scaler.step(opt)
+    always:           scaler.update()  (skipped or not; a no-op unless fp16)
 
 The step never logs anything itself: it returns a ``StepLog`` and the run loop decides
 where records go.
