@@ -1,0 +1,43 @@
+# make run   : set up .venv and run the default study (python experiments/sweep.py -m) on the embedded store
+# make test  : set up .venv (+ dev tools, Chromium for the UI test) and run the test suite
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+# torch first, pinned to the local CPU wheel: anything that resolves torch later finds it satisfied
+TORCH   := torch==2.13.0
+
+.PHONY: setup setup-dev run test test-fast ui report lint
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+setup: $(BIN)/python
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e .
+
+setup-dev: $(BIN)/python
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e ".[dev]"
+	@command -v chromium >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
+		echo "chromium not installed: the UI test will fail (apt-get install chromium)"; }
+
+run: setup
+	$(BIN)/python experiments/sweep.py -m
+
+test: setup-dev
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+test-fast: setup-dev
+	$(BIN)/python -m pytest -m "not slow"
+
+ui:
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000 --workers 1
+
+report: setup
+	$(BIN)/python experiments/report.py
+
+lint: setup-dev
+	$(BIN)/ruff check .

@@ -1,0 +1,84 @@
+"""Start and stop a real local ``mlflow server`` (tests, benchmarks, ``make ui``).
+
+One uvicorn worker: MLflow 3.x with its default 4 workers adds ~40 ms to every
+keep-alive request on these machines.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class MlflowServer:
+    """A running ``mlflow server`` subprocess; ``uri`` is its tracking URI."""
+
+    uri: str
+    process: subprocess.Popen
+    root: Path
+
+    def stop(self) -> None:
+        """Terminate the server and wait for it."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_server(root: str | Path, port: int | None = None, timeout_s: float = 90.0) -> MlflowServer:
+    """Start ``mlflow server`` on 127.0.0.1 with a SQLite store and proxied artifacts under ``root``.
+
+    Args:
+        root: directory for ``mlflow.db``, ``artifacts/`` and ``server.log``.
+        port: TCP port (a free one by default).
+        timeout_s: how long to wait for ``/health``.
+
+    Returns:
+        The running server.
+
+    Raises:
+        RuntimeError: the server did not become healthy in time (its log is quoted).
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    log_path = root / "server.log"
+    cmd = [
+        sys.executable, "-m", "mlflow", "server",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination", str(root / "artifacts"),
+        "--serve-artifacts", "--workers", "1",
+    ]
+    env = os.environ | {"MLFLOW_TRACKING_URI": ""}
+    proc = subprocess.Popen(cmd, stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=1) as r:
+                if r.status == 200:
+                    return MlflowServer(uri, proc, root)
+        except OSError:
+            time.sleep(0.25)
+    proc.kill()
+    raise RuntimeError(f"mlflow server did not start:\n{log_path.read_text()[-3000:]}")

@@ -1,0 +1,17 @@
+"""Shared fixtures. Servers are real subprocesses on 127.0.0.1; nothing is mocked."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from stability.server import MlflowServer, start_server
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """A real ``mlflow server`` (SQLite + proxied artifact dir in a temp folder)."""
+    server = start_server(tmp_path_factory.mktemp("mlflow-server"))
+    yield server
+    server.stop()
