@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from stability.job import run_job
@@ -16,8 +17,10 @@ from stability.job import run_job
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     """Hydra entry point; returns the best validation loss for sweepers."""
+    hc = HydraConfig.get()
     raw = OmegaConf.to_container(cfg, resolve=True)
-    return run_job(raw, overrides=list(HydraConfig.get().overrides.task))
+    in_sweep = hc.mode == RunMode.MULTIRUN
+    return run_job(raw, overrides=list(hc.overrides.task), in_sweep=in_sweep)
 
 
 if __name__ == "__main__":

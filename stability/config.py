@@ -228,6 +228,8 @@ class TrackingConfig:
     uri: str | None = None
     experiment: str = "stability"
     enabled: bool = True
+    sweep_id: str | None = None  # set by the sweeper for every job of a sweep
+    parent_run_id: str | None = None  # the sweep's parent run, so the UI nests children
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 This is the edge: the composed Hydra config arrives as a plain dict, is converted once
 to a frozen ``RunConfig``, and a user mistake ends the job with a one-line error and
-exit status 2 instead of a traceback.
+exit status 2 instead of a traceback. A run that fails for any other reason is closed
+in MLflow as FAILED (KILLED on Ctrl-C/SIGTERM) with its reason, and, inside a sweep,
+returns ``inf`` so the other jobs go on.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from stability.config import ConfigError, RunConfig, to_run_config
 from stability.run import RunResult, train
+from stability.tracking import TrackedRun, TrackingError
 
 log = logging.getLogger(__name__)
 
@@ -24,23 +27,44 @@ def load_run_config(raw: Mapping[str, Any]) -> RunConfig:
     try:
         return to_run_config(raw)
     except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _user_error(err)
 
 
-def run_job(raw: Mapping[str, Any], overrides: Sequence[str] = ()) -> float:
-    """Train the configuration in ``raw``; returns its best validation loss (inf if diverged).
+def _user_error(err: Exception) -> None:
+    print(f"error: {err}", file=sys.stderr)
+    raise SystemExit(2) from None
+
+
+def train_tracked(cfg: RunConfig, overrides: Sequence[str] = ()) -> RunResult:
+    """``run.train`` inside an MLflow run (or without one when tracking is disabled)."""
+    if not cfg.tracking.enabled:
+        return train(cfg)
+    with TrackedRun(cfg, overrides) as tracked:
+        result = train(cfg, sinks=[tracked.sink])
+        tracked.finish(result.summary, result.status, result.reason)
+    log.info("MLflow run %s (%s)", tracked.run_id, tracked.uri)
+    return result
+
+
+def run_job(raw: Mapping[str, Any], overrides: Sequence[str] = (), in_sweep: bool = False) -> float:
+    """Train the configuration in ``raw``; returns its best validation loss (inf if not finished).
 
     Args:
         raw: the composed config as plain nested dicts.
         overrides: the Hydra override strings of this job (recorded with the run).
+        in_sweep: inside a multirun an unexpected failure is logged and returns ``inf`` so the
+            sweep goes on; a single run re-raises it.
     """
     cfg = load_run_config(raw)
     try:
-        result: RunResult = train(cfg)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        result = train_tracked(cfg, overrides)
+    except (ConfigError, TrackingError) as err:
+        _user_error(err)
+    except Exception:
+        if not in_sweep:
+            raise
+        log.exception("run failed; the sweep goes on")
+        return math.inf
     print_summary(result)
     return result.best_val_loss if result.status == "finished" else math.inf
 

@@ -42,8 +42,10 @@ class MlflowServer:
                 self.process.wait()
 
 
-def start_server(root: str | Path, port: int | None = None, timeout_s: float = 90.0) -> MlflowServer:
-    """Start ``mlflow server`` on 127.0.0.1 with a SQLite store and proxied artifacts under ``root``.
+def start_server(
+    root: str | Path, port: int | None = None, timeout_s: float = 90.0
+) -> MlflowServer:
+    """Start ``mlflow server`` on 127.0.0.1: SQLite store, proxied artifacts, under ``root``.
 
     Args:
         root: directory for ``mlflow.db``, ``artifacts/`` and ``server.log``.

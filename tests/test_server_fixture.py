@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
