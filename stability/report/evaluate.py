@@ -1,0 +1,138 @@
+"""The sealed test split, read once: the winner's checkpoints, after selection, and nothing else.
+
+This module is the only caller of ``stability.data.open_test_split`` (a test scans the code
+base for others). Each finished seed of the winning config is evaluated from its
+``checkpoints/best.pt`` artifact under the run's own precision, rebuilt from its
+``config.yaml`` artifact. ``test_loss`` / ``test_acc`` are logged onto the winner's runs, once:
+a run that already carries them is evaluated again (deterministic) but not logged twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import yaml
+
+from stability.config import RunConfig, fingerprint, to_run_config
+from stability.data import Split, open_test_split
+from stability.model import SequenceClassifier
+from stability.precision import check_precision_supported, resolve_device
+from stability.report.fetch import download, parallel
+from stability.report.stats import MeanCI, mean_ci
+from stability.run import CHECKPOINT_NAME, CONFIG_NAME
+from stability.run import evaluate as evaluate_split
+
+log = logging.getLogger(__name__)
+
+MISMATCH_TOL = 1e-6  # a re-evaluation differing from the logged value by more is reported
+
+
+@dataclass(frozen=True)
+class SeedTestResult:
+    """The test result of one seed of the winner."""
+
+    run_id: str
+    seed: int
+    test_loss: float
+    test_acc: float
+    logged: bool  # newly logged onto the run by this report
+    note: str = ""  # why a seed has no result, or a mismatch with a value logged earlier
+
+
+@dataclass(frozen=True)
+class WinnerTestResult:
+    """The winner's test evaluation over its finished seeds."""
+
+    fingerprint: str
+    seeds: list[SeedTestResult]
+    loss: MeanCI
+    acc: MeanCI
+    test_size: int
+    device: str
+
+
+def _load(c: Any, run_id: str, dest: Path) -> tuple[RunConfig, dict[str, torch.Tensor]]:
+    cfg_path = download(c, run_id, CONFIG_NAME, dest)
+    ckpt_path = download(c, run_id, CHECKPOINT_NAME, dest)
+    if cfg_path is None or ckpt_path is None:
+        raise FileNotFoundError(f"run {run_id} lacks {CONFIG_NAME} or {CHECKPOINT_NAME}")
+    cfg = to_run_config(yaml.safe_load(cfg_path.read_text()))
+    return cfg, torch.load(ckpt_path, map_location="cpu", weights_only=True)
+
+
+def evaluate_winner(c: Any, runs: pd.DataFrame, winner: str, workdir: Path,
+                    device: str = "auto", workers: int = 8) -> WinnerTestResult:
+    """Evaluate every finished seed of the winning config on the test split; log the metrics.
+
+    Args:
+        c: the MLflow client.
+        runs: the sweep's training runs (``fetch.fetch_runs``).
+        winner: the fingerprint chosen on validation loss.
+        workdir: where checkpoints and configs are downloaded.
+        device: ``auto | cpu | cuda``.
+        workers: parallel downloads.
+
+    Returns:
+        Per-seed results and their mean/std; a seed whose artifacts are missing is listed with
+        a note instead of failing the report.
+    """
+    mine = runs[(runs["fingerprint"] == winner) & (runs["outcome"] == "finished")]
+    dev = resolve_device(device)
+    loaded = parallel(lambda rid: _safe_load(c, rid, workdir / rid), mine["run_id"], workers)
+    splits: dict[str, Split] = {}
+    results: list[SeedTestResult] = []
+    for _, row in mine.sort_values("seed").iterrows():
+        rid, seed = row["run_id"], int(row["seed"])
+        got = loaded[rid]
+        if isinstance(got, str):
+            results.append(SeedTestResult(rid, seed, math.nan, math.nan, False, got))
+            continue
+        cfg, state = got
+        if fingerprint(cfg) != winner:
+            results.append(SeedTestResult(rid, seed, math.nan, math.nan, False,
+                                    "config.yaml does not match the run's fingerprint tag"))
+            continue
+        check_precision_supported(cfg.precision.name, dev)
+        key = repr(cfg.data)
+        if key not in splits:  # one data config per fingerprint: the split opens once
+            splits[key] = open_test_split(cfg.data, winner=winner)
+        model = SequenceClassifier(cfg.model)
+        model.load_state_dict(state)
+        loss, acc = evaluate_split(model.to(dev), splits[key], cfg.step_config(dev))
+        results.append(_record(c, row, rid, seed, loss, acc))
+    ok = [r for r in results if math.isfinite(r.test_loss)]
+    sizes = {len(s) for s in splits.values()}
+    return WinnerTestResult(winner, results, mean_ci([r.test_loss for r in ok]),
+                      mean_ci([r.test_acc for r in ok]), max(sizes, default=0), dev)
+
+
+def _safe_load(c: Any, run_id: str, dest: Path) -> tuple[RunConfig, dict] | str:
+    try:
+        return _load(c, run_id, dest)
+    except Exception as err:  # one unreadable seed must not end the report
+        log.warning("cannot evaluate run %s: %s", run_id, err)
+        return f"{type(err).__name__}: {err}"
+
+
+def _record(c: Any, row: pd.Series, run_id: str, seed: int, loss: float,
+            acc: float) -> SeedTestResult:
+    """Log test metrics onto the run unless it already carries them (then compare)."""
+    from mlflow.entities import Metric
+
+    old_loss, old_acc = row.get("test_loss", math.nan), row.get("test_acc", math.nan)
+    if pd.notna(old_loss) and pd.notna(old_acc):
+        same = abs(old_loss - loss) <= MISMATCH_TOL and abs(old_acc - acc) <= MISMATCH_TOL
+        note = "" if same else (f"re-evaluation differs from the logged test_loss "
+                                f"{old_loss:.6f} / test_acc {old_acc:.4f}; kept the logged ones")
+        return SeedTestResult(run_id, seed, loss, acc, False, note)
+    ts = int(time.time() * 1000)
+    c.log_batch(run_id, metrics=[Metric("test_loss", loss, ts, 0), Metric("test_acc", acc, ts, 0)],
+                synchronous=True)
+    return SeedTestResult(run_id, seed, loss, acc, True)

@@ -1,0 +1,225 @@
+"""Read a sweep out of MLflow: run summaries in one paginated search, histories only on demand.
+
+What each run carries is the contract in ``docs/TRACKING.md``. Summaries come from
+``search_runs`` (1000 runs a page: the default ~240-run study is one request); per-epoch and
+per-step histories are fetched only for what the report needs, in parallel.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pandas as pd
+
+from stability.report.options import ReportError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+PAGE = 1000  # search_runs' maximum page size
+STATUS_OUTCOME = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "killed",
+                  "RUNNING": "running", "SCHEDULED": "running"}
+# Param columns the report computes with, and their types (MLflow stores params as strings).
+TYPED_PARAMS: dict[str, Callable[[str], Any]] = {
+    "clip.enabled": lambda s: str(s).strip().lower() == "true",
+    "clip.max_norm": float,
+    "clip.clip_value": float,
+    "train.accum_steps": int,
+    "train.epochs": int,
+}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The sweep a report is about."""
+
+    experiment: str
+    experiment_id: str
+    sweep_id: str
+    parent_run_id: str | None  # the sweep's parent run (None if the sweeper logged none)
+
+
+def _search(c: Any, exp_id: str, filter_string: str, order_by: list[str] | None = None,
+            limit: int | None = None) -> list[Any]:
+    runs: list[Any] = []
+    token = None
+    while True:
+        page = c.search_runs([exp_id], filter_string=filter_string, order_by=order_by,
+                             max_results=min(PAGE, limit or PAGE), page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token or (limit is not None and len(runs) >= limit):
+            return runs[:limit] if limit is not None else runs
+
+
+def _known_sweeps(c: Any, exp_id: str, limit: int = 10) -> list[str]:
+    parents = _search(c, exp_id, "tags.`stability.kind` = 'sweep'",
+                      ["attributes.start_time DESC"], limit)
+    return [r.data.tags.get("stability.sweep_id", "") for r in parents]
+
+
+def find_sweep(c: Any, experiment: str, sweep_id: str | None) -> Sweep:
+    """Resolve the experiment and the sweep (the latest one when ``sweep_id`` is None).
+
+    Raises:
+        ReportError: the experiment does not exist, holds no sweep, or has no such sweep id.
+    """
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None or exp.lifecycle_stage == "deleted":
+        names = sorted(e.name for e in c.search_experiments(max_results=50))
+        raise ReportError(
+            f"experiment={experiment!r} is invalid: no such experiment at this tracking URI; "
+            f"allowed values are the existing experiments: {', '.join(names) or '(none)'}"
+        )
+    exp_id = exp.experiment_id
+    known = _known_sweeps(c, exp_id)
+    if sweep_id is None:
+        if known:
+            sweep_id = known[0]
+        else:  # no parent run: fall back to the newest training run that belongs to a sweep
+            latest = _search(c, exp_id, "tags.`stability.kind` = 'train' and "
+                             "tags.`stability.sweep_id` != ''", ["attributes.start_time DESC"], 1)
+            if not latest:
+                raise ReportError(
+                    f"experiment={experiment!r} has no sweeps (no run tagged "
+                    "stability.kind=sweep or a training run with a stability.sweep_id): run "
+                    "`python experiments/sweep.py -m` first, or choose another experiment=..."
+                )
+            sweep_id = latest[0].data.tags["stability.sweep_id"]
+    parents = _search(c, exp_id, f"tags.`stability.kind` = 'sweep' and "
+                      f"tags.`stability.sweep_id` = '{_quote(sweep_id)}'", None, 1)
+    return Sweep(experiment, exp_id, sweep_id, parents[0].info.run_id if parents else None)
+
+
+def _quote(value: str) -> str:
+    return value.replace("'", "\\'")
+
+
+def _row(run: Any) -> dict[str, Any]:
+    tags, params = run.data.tags, run.data.params
+    outcome = tags.get("stability.outcome") or STATUS_OUTCOME.get(run.info.status, "failed")
+    if outcome == "running" and run.info.status != "RUNNING":
+        outcome = STATUS_OUTCOME.get(run.info.status, "failed")  # closed without its final tag
+    row: dict[str, Any] = {
+        "run_id": run.info.run_id,
+        "run_name": run.info.run_name,
+        "status": run.info.status,
+        "start_time": run.info.start_time,
+        "artifact_uri": run.info.artifact_uri,
+        "fingerprint": tags.get("stability.fingerprint", ""),
+        "seed": int(tags.get("stability.seed", params.get("seed", -1))),
+        "outcome": outcome,
+        "reason": tags.get("stability.reason", ""),
+    }
+    for key, value in params.items():
+        if key != "seed":
+            row[key] = TYPED_PARAMS[key](value) if key in TYPED_PARAMS and value != "None" \
+                else value
+    row.update(run.data.metrics)
+    return row
+
+
+def fetch_runs(c: Any, sweep: Sweep) -> pd.DataFrame:
+    """Every training run of the sweep, one row each: tags, typed params, summary metrics.
+
+    A (config, seed) point logged more than once (a resumed sweep) keeps its finished run,
+    else its newest one.
+
+    Raises:
+        ReportError: the sweep has no training runs.
+    """
+    runs = _search(c, sweep.experiment_id, "tags.`stability.kind` = 'train' and "
+                   f"tags.`stability.sweep_id` = '{_quote(sweep.sweep_id)}'")
+    if not runs:
+        known = _known_sweeps(c, sweep.experiment_id)
+        raise ReportError(
+            f"sweep_id={sweep.sweep_id!r} is invalid: experiment {sweep.experiment!r} has no "
+            f"training runs with that sweep id; allowed values are its sweeps (latest first): "
+            f"{', '.join(known) or '(none)'}"
+        )
+    df = pd.DataFrame([_row(r) for r in runs])
+    df["_finished"] = df["outcome"] == "finished"
+    df = df.sort_values(["_finished", "start_time"], ascending=False)
+    dropped = df.duplicated(["fingerprint", "seed"]).sum()
+    if dropped:
+        log.warning("%d superseded runs of a repeated (config, seed) point ignored", dropped)
+    df = df.drop_duplicates(["fingerprint", "seed"]).drop(columns="_finished")
+    return df.sort_values(["fingerprint", "seed"]).reset_index(drop=True)
+
+
+def parallel(fn: Callable[[str], T], keys: Iterable[str], workers: int) -> dict[str, T]:
+    """``{key: fn(key)}`` with ``workers`` threads (requests to MLflow are I/O bound)."""
+    keys = list(dict.fromkeys(keys))
+    if not keys:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(workers, len(keys))) as pool:
+        return dict(zip(keys, pool.map(fn, keys), strict=True))
+
+
+def metric_histories(c: Any, run_ids: Iterable[str], key: str,
+                     workers: int = 8) -> dict[str, pd.Series]:
+    """``{run_id: Series(value, index=step)}`` of one metric's full history per run."""
+
+    def one(run_id: str) -> pd.Series:
+        points = c.get_metric_history(run_id, key)
+        s = pd.Series({m.step: m.value for m in points}, dtype=float, name=key)
+        return s.sort_index()
+
+    return parallel(one, run_ids, workers)
+
+
+def val_acc_at_best(c: Any, runs: pd.DataFrame, workers: int = 8) -> pd.Series:
+    """Validation accuracy at each run's best epoch (NaN where the run has none).
+
+    Uses a ``best_val_acc`` summary metric when runs carry one; else the latest ``val_acc``
+    when the best epoch is the last epoch; else the ``val_acc`` history (fetched in parallel).
+    """
+    out = pd.Series(math.nan, index=runs.index, dtype=float)
+    best = pd.to_numeric(runs.get("best_epoch"), errors="coerce")
+    if best is None:
+        return out
+    logged = runs.get("best_val_acc")
+    if logged is not None:
+        out[logged.notna()] = logged[logged.notna()]
+    epochs = runs.get("train.epochs")
+    latest = runs.get("val_acc")
+    need: dict[str, tuple[Any, int]] = {}
+    for i, row in runs.iterrows():
+        if not math.isnan(out[i]) or not (best[i] >= 1):
+            continue
+        if latest is not None and epochs is not None and row["outcome"] == "finished" \
+                and best[i] == epochs[i] and not pd.isna(latest[i]):
+            out[i] = latest[i]
+        else:
+            need[row["run_id"]] = (i, int(best[i]))
+    histories = metric_histories(c, need, "val_acc", workers)
+    for run_id, (i, epoch) in need.items():
+        out[i] = histories[run_id].get(epoch, math.nan)
+    return out
+
+
+def download(c: Any, run_id: str, path: str, dest: Path) -> Path | None:
+    """Download one artifact of a run into ``dest``; ``None`` (with a warning) if it is absent."""
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        return Path(c.download_artifacts(run_id, path, str(dest)))
+    except Exception as err:  # a missing artifact must not end the report
+        log.warning("run %s has no artifact %s (%s)", run_id, path, err)
+        return None
+
+
+def steps_tables(c: Any, run_ids: Iterable[str], dest: Path,
+                 workers: int = 8) -> dict[str, pd.DataFrame]:
+    """``steps.csv`` of each run as a DataFrame (runs without one are left out)."""
+
+    def one(run_id: str) -> pd.DataFrame | None:
+        path = download(c, run_id, "steps.csv", dest / run_id)
+        return pd.read_csv(path) if path is not None else None
+
+    return {k: v for k, v in parallel(one, run_ids, workers).items() if v is not None}

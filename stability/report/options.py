@@ -1,0 +1,127 @@
+"""The report's typed, frozen configuration and its user-facing error.
+
+``experiments/report.py`` converts the composed Hydra config with ``to_report_config`` once,
+at the edge; every check below runs before anything touches MLflow, and a mistake names the
+key and the allowed values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from stability.config import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ReportError(ConfigError):
+    """A user-facing mistake (unknown sweep, empty experiment...); the message names the key."""
+
+
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ReportError(f"{key}={value!r} is invalid: allowed values are {allowed}")
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """What ``build_report`` needs.
+
+    Attributes:
+        tracking_uri: ``None`` resolves like the sweeps (``$MLFLOW_TRACKING_URI``, else the
+            embedded SQLite store).
+        experiment: the MLflow experiment holding the sweep.
+        sweep_id: ``None`` picks the latest sweep in ``experiment``.
+        output_dir: the report folder is ``<output_dir>/<sweep_id>``.
+        device: where the winner's checkpoints are evaluated on the test split.
+        confidence: level of every confidence interval.
+        alpha: significance level of the paired tests.
+        register: register the winning checkpoint in the Model Registry.
+        model_name: registered model name.
+        plots: draw the figures.
+        history_workers: parallel requests when fetching metric histories and artifacts.
+    """
+
+    tracking_uri: str | None = None
+    experiment: str = "stability"
+    sweep_id: str | None = None
+    output_dir: str = "reports"
+    device: str = "auto"
+    confidence: float = 0.95
+    alpha: float = 0.05
+    register: bool = True
+    model_name: str = "stability-winner"
+    plots: bool = True
+    history_workers: int = 8
+
+    def __post_init__(self) -> None:
+        _check(self.tracking_uri is None or isinstance(self.tracking_uri, str), "tracking.uri",
+               self.tracking_uri, "null or a tracking URI")
+        _check(isinstance(self.experiment, str) and bool(self.experiment.strip()), "experiment",
+               self.experiment, "a non-empty MLflow experiment name")
+        _check(self.sweep_id is None or (isinstance(self.sweep_id, str) and bool(self.sweep_id)),
+               "sweep_id", self.sweep_id, "null (the latest sweep) or a sweep id")
+        _check(isinstance(self.output_dir, str) and bool(self.output_dir), "output_dir",
+               self.output_dir, "a folder path")
+        _check(self.device in DEVICES, "device", self.device, " | ".join(DEVICES))
+        for key, value in (("confidence", self.confidence), ("alpha", self.alpha)):
+            _check(isinstance(value, float) and 0 < value < 1, key, value, "a number in (0, 1)")
+        _check(isinstance(self.register, bool), "registry.enabled", self.register, "true | false")
+        _check(isinstance(self.model_name, str) and bool(self.model_name), "registry.model_name",
+               self.model_name, "a non-empty model name")
+        _check(isinstance(self.plots, bool), "plots", self.plots, "true | false")
+        _check(isinstance(self.history_workers, int) and self.history_workers >= 1,
+               "history_workers", self.history_workers, "an integer >= 1")
+
+
+# Hydra keys (conf/report.yaml) -> ReportConfig fields; nested sections use dotted keys.
+_KEYS = {
+    "tracking.uri": "tracking_uri",
+    "experiment": "experiment",
+    "sweep_id": "sweep_id",
+    "output_dir": "output_dir",
+    "device": "device",
+    "confidence": "confidence",
+    "alpha": "alpha",
+    "registry.enabled": "register",
+    "registry.model_name": "model_name",
+    "plots": "plots",
+    "history_workers": "history_workers",
+}
+
+
+def to_report_config(cfg: Mapping[str, Any]) -> ReportConfig:
+    """Convert the composed ``conf/report.yaml`` (plain nested dicts) to a ``ReportConfig``.
+
+    Args:
+        cfg: e.g. ``OmegaConf.to_container(cfg, resolve=True)``; ``hydra`` is ignored.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ReportError: an unknown key or a value out of range (the message names the key).
+    """
+    flat: dict[str, Any] = {}
+    for key, value in cfg.items():
+        if key == "hydra":
+            continue
+        if isinstance(value, Mapping):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    unknown = sorted(set(flat) - set(_KEYS))
+    if unknown:
+        raise ReportError(f"unknown key {unknown[0]}: allowed keys are {', '.join(_KEYS)}")
+    values = {_KEYS[k]: v for k, v in flat.items()}
+    # YAML writes 0.95 as a float but a user may type confidence=1 on the command line.
+    for key in ("confidence", "alpha"):
+        if isinstance(values.get(key), int) and not isinstance(values[key], bool):
+            values[key] = float(values[key])
+    if values.get("sweep_id") is not None:
+        values["sweep_id"] = str(values["sweep_id"])  # Hydra parses sweep_id=20260101 as int
+    names = {f.name for f in fields(ReportConfig)}
+    assert set(values) <= names
+    return ReportConfig(**values)

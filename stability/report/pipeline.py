@@ -1,0 +1,185 @@
+"""``build_report``: fetch the sweep, select on validation, test the winner, plot, write, publish.
+
+Order matters for trust: the winner is fixed from validation numbers before the test split is
+opened, and only its runs are evaluated. A figure or the registry failing is written into the
+report as a problem instead of ending it; the report folder is complete before anything is
+uploaded, so a tracking failure at the end loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from stability.report import compare, fetch, plots, publish, select
+from stability.report.evaluate import evaluate_winner
+from stability.report.options import ReportConfig
+from stability.report.write import ReportContext, render, write_summary
+from stability.tracking import check_reachable, client, git_commit, resolve_tracking_uri
+
+log = logging.getLogger(__name__)
+
+ROLE_COLORS = ("tab:red", "tab:blue", "tab:purple", "tab:olive", "tab:cyan")
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    """Where the report went."""
+
+    folder: Path
+    sweep_id: str
+    winner: str
+    winner_label: str
+    report_run_id: str
+    model_version: str
+    model_created: bool
+    elapsed_s: float
+
+
+def _roles(configs: pd.DataFrame) -> list[tuple[str, str]]:
+    """``(role, fingerprint)`` of the plotted configs: winner, baseline, best of each precision."""
+    wanted = [("winner", configs.iloc[0]["fingerprint"]), ("baseline", select.baseline(configs))]
+    wanted += [(f"best {p}", select.best_of(configs, configs["precision"] == p))
+               for p in ("fp32", "bf16", "fp16")]
+    roles: dict[str, str] = {}
+    for role, fp in wanted:
+        if fp is not None:
+            roles[fp] = f"{roles[fp]} = {role}" if fp in roles else role
+    return [(role, fp) for fp, role in roles.items()]
+
+
+def _series(configs: pd.DataFrame, role: str, fp: str, color: str) -> plots.Series:
+    row = configs[configs["fingerprint"] == fp].iloc[0]
+    return plots.Series(role, str(row["label"]), color, float(row["max_norm"]))
+
+
+def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, folder: Path, cache: Path,
+         workers: int, notes: list[str]) -> list[plots.Figure]:
+    """Fetch only what is plotted (a few steps.csv, val_loss of a few configs) and draw."""
+    roles = _roles(configs)
+    series = {fp: _series(configs, role, fp, ROLE_COLORS[i % len(ROLE_COLORS)])
+              for i, (role, fp) in enumerate(roles)}
+    rep = {fp: select.representative_seed(runs, fp) for fp in series}
+    fp16 = configs[configs["precision"] == "fp16"]
+    scaler_fps: list[str] = []
+    if len(fp16):  # the best fp16 config, and the one that skipped most if it skipped at all
+        most = fp16.sort_values("skip_count_mean", kind="stable").iloc[-1]
+        scaler_fps = list(dict.fromkeys([fp16.iloc[0]["fingerprint"]]
+                                        + ([most["fingerprint"]]
+                                           if most["skip_count_mean"] > 0 else [])))
+    for fp in scaler_fps:
+        rep.setdefault(fp, select.representative_seed(runs, fp))
+        series.setdefault(fp, _series(configs, "most skips fp16", fp, "tab:orange"))
+    rep_ids = {fp: r["run_id"] for fp, r in rep.items() if r is not None}
+    steps = fetch.steps_tables(c, rep_ids.values(), cache, workers)
+    finished = runs[runs["fingerprint"].isin([fp for _, fp in roles])
+                    & (runs["outcome"] == "finished")]
+    histories = fetch.metric_histories(c, finished["run_id"], "val_loss", workers)
+    seeds_of = finished.groupby("fingerprint")
+
+    def curves(fp: str) -> dict[int, pd.Series]:
+        if fp not in seeds_of.groups:
+            return {}
+        g = seeds_of.get_group(fp)
+        return {int(s): histories[r] for s, r in zip(g["seed"], g["run_id"], strict=True)}
+
+    jobs: list[tuple[str, Callable[[], plots.Figure | None]]] = [
+        ("grad norm", lambda: plots.grad_norm(
+            [(series[fp], steps[rep_ids[fp]]) for _, fp in roles
+             if rep_ids.get(fp) in steps], folder, configs["max_norm"].dropna().unique())),
+        ("clip fraction", lambda: plots.clip_fraction(configs, folder)),
+        ("validation curves", lambda: plots.val_loss_curves(
+            [(series[fp], curves(fp)) for _, fp in roles], folder)),
+        ("fp16 scaler", lambda: plots.scaler_scale(
+            [(series[fp], steps[rep_ids[fp]]) for fp in scaler_fps
+             if rep_ids.get(fp) in steps], folder)),
+        ("skipped steps", lambda: plots.skipped_steps(configs, folder)),
+        ("heatmap", lambda: plots.heatmap(configs, folder)),
+    ]
+    figures = []
+    for name, job in jobs:
+        try:
+            fig = job()
+        except Exception as err:  # one broken figure must not cost the whole report
+            log.exception("figure %s failed", name)
+            notes.append(f"figure '{name}' could not be drawn: {type(err).__name__}: {err}")
+            continue
+        if fig is not None:
+            figures.append(fig)
+    return figures
+
+
+def build_report(cfg: ReportConfig) -> ReportOutcome:
+    """Write the review report of one sweep and log it to MLflow.
+
+    Raises:
+        ReportError: unknown experiment or sweep id, or no sweep at all.
+        TrackingError: the tracking server is not reachable.
+    """
+    t0 = time.perf_counter()
+    uri = resolve_tracking_uri(cfg.tracking_uri)
+    check_reachable(uri)
+    c = client(uri)
+    sweep = fetch.find_sweep(c, cfg.experiment, cfg.sweep_id)
+    runs = fetch.fetch_runs(c, sweep)
+    runs["val_acc_at_best"] = fetch.val_acc_at_best(c, runs, cfg.history_workers)
+    configs = select.aggregate(runs, cfg.confidence)
+    configs = compare.versus_winner(runs, configs, cfg.confidence, cfg.alpha)
+    comparisons = compare.comparisons(runs, configs, cfg.confidence, cfg.alpha)
+    winner = configs.iloc[0]
+    log.info("winner %s (%s) of %d configs", winner["label"], winner["fingerprint"], len(configs))
+
+    folder = Path(cfg.output_dir) / sweep.sweep_id
+    folder.mkdir(parents=True, exist_ok=True)
+    commit = git_commit()
+    report_run = publish.start_report_run(c, sweep, winner, commit)
+    notes: list[str] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="stability-report-") as tmp:
+            cache = Path(tmp)
+            test = evaluate_winner(c, runs, str(winner["fingerprint"]), cache / "winner",
+                                   cfg.device, cfg.history_workers)
+            version, created = "", False
+            if cfg.register:
+                version, created = _register(c, cfg, sweep, runs, winner, test, report_run, notes)
+            figures = draw(c, runs, configs, folder / "plots", cache / "steps",
+                           cfg.history_workers, notes) if cfg.plots else []
+        elapsed = time.perf_counter() - t0
+        write_summary(configs, folder / "summary.csv")
+        ctx = ReportContext(sweep, uri, runs, configs, comparisons, test, figures, notes,
+                            cfg.confidence, cfg.alpha, report_run, version, elapsed,
+                            datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit)
+        (folder / "report.md").write_text(render(ctx))
+        metrics = publish.summary_metrics(test) | {
+            "winner_best_val_loss_mean": float(winner["loss_mean"]),
+            "configs": float(len(configs)), "training_runs": float(len(runs)),
+            "report_elapsed_s": time.perf_counter() - t0}
+        publish.finish_report_run(c, report_run, folder, metrics)
+    except BaseException as err:
+        publish.fail_report_run(c, report_run, err)
+        raise
+    return ReportOutcome(folder, sweep.sweep_id, str(winner["fingerprint"]), str(winner["label"]),
+                         report_run, version, created, time.perf_counter() - t0)
+
+
+def _register(c: Any, cfg: ReportConfig, sweep: fetch.Sweep, runs: pd.DataFrame,
+              winner: pd.Series, test: Any, report_run: str, notes: list[str]) -> tuple[str, bool]:
+    mine = runs[(runs["fingerprint"] == winner["fingerprint"]) & (runs["outcome"] == "finished")]
+    if mine.empty:
+        notes.append("no finished run of the winner: nothing registered")
+        return "", False
+    best = mine.sort_values(["best_val_loss", "seed"]).iloc[0]  # chosen on validation
+    try:
+        return publish.register_winner(c, cfg.model_name, sweep, winner, best, test, report_run)
+    except Exception as err:  # the report stands without a registry entry
+        log.exception("model registration failed")
+        notes.append(f"Model Registry: {type(err).__name__}: {err}")
+        return "", False

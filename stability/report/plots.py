@@ -1,0 +1,250 @@
+"""Review figures (matplotlib Agg, PNG): one idea per figure, labelled axes, legends.
+
+Every function takes plain DataFrames/Series already fetched, writes one PNG and returns a
+``Figure`` (file name and caption for report.md), or ``None`` when there is nothing to draw
+(e.g. no fp16 config in the sweep).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: the report runs on servers and in CI
+
+import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+DPI = 130
+PRECISION_COLORS = {"fp32": "tab:blue", "bf16": "tab:green", "fp16": "tab:orange"}
+LOSS_UNIT = "BCE, nats"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A written figure: its file name (relative to the report folder) and caption."""
+
+    file: str
+    title: str
+    caption: str
+
+
+@dataclass(frozen=True)
+class Series:
+    """One plotted config: its role in the report, label and colour."""
+
+    role: str  # "winner", "baseline", "best fp16"...
+    label: str
+    color: str
+    max_norm: float = math.nan  # NaN when clipping is off
+
+
+def _log_if_wide(ax: plt.Axes, values: Sequence[float] | np.ndarray, axis: str = "y") -> bool:
+    """Log scale when the positive finite values span more than a decade."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if len(v) and v.max() / v.min() > 10:
+        (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+        return True
+    return False
+
+
+def _save(fig: plt.Figure, folder: Path, name: str) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(folder / name, dpi=DPI)
+    plt.close(fig)
+    return name
+
+
+def grad_norm(curves: Sequence[tuple[Series, pd.DataFrame]], folder: Path,
+              thresholds: Sequence[float] = ()) -> Figure | None:
+    """Pre-clip gradient norm over optimizer steps, with each clipped config's max_norm.
+
+    ``thresholds`` (the sweep's max_norm values) are drawn faintly, so the plot shows where
+    clipping would act even when no plotted config clips.
+    """
+    curves = [(s, df) for s, df in curves if len(df)]
+    if not curves:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    values = []
+    used = {s.max_norm for s, _ in curves}
+    for i, t in enumerate(sorted(set(thresholds) - used)):
+        ax.axhline(t, color="gray", ls=":", lw=1,
+                   label="other max_norm values in the sweep" if i == 0 else None)
+    for s, df in curves:
+        ok = df[np.isfinite(df["grad_l2_pre_clip"])]
+        ax.plot(ok["step"], ok["grad_l2_pre_clip"], lw=0.8, alpha=0.75, color=s.color,
+                label=f"{s.role}: {s.label}")
+        values.extend(ok["grad_l2_pre_clip"])
+        if math.isfinite(s.max_norm):
+            ax.axhline(s.max_norm, color=s.color, ls="--", lw=1.2,
+                       label=f"max_norm={s.max_norm:g} ({s.role})")
+    _log_if_wide(ax, [*values, *thresholds])
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(title="Pre-clip gradient norm per optimizer step (one representative seed per config)",
+           xlabel="optimizer step", ylabel="global L2 norm of gradients before clipping")
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(alpha=0.3)
+    name = _save(fig, folder, "grad_norm.png")
+    return Figure(name, "Pre-clip gradient norm",
+                  "Global L2 gradient norm before clipping at each optimizer step, for the seed "
+                  "with the median best validation loss of each config; dashed lines are the "
+                  "thresholds of the plotted clipped configs, dotted grey lines the sweep's other "
+                  "max_norm values. Skipped (non-finite) steps are not drawn.")
+
+
+def clip_fraction(configs: pd.DataFrame, folder: Path) -> Figure | None:
+    """Share of clipped steps vs max_norm, one line per precision, a panel per accum_steps."""
+    on = configs[configs["clip_enabled"] & np.isfinite(configs["max_norm"])]
+    if on.empty:
+        return None
+    accums = sorted(on["accum_steps"].unique())
+    fig, axes = plt.subplots(1, len(accums), figsize=(3.6 * len(accums) + 1, 4), sharey=True,
+                             squeeze=False)
+    for ax, acc in zip(axes[0], accums, strict=True):
+        for precision, g in on[on["accum_steps"] == acc].groupby("precision"):
+            g = g.sort_values("max_norm")
+            ax.errorbar(g["max_norm"], g["clip_fraction_mean"], yerr=g["clip_fraction_std"],
+                        marker="o", capsize=3, color=PRECISION_COLORS.get(precision),
+                        label=str(precision))
+        ax.set_xscale("log", base=2)
+        ax.set(title=f"accum_steps={acc}", xlabel="clip.max_norm (log2 axis)", ylim=(-0.03, 1.03))
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("fraction of optimizer steps clipped")
+    axes[0][-1].legend(title="precision")
+    fig.suptitle("Clip fraction vs max_norm (mean over seeds, error bars: ±1 std)")
+    name = _save(fig, folder, "clip_fraction.png")
+    return Figure(name, "Clip fraction vs max_norm",
+                  "Fraction of optimizer steps whose pre-clip norm exceeded max_norm; one line "
+                  "per precision, one panel per accumulation setting.")
+
+
+def val_loss_curves(curves: Sequence[tuple[Series, dict[int, pd.Series]]],
+                    folder: Path) -> Figure | None:
+    """Validation loss per epoch: mean ± 1 std over the finished seeds of each config."""
+    curves = [(s, h) for s, h in curves if h]
+    if not curves:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    values = []
+    for s, histories in curves:
+        table = pd.DataFrame(histories)  # rows: epoch, columns: seed
+        mean, std = table.mean(axis=1), table.std(axis=1, ddof=1).fillna(0)
+        ax.plot(mean.index, mean, color=s.color, marker=".",
+                label=f"{s.role}: {s.label} (n={table.shape[1]})")
+        ax.fill_between(mean.index, mean - std, mean + std, color=s.color, alpha=0.18)
+        values.extend(table.to_numpy().ravel())
+    _log_if_wide(ax, values)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(title="Validation loss per epoch (mean over finished seeds, band: ±1 std)",
+           xlabel="epoch", ylabel=f"validation loss ({LOSS_UNIT})")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    name = _save(fig, folder, "val_loss_curves.png")
+    return Figure(name, "Validation loss curves",
+                  "Winner vs baseline vs the best config of each precision; seeds that "
+                  "diverged are not averaged in (they count as +inf in the ranking).")
+
+
+def scaler_scale(curves: Sequence[tuple[Series, pd.DataFrame]], folder: Path) -> Figure | None:
+    """fp16 GradScaler scale over optimizer steps (log2 axis), skipped steps marked."""
+    curves = [(s, df) for s, df in curves if len(df)]
+    if not curves:
+        return None
+    fig, axes = plt.subplots(len(curves), 1, figsize=(9, 2.8 * len(curves) + 0.6),
+                             sharex=True, squeeze=False)
+    for ax, (s, df) in zip(axes[:, 0], curves, strict=True):
+        ax.step(df["step"], df["scaler_scale"], where="post", color=s.color, lw=1.2,
+                label="scale used at the step")
+        skipped = df[df["skipped"] == 1]
+        ax.scatter(skipped["step"], skipped["scaler_scale"], marker="x", color="red", s=30,
+                   zorder=3, label=f"skipped step ({len(skipped)})")
+        ax.set_yscale("log", base=2)
+        ax.set(title=f"{s.role}: {s.label}", ylabel="loss scale (log2 axis)")
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("optimizer step")
+    fig.suptitle("fp16 GradScaler scale per optimizer step (one representative seed)")
+    name = _save(fig, folder, "fp16_scaler.png")
+    return Figure(name, "fp16 GradScaler scale",
+                  "The dynamic loss scale halves on each overflow (red x: step skipped) and "
+                  "doubles after growth_interval clean steps.")
+
+
+def skipped_steps(configs: pd.DataFrame, folder: Path) -> Figure | None:
+    """Mean skipped optimizer steps per run, one bar per config."""
+    if configs.empty:
+        return None
+    df = configs.assign(_p=configs["precision"].map({"fp32": 0, "bf16": 1, "fp16": 2}))
+    df = df.sort_values(["_p", "rank"], ascending=[False, False])
+    fig, ax = plt.subplots(figsize=(8, 0.22 * len(df) + 1.6))
+    ax.barh(df["label"], df["skip_count_mean"].fillna(0), xerr=df["skip_count_std"].fillna(0),
+            color=[PRECISION_COLORS.get(p, "gray") for p in df["precision"]], capsize=2)
+    if not (df["skip_count_mean"].fillna(0) > 0).any():
+        ax.text(0.5, 0.5, "no config skipped a step", transform=ax.transAxes, ha="center")
+        ax.set_xlim(0, 1)
+    ax.set_xlim(left=0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(title="Skipped optimizer steps per run (mean over seeds, error bars: ±1 std)",
+           xlabel="skipped optimizer steps per run", ylabel="config")
+    ax.tick_params(axis="y", labelsize=7)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PRECISION_COLORS.values()]
+    ax.legend(handles, list(PRECISION_COLORS), title="precision", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    name = _save(fig, folder, "skipped_steps.png")
+    return Figure(name, "Skipped steps per config",
+                  "Steps skipped for a non-finite loss or gradient (parameters, optimizer "
+                  "state and LR schedule untouched).")
+
+
+def heatmap(configs: pd.DataFrame, folder: Path) -> Figure | None:
+    """Mean best validation loss over clip setting x accum_steps, one panel per precision."""
+    norm = configs[~configs["clip_enabled"] | np.isfinite(configs["max_norm"])]
+    if norm.empty:
+        return None
+    rows = ["off", *[f"{m:g}" for m in sorted(norm["max_norm"].dropna().unique())]]
+    cols = sorted(norm["accum_steps"].unique())
+    precisions = [p for p in PRECISION_COLORS if p in set(norm["precision"])]
+    finite = norm["loss_mean"][np.isfinite(norm["loss_mean"])]
+    vmin, vmax = (finite.min(), finite.max()) if len(finite) else (0, 1)
+    fig, axes = plt.subplots(1, len(precisions), sharey=True, squeeze=False,
+                             figsize=(1.6 + 1.2 * len(cols) * len(precisions) + 1.4,
+                                      0.6 * len(rows) + 2.2), layout="constrained")
+    image = None
+    winner = configs.iloc[0]["fingerprint"]
+    for ax, p in zip(axes[0], precisions, strict=True):
+        grid = np.full((len(rows), len(cols)), np.nan)
+        for _, c in norm[norm["precision"] == p].sort_values("rank", ascending=False).iterrows():
+            r = 0 if not c["clip_enabled"] else rows.index(f"{c['max_norm']:g}")
+            k = cols.index(c["accum_steps"])
+            grid[r, k] = c["loss_mean"]  # best-ranked last: wins a shared cell
+            if c["fingerprint"] == winner:
+                ax.add_patch(plt.Rectangle((k - 0.5, r - 0.5), 1, 1, fill=False, ec="red", lw=2.5))
+        image = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis_r", vmin=vmin, vmax=vmax,
+                          aspect="auto")
+        for (r, k), v in np.ndenumerate(grid):
+            text = "diverged" if v == math.inf else ("n/a" if np.isnan(v) else f"{v:.3f}")
+            dark = np.isfinite(v) and vmax > vmin and (v - vmin) / (vmax - vmin) > 0.6
+            ax.text(k, r, text, ha="center", va="center", fontsize=7,
+                    color="gray" if not np.isfinite(v) else ("white" if dark else "black"))
+        ax.set_xticks(range(len(cols)), [str(c) for c in cols])
+        ax.set_yticks(range(len(rows)), ["clip off", *[f"max_norm {r}" for r in rows[1:]]])
+        ax.axhline(0.5, color="white", lw=3)  # clip-off row is its own block
+        ax.set(title=p, xlabel="train.accum_steps")
+    axes[0][0].set_ylabel("clipping")
+    fig.colorbar(image, ax=axes[0].tolist(), label=f"mean best validation loss ({LOSS_UNIT})")
+    fig.suptitle("Mean best validation loss by clipping x accumulation (red box: winner)")
+    folder.mkdir(parents=True, exist_ok=True)
+    fig.savefig(folder / "heatmap.png", dpi=DPI)  # constrained layout: no tight_layout
+    plt.close(fig)
+    return Figure("heatmap.png", "Best validation loss heatmap",
+                  "Mean over seeds of each config's best validation loss; 'diverged' marks a "
+                  "config with a seed that did not finish (+inf), 'n/a' a cell not in the sweep.")

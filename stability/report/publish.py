@@ -1,0 +1,121 @@
+"""The report in MLflow: a ``report`` run with the report's files, and the Model Registry.
+
+Re-running a report on the same sweep creates a new report run (each is a dated record) but
+no new model version: a version tagged with the same ``sweep_id`` and ``winner`` is reused.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from stability.report.evaluate import WinnerTestResult
+from stability.report.fetch import Sweep
+from stability.report.select import SELECTION_RULE
+
+log = logging.getLogger(__name__)
+
+MAX_TAG = 5000  # MLflow's tag value limit
+
+
+def start_report_run(c: Any, sweep: Sweep, winner: Mapping[str, Any], git_commit: str) -> str:
+    """Create the report run in the sweep's experiment; returns its id."""
+    tags = {
+        "stability.kind": "report",
+        "stability.sweep_id": sweep.sweep_id,
+        "stability.sweep_run_id": sweep.parent_run_id or "",
+        "stability.winner": str(winner["fingerprint"]),
+        "stability.winner_label": str(winner["label"]),
+        "stability.selection_rule": SELECTION_RULE[:MAX_TAG],
+        "stability.git_commit": git_commit,
+    }
+    run = c.create_run(sweep.experiment_id, tags=tags, run_name=f"report {sweep.sweep_id}")
+    return str(run.info.run_id)
+
+
+def summary_metrics(test: WinnerTestResult) -> dict[str, float]:
+    """The winner's test loss/accuracy mean and std, as logged on the report run."""
+    return {"test_loss_mean": test.loss.mean, "test_loss_std": test.loss.std,
+            "test_acc_mean": test.acc.mean, "test_acc_std": test.acc.std,
+            "test_seeds": float(test.loss.n)}
+
+
+def finish_report_run(c: Any, run_id: str, folder: Path, metrics: Mapping[str, float]) -> None:
+    """Log the summary metrics and every file of the report folder; end the run FINISHED."""
+    from mlflow.entities import Metric
+
+    ts = int(time.time() * 1000)
+    c.log_batch(run_id, metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items()],
+                synchronous=True)
+    c.log_artifacts(run_id, str(folder))
+    c.set_terminated(run_id, status="FINISHED")
+
+
+def fail_report_run(c: Any, run_id: str, err: BaseException) -> None:
+    """End the report run FAILED with the reason (best effort: the original error matters)."""
+    try:
+        c.set_tag(run_id, "stability.reason", f"{type(err).__name__}: {err}"[:MAX_TAG])
+        c.set_terminated(run_id, status="FAILED")
+    except Exception:  # the tracking server may be the reason; keep the first error
+        log.exception("could not close report run %s", run_id)
+
+
+def _versions(c: Any, name: str) -> list[Any]:
+    return list(c.search_model_versions(f"name='{name}'"))
+
+
+def register_winner(c: Any, name: str, sweep: Sweep, winner: Mapping[str, Any],
+                    run: Mapping[str, Any], test: WinnerTestResult,
+                    report_run_id: str) -> tuple[str, bool]:
+    """Register the winner's checkpoint as a new model version, once per (sweep, winner).
+
+    Args:
+        c: the MLflow client.
+        name: the registered model name.
+        sweep: the sweep.
+        winner: the winner's row of the ranked config table.
+        run: the training run whose checkpoint is registered (the winner's seed with the
+            lowest best validation loss: chosen on validation, never on test).
+        test: the winner's test evaluation (its numbers become version tags).
+        report_run_id: the report run that registered it.
+
+    Returns:
+        ``(version, created)``; ``created`` is False when an existing version was reused.
+    """
+    from mlflow.exceptions import MlflowException
+
+    fp = str(winner["fingerprint"])
+    for v in _versions(c, name):
+        if v.tags.get("sweep_id") == sweep.sweep_id and v.tags.get("winner") == fp:
+            log.info("model %s version %s already holds this winner; not registering again",
+                     name, v.version)
+            return str(v.version), False
+    try:
+        c.create_registered_model(name, description="Winning config of a stability sweep "
+                                  "(selected on validation loss; see its report run).")
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    seed_test = next((s for s in test.seeds if s.run_id == run["run_id"]), None)
+    tags = {
+        "sweep_id": sweep.sweep_id,
+        "winner": fp,
+        "config": str(winner["label"]),
+        "seed": str(run["seed"]),
+        "training_run_id": str(run["run_id"]),
+        "report_run_id": report_run_id,
+        "best_val_loss": f"{run['best_val_loss']:.6g}",
+        **{k: f"{v:.6g}" for k, v in summary_metrics(test).items()},
+    }
+    if seed_test is not None and math.isfinite(seed_test.test_loss):
+        tags |= {"test_loss": f"{seed_test.test_loss:.6g}", "test_acc": f"{seed_test.test_acc:.6g}"}
+    mv = c.create_model_version(
+        name, source=f"{run['artifact_uri']}/checkpoints", run_id=str(run["run_id"]), tags=tags,
+        description=f"state_dict of SequenceClassifier ({winner['label']}), checkpoints/best.pt "
+                    f"of seed {run['seed']} of sweep {sweep.sweep_id}",
+    )
+    return str(mv.version), True

@@ -1,0 +1,176 @@
+"""Per-config aggregation over seeds and the selection rule.
+
+A config is everything but the seed (``stability.fingerprint``). A seed that did not finish
+(diverged, failed, killed, still running) counts as +inf validation loss for its config, so
+the mean of such a config is +inf: a config cannot win by losing its bad seeds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from stability.report.stats import mean_ci
+
+PRECISION_ORDER = {"fp32": 0, "bf16": 1, "fp16": 2}
+TIE_DECIMALS = 10  # means equal to 1e-10 are a tie (summation order changes the last bits)
+SELECTION_RULE = (
+    "winner = lowest mean best_val_loss over seeds (validation split only); a seed that did "
+    "not finish (diverged, failed, killed) counts as +inf, so a config cannot win by losing "
+    "seeds; ties (means equal to 1e-10): fewer unfinished seeds, then the simpler config: "
+    "clip off before on, fp32 before bf16 before fp16, smaller train.accum_steps; then the "
+    "fingerprint, alphabetically"
+)
+LABEL_KEYS = ("precision.name", "clip.enabled", "clip.method", "clip.max_norm",
+              "clip.clip_value", "train.accum_steps")
+IGNORED_KEYS = ("tracking.", "output_dir", "device")
+
+
+def effective_loss(runs: pd.DataFrame) -> pd.Series:
+    """``best_val_loss`` of finished runs; +inf for any run that did not finish (or is NaN)."""
+    loss = pd.to_numeric(runs.get("best_val_loss", pd.Series(math.nan, index=runs.index)),
+                         errors="coerce").astype(float)
+    ok = (runs["outcome"] == "finished") & np.isfinite(loss)
+    return loss.where(ok, math.inf)
+
+
+def base_label(row: pd.Series) -> str:
+    """A readable config name, e.g. ``fp16 clip=1 acc=4`` or ``fp32 noclip acc=1``."""
+    if not row.get("clip.enabled", False):
+        clip = "noclip"
+    elif row.get("clip.method", "norm") == "value":
+        clip = f"clipv={row['clip.clip_value']:g}"
+    else:
+        clip = f"clip={row['clip.max_norm']:g}"
+    return f"{row.get('precision.name', '?')} {clip} acc={row.get('train.accum_steps', '?')}"
+
+
+def config_labels(first: pd.DataFrame) -> pd.Series:
+    """Labels for one row per config; configs sharing a label get the keys that tell them apart."""
+    labels = first.apply(base_label, axis=1)
+    params = [c for c in first.columns if "." in c and c not in LABEL_KEYS
+              and not c.startswith(IGNORED_KEYS)]
+    for _, group in first.groupby(labels):
+        if len(group) < 2:
+            continue
+        differing = [c for c in params if group[c].astype(str).nunique() > 1]
+        for i, row in group.iterrows():
+            labels[i] += "".join(f" {c}={row[c]}" for c in differing)
+    return labels
+
+
+def _stats_columns(prefix: str, values: pd.Series, confidence: float) -> dict[str, float]:
+    ci = mean_ci(values.dropna().tolist(), confidence)
+    return {f"{prefix}_mean": ci.mean, f"{prefix}_std": ci.std, f"{prefix}_ci_low": ci.low,
+            f"{prefix}_ci_high": ci.high}
+
+
+def _mean_std(prefix: str, values: pd.Series | None) -> dict[str, float]:
+    v = pd.to_numeric(values, errors="coerce").dropna() if values is not None else pd.Series()
+    return {f"{prefix}_mean": float(v.mean()) if len(v) else math.nan,
+            f"{prefix}_std": float(v.std(ddof=1)) if len(v) > 1 else math.nan}
+
+
+def aggregate(runs: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+    """One row per config, ranked by the selection rule (row 0 is the winner).
+
+    Args:
+        runs: one row per training run (``fetch.fetch_runs``), optionally with a
+            ``val_acc_at_best`` column.
+        confidence: level of the confidence intervals.
+
+    Returns:
+        Columns: identity (``fingerprint``, ``label``, config keys), seed counts
+        (``seeds``, ``seeds_finished``, ``seeds_diverged``, ``seeds_failed``, ``seeds_missing``,
+        ``flag``), ``loss_*`` and ``acc_*`` (mean, std, CI), mean/std of clip fraction, skip
+        count, fp16 underflow fraction and wall time, and ``rank``.
+    """
+    runs = runs.assign(eff_loss=effective_loss(runs))
+    all_seeds = set(runs["seed"])
+    first = runs.drop_duplicates("fingerprint").set_index("fingerprint")
+    labels = config_labels(first.reset_index()).set_axis(first.index)
+    rows = []
+    for fp, g in runs.groupby("fingerprint", sort=False):
+        f0 = first.loc[fp]
+        missing = sorted(all_seeds - set(g["seed"]))
+        finished = g[g["outcome"] == "finished"]
+        row = {
+            "fingerprint": fp,
+            "label": labels[fp],
+            "precision": f0.get("precision.name", ""),
+            "clip_enabled": bool(f0.get("clip.enabled", False)),
+            "clip_method": f0.get("clip.method", "norm"),
+            "max_norm": float(f0["clip.max_norm"]) if f0.get("clip.enabled", False)
+            and f0.get("clip.method", "norm") == "norm" else math.nan,
+            "accum_steps": int(f0.get("train.accum_steps", 1)),
+            "seeds": len(g),
+            "seeds_finished": len(finished),
+            "seeds_diverged": int((g["outcome"] == "diverged").sum()),
+            "seeds_failed": int((~g["outcome"].isin(["finished", "diverged"])).sum()),
+            "seeds_missing": len(missing),
+            "seed_list": " ".join(str(s) for s in sorted(g["seed"])),
+        }
+        flags = []
+        if missing:
+            flags.append(f"missing seeds {' '.join(map(str, missing))}")
+        if len(g) - len(finished):
+            flags.append(f"{len(g) - len(finished)} seed(s) did not finish")
+        row["flag"] = "; ".join(flags)
+        row |= _stats_columns("loss", g["eff_loss"], confidence)
+        acc = finished.get("val_acc_at_best", pd.Series(dtype=float))
+        row |= _stats_columns("acc", pd.to_numeric(acc, errors="coerce"), confidence)
+        for prefix, col in (("clip_fraction", "clip_fraction"), ("skip_count", "skip_count"),
+                            ("underflow", "fp16_underflow_fraction"),
+                            ("wall_time_s", "wall_time_s")):
+            row |= _mean_std(prefix, g.get(col))
+        rows.append(row)
+    return rank(pd.DataFrame(rows))
+
+
+def rank(configs: pd.DataFrame) -> pd.DataFrame:
+    """Sort by the selection rule (``SELECTION_RULE``) and number the ranks from 1."""
+    key = pd.DataFrame({
+        "loss": configs["loss_mean"].fillna(math.inf).round(TIE_DECIMALS),
+        "unfinished": configs["seeds_diverged"] + configs["seeds_failed"],
+        "clip": configs["clip_enabled"].astype(int),
+        "precision": configs["precision"].map(PRECISION_ORDER).fillna(len(PRECISION_ORDER)),
+        "accum": configs["accum_steps"],
+        "fingerprint": configs["fingerprint"],
+    })
+    order = key.sort_values(list(key.columns), kind="stable").index
+    out = configs.loc[order].reset_index(drop=True)
+    out.insert(0, "rank", range(1, len(out) + 1))
+    return out
+
+
+def best_of(configs: pd.DataFrame, mask: pd.Series) -> str | None:
+    """Fingerprint of the best-ranked config where ``mask`` holds (``configs`` is ranked)."""
+    hit = configs[mask]
+    return str(hit.iloc[0]["fingerprint"]) if len(hit) else None
+
+
+def baseline(configs: pd.DataFrame) -> str | None:
+    """The baseline: fp32, clip off, accum 1 (the best-ranked one if other keys vary)."""
+    return best_of(configs, (configs["precision"] == "fp32") & ~configs["clip_enabled"]
+                   & (configs["accum_steps"] == 1))
+
+
+def per_seed(runs: pd.DataFrame, fingerprint: str) -> dict[int, float]:
+    """``{seed: effective loss}`` of one config (+inf for seeds that did not finish)."""
+    g = runs[runs["fingerprint"] == fingerprint]
+    return dict(zip(g["seed"].astype(int), effective_loss(g), strict=True))
+
+
+def representative_seed(runs: pd.DataFrame, fingerprint: str) -> pd.Series | None:
+    """The run of a config whose best validation loss is its seeds' median (lower seed on ties).
+
+    Only finished runs qualify; ``None`` if the config has none.
+    """
+    g = runs[(runs["fingerprint"] == fingerprint) & (runs["outcome"] == "finished")]
+    if g.empty:
+        return None
+    loss = effective_loss(g)
+    order = g.assign(_l=loss).sort_values(["_l", "seed"])
+    return order.iloc[(len(order) - 1) // 2]

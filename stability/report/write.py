@@ -1,0 +1,197 @@
+"""The report folder: ``report.md`` (tables, verdicts, figures) and ``summary.csv``.
+
+Every number comes from the sweep's runs or from the winner's test evaluation; nothing is
+typed in by hand. A value that does not exist is written as "—", an infinite mean (a config
+that lost a seed) as "inf".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from stability.report.compare import Comparison, signed
+from stability.report.evaluate import WinnerTestResult
+from stability.report.fetch import Sweep
+from stability.report.plots import Figure
+from stability.report.select import SELECTION_RULE
+from stability.report.stats import wilcoxon_min_p
+
+SUMMARY_COLUMNS = [
+    "rank", "label", "fingerprint", "precision", "clip_enabled", "clip_method", "max_norm",
+    "accum_steps", "seeds", "seeds_finished", "seeds_diverged", "seeds_failed", "seeds_missing",
+    "flag", "loss_mean", "loss_std", "loss_ci_low", "loss_ci_high", "acc_mean", "acc_std",
+    "acc_ci_low", "acc_ci_high", "clip_fraction_mean", "clip_fraction_std", "skip_count_mean",
+    "skip_count_std", "underflow_mean", "wall_time_s_mean", "n_paired", "diff_vs_winner",
+    "p_vs_winner", "p_wilcoxon_vs_winner", "within_ci", "within_noise", "seed_list",
+]
+
+
+@dataclass(frozen=True)
+class ReportContext:
+    """Everything report.md is written from."""
+
+    sweep: Sweep
+    tracking_uri: str
+    runs: pd.DataFrame
+    configs: pd.DataFrame  # ranked, with the versus-winner columns
+    comparisons: Sequence[Comparison]
+    test: WinnerTestResult
+    figures: Sequence[Figure]
+    notes: Sequence[str]  # what went wrong without stopping the report (plots, registry)
+    confidence: float
+    alpha: float
+    report_run_id: str
+    model_version: str  # "" when not registered
+    elapsed_s: float
+    generated_at: str
+    git_commit: str
+
+
+def fmt(x: float, digits: int = 4) -> str:
+    """A number for a table: fixed digits, 'inf' for +inf, an em dash for a missing value."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    if x == math.inf:
+        return "inf"
+    return f"{x:.{digits}f}"
+
+
+def _pm(mean: float, std: float, digits: int = 4) -> str:
+    return fmt(mean, digits) if math.isnan(std) else f"{fmt(mean, digits)} ± {fmt(std, digits)}"
+
+
+def _ci(low: float, high: float, digits: int = 4) -> str:
+    return "—" if math.isnan(low) else f"[{fmt(low, digits)}, {fmt(high, digits)}]"
+
+
+def _signed_ci(low: float, high: float) -> str:
+    return "—" if math.isnan(low) else f"[{signed(low)}, {signed(high)}]"
+
+
+def _p(p: float) -> str:
+    return "—" if math.isnan(p) else f"{p:.3g}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_summary(configs: pd.DataFrame, path: Path) -> None:
+    """One row per config, ranked, with every aggregate the report uses."""
+    cols = [c for c in SUMMARY_COLUMNS if c in configs.columns]
+    configs[cols].assign(winner=configs["rank"] == 1).to_csv(path, index=False)
+
+
+def _answer(ctx: ReportContext) -> list[str]:
+    w, t, level = ctx.configs.iloc[0], ctx.test, f"{ctx.confidence:.0%}"
+    others = len(ctx.configs) - 1
+    tested = [s for s in t.seeds if math.isfinite(s.test_loss)]
+    lines = [
+        f"**Train with `{w['label']}`** (config fingerprint `{w['fingerprint']}`).", "",
+        f"- Validation (the only selection criterion): best validation loss "
+        f"{_pm(w['loss_mean'], w['loss_std'])} "
+        f"({level} CI {_ci(w['loss_ci_low'], w['loss_ci_high'])}) over {int(w['seeds'])} "
+        f"seeds; validation accuracy at the best epoch "
+        f"{_pm(w['acc_mean'], w['acc_std'], 3)}.",
+        f"- Test (sealed split of {t.test_size} sequences, opened once, for this config only): "
+        f"loss {_pm(t.loss.mean, t.loss.std)}, accuracy {_pm(t.acc.mean, t.acc.std, 3)} over "
+        f"{len(tested)} seeds (mean ± std).",
+    ]
+    if math.isinf(w["loss_mean"]):
+        lines.append("- **Warning: every config lost at least one seed**; the winner was chosen by "
+                     "the tie-breaks (fewest unfinished seeds, then simplest).")
+    if w["flag"]:
+        lines.append(f"- **Warning: the winner is flagged: {w['flag']}.**")
+    if w["precision"] == "fp32" and not w["clip_enabled"] and w["accum_steps"] == 1:
+        lines.append("- The winner is the baseline itself (fp32, clip off, accum 1): no setting "
+                     "beat plain training on validation loss.")
+    lines += [f"- {c.question}: {c.verdict}" for c in ctx.comparisons]
+    lines.append(
+        f"- Within the winner's seed noise: {int(ctx.configs['within_ci'].sum())} of {others} "
+        f"other configs have a mean inside the winner's {level} CI; "
+        f"{int(ctx.configs['within_noise'].sum())} of {others} are not significantly different "
+        f"from it (paired t, p ≥ {ctx.alpha}, unadjusted).")
+    return lines
+
+
+def _comparison_table(ctx: ReportContext) -> str:
+    rows = [[c.question, c.reference, c.other, str(c.result.n), signed(c.result.mean_diff),
+             _signed_ci(c.result.low, c.result.high), _p(c.result.p_t), _p(c.p_holm),
+             _p(c.result.p_wilcoxon), str(c.other_unfinished)] for c in ctx.comparisons]
+    return _table(["question", "reference", "other", "paired seeds", "mean diff (other − ref)",
+                   f"{ctx.confidence:.0%} CI", "paired t p", "Holm p", "Wilcoxon p",
+                   "other's unfinished seeds"], rows)
+
+
+def _config_table(configs: pd.DataFrame) -> str:
+    rows = []
+    for _, c in configs.iterrows():
+        rows.append([
+            str(c["rank"]), f"`{c['label']}`", f"{c['seeds_finished']}/{c['seeds']}",
+            str(c["seeds_diverged"] + c["seeds_failed"]), _pm(c["loss_mean"], c["loss_std"]),
+            _ci(c["loss_ci_low"], c["loss_ci_high"]), _pm(c["acc_mean"], c["acc_std"], 3),
+            fmt(c["clip_fraction_mean"], 3), fmt(c["skip_count_mean"], 1),
+            fmt(c["underflow_mean"], 4), fmt(c["wall_time_s_mean"], 1),
+            signed(c["diff_vs_winner"]), _p(c["p_vs_winner"]), c["flag"] or "",
+        ])
+    return _table(["rank", "config", "finished", "unfinished", "best val loss", "CI",
+                   "val acc", "clip frac", "skips", "fp16 underflow", "wall s",
+                   "diff vs winner", "p vs winner", "flag"], rows)
+
+
+def _test_table(t: WinnerTestResult) -> str:
+    rows = [[str(s.seed), f"`{s.run_id}`", fmt(s.test_loss), fmt(s.test_acc, 4),
+             "logged now" if s.logged else "already logged", s.note] for s in t.seeds]
+    return _table(["seed", "run", "test loss", "test acc", "MLflow", "note"], rows)
+
+
+def render(ctx: ReportContext) -> str:
+    """The whole report.md."""
+    s, runs, configs = ctx.sweep, ctx.runs, ctx.configs
+    seeds = sorted(runs["seed"].unique())
+    n = len(seeds)
+    flagged = configs[configs["flag"] != ""]
+    parts = [
+        f"# Training-stability report: sweep `{s.sweep_id}`", "",
+        f"Experiment `{s.experiment}` at `{ctx.tracking_uri}`; {len(runs)} training runs, "
+        f"{len(configs)} configs, seeds {', '.join(map(str, seeds))}. Generated "
+        f"{ctx.generated_at} (git `{ctx.git_commit[:12] or 'unknown'}`) in {ctx.elapsed_s:.1f} s; "
+        f"MLflow report run `{ctx.report_run_id}`"
+        + (f", registered model version {ctx.model_version}." if ctx.model_version else "."), "",
+        "## Answer", "", *_answer(ctx), "",
+        "## Selection rule", "", SELECTION_RULE + ".", "",
+        "The test split played no part in the choice: it was opened only after selection, "
+        "for the winner's seeds.", "",
+        "## How sure (paired by seed)", "", _comparison_table(ctx), "",
+        f"Differences are `other − reference` in best validation loss over the seeds both "
+        f"finished ({ctx.confidence:.0%} t interval). The decision uses the paired t-test with "
+        f"Holm's correction over this table at α = {ctx.alpha}; the Wilcoxon signed-rank test "
+        f"is a distribution-free check. With {n} seeds the exact two-sided Wilcoxon p-value "
+        f"cannot go below {wilcoxon_min_p(n):.4g}, which is why it is not the decision.", "",
+        "## Test evaluation (winner only)", "", _test_table(ctx.test), "",
+        f"Evaluated on `{ctx.test.device}` under each run's own precision from its "
+        "`checkpoints/best.pt` artifact (the best-validation epoch).", "",
+        "## All configs, ranked", "", _config_table(configs), "",
+        "`unfinished` seeds count as +inf in `best val loss`; `val acc` is at each seed's best "
+        "epoch, over finished seeds; `p vs winner` is the unadjusted paired t-test.", "",
+        "## Flags", "",
+        *([f"- `{r['label']}`: {r['flag']}" for _, r in flagged.iterrows()]
+          or ["- none: every config has every seed, all finished."]), "",
+    ]
+    if ctx.notes:
+        parts += ["## Problems while writing this report", "",
+                  *[f"- {note}" for note in ctx.notes], ""]
+    parts += ["## Figures", ""]
+    for f in ctx.figures:
+        parts += [f"### {f.title}", "", f"![{f.title}](plots/{f.file})", "", f.caption, ""]
+    parts += ["## Reproduce", "", "```bash",
+              f"python experiments/report.py experiment={s.experiment} sweep_id={s.sweep_id}",
+              "```", "", "`summary.csv` holds the ranked table with every aggregate above.", ""]
+    return "\n".join(parts)

@@ -1,0 +1,167 @@
+"""Aggregation over seeds, the +inf rule, tie-breaking and the comparisons, on small tables."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from scipy import stats
+
+from stability.report.compare import comparisons, versus_winner
+from stability.report.options import ReportError, to_report_config
+from stability.report.select import (
+    SELECTION_RULE,
+    aggregate,
+    baseline,
+    effective_loss,
+    representative_seed,
+)
+
+
+def runs_table(configs: list[tuple[str, str, bool, float, int, dict[int, float | str]]]
+               ) -> pd.DataFrame:
+    """Rows shaped like ``fetch.fetch_runs``: (fp, precision, clip, max_norm, accum, losses)."""
+    rows = []
+    for fp, precision, clip, max_norm, accum, losses in configs:
+        for seed, loss in losses.items():
+            finished = not isinstance(loss, str)
+            rows.append({
+                "run_id": f"{fp}-{seed}", "fingerprint": fp, "seed": seed,
+                "outcome": "finished" if finished else loss,
+                "best_val_loss": loss if finished else 0.01,
+                "precision.name": precision, "clip.enabled": clip, "clip.method": "norm",
+                "clip.max_norm": max_norm, "train.accum_steps": accum,
+                "clip_fraction": 0.5 if clip else 0.0, "skip_count": 1 if not finished else 0,
+                "fp16_underflow_fraction": 0.01 if precision == "fp16" else math.nan,
+                "wall_time_s": 2.0, "val_acc_at_best": 0.8 + seed / 100 if finished else math.nan,
+            })
+    return pd.DataFrame(rows)
+
+
+def test_aggregate_mean_std_and_t_interval_per_config():
+    runs = runs_table([("a", "fp32", False, 1.0, 1, {0: 0.40, 1: 0.44, 2: 0.42}),
+                       ("b", "fp16", True, 0.5, 2, {0: 0.50, 1: 0.52, 2: 0.51})])
+    configs = aggregate(runs)
+    a = configs.set_index("fingerprint").loc["a"]
+    losses = [0.40, 0.44, 0.42]
+    low, high = stats.t.interval(0.95, 2, loc=0.42, scale=stats.sem(losses))
+    assert a["loss_mean"] == pytest.approx(0.42)
+    assert a["loss_std"] == pytest.approx(pd.Series(losses).std())
+    assert (a["loss_ci_low"], a["loss_ci_high"]) == pytest.approx((low, high))
+    assert a["acc_mean"] == pytest.approx(0.81)
+    assert a["label"] == "fp32 noclip acc=1"
+    assert configs.set_index("fingerprint").loc["b", "label"] == "fp16 clip=0.5 acc=2"
+    assert list(configs["fingerprint"]) == ["a", "b"] and list(configs["rank"]) == [1, 2]
+
+
+def test_a_diverged_seed_counts_as_inf_so_the_config_cannot_win():
+    runs = runs_table([("lucky", "fp16", True, 1.0, 1, {0: 0.10, 1: 0.11, 2: "diverged"}),
+                       ("steady", "fp32", False, 1.0, 1, {0: 0.40, 1: 0.41, 2: 0.42})])
+    configs = aggregate(runs)
+    assert configs.iloc[0]["fingerprint"] == "steady"
+    lucky = configs.set_index("fingerprint").loc["lucky"]
+    assert lucky["loss_mean"] == math.inf
+    assert lucky["seeds_diverged"] == 1 and lucky["seeds_finished"] == 2
+    assert "did not finish" in lucky["flag"]
+    assert "+inf" in SELECTION_RULE
+
+
+def test_failed_or_nan_runs_are_inf_too():
+    runs = runs_table([("x", "fp32", False, 1.0, 1, {0: 0.3, 1: "failed", 2: math.nan})])
+    assert list(effective_loss(runs)) == [0.3, math.inf, math.inf]
+    row = aggregate(runs).iloc[0]
+    assert row["seeds_failed"] == 1 and row["seeds_finished"] == 2
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    (("off", "fp32", False, 1.0, 1), ("on", "fp32", True, 1.0, 1)),  # clip off before on
+    (("fp32", "fp32", True, 1.0, 1), ("bf16", "bf16", True, 1.0, 1)),  # fp32 before bf16
+    (("bf16", "bf16", True, 1.0, 1), ("fp16", "fp16", True, 1.0, 1)),  # bf16 before fp16
+    (("acc2", "fp16", True, 1.0, 2), ("acc4", "fp16", True, 1.0, 4)),  # smaller accum first
+    (("off16", "fp16", False, 1.0, 8), ("on32", "fp32", True, 1.0, 1)),  # clip decides first
+])
+def test_ties_go_to_the_simpler_config(first, second):
+    losses = {0: 0.3, 1: 0.5}
+    for order in ((second, first), (first, second)):  # input order must not matter
+        configs = aggregate(runs_table([(*c, losses) for c in order]))
+        assert list(configs["fingerprint"]) == [first[0], second[0]]
+
+
+def test_ties_between_inf_configs_go_to_fewer_unfinished_seeds():
+    runs = runs_table([("two_lost", "fp32", False, 1.0, 1, {0: "diverged", 1: "failed"}),
+                       ("one_lost", "fp16", True, 1.0, 4, {0: 0.2, 1: "diverged"})])
+    assert aggregate(runs).iloc[0]["fingerprint"] == "one_lost"
+
+
+def test_missing_seeds_are_flagged():
+    runs = runs_table([("full", "fp32", False, 1.0, 1, {0: 0.4, 1: 0.4, 2: 0.4}),
+                       ("short", "fp32", True, 1.0, 1, {0: 0.5, 2: 0.5})])
+    short = aggregate(runs).set_index("fingerprint").loc["short"]
+    assert short["seeds_missing"] == 1
+    assert short["flag"] == "missing seeds 1"
+
+
+def test_labels_tell_apart_configs_that_differ_elsewhere():
+    runs = runs_table([("g", "fp32", False, 1.0, 1, {0: 0.4}), ("r", "fp32", False, 1.0, 1,
+                                                               {0: 0.5})])
+    runs["model.cell"] = ["gru", "rnn"]
+    labels = set(aggregate(runs)["label"])
+    assert labels == {"fp32 noclip acc=1 model.cell=gru", "fp32 noclip acc=1 model.cell=rnn"}
+
+
+def test_representative_seed_is_the_median_finished_seed():
+    runs = runs_table([("a", "fp32", False, 1.0, 1,
+                        {0: 0.5, 1: 0.3, 2: 0.4, 3: "diverged", 4: 0.6})])
+    assert representative_seed(runs, "a")["seed"] == 2  # median of 0.3 0.4 0.5 0.6 -> lower
+    assert representative_seed(runs_table([("d", "fp16", True, 1.0, 1, {0: "diverged"})]),
+                               "d") is None
+
+
+def five_seeds(base: float, shifts: list[float]) -> dict[int, float]:
+    return {s: base + d for s, d in enumerate(shifts)}
+
+
+def test_comparisons_say_when_clipping_made_no_difference():
+    noise = [0.01, -0.02, 0.015, -0.005, 0.0]
+    runs = runs_table([
+        ("base", "fp32", False, 1.0, 1, five_seeds(0.40, [0.0] * 5)),
+        ("clip", "fp32", True, 1.0, 1, five_seeds(0.40, noise)),
+    ])
+    configs = versus_winner(runs, aggregate(runs))
+    result = {c.question: c for c in comparisons(runs, configs)}
+    clip = result["clipping: best clip-on vs best clip-off"]
+    assert clip.verdict.startswith("Clipping made no difference on this task")
+    assert clip.result.p_t == pytest.approx(stats.ttest_rel(
+        [0.40 + d for d in noise], [0.40] * 5).pvalue)
+
+
+def test_comparisons_call_a_clear_effect_significant_and_count_seed_noise():
+    runs = runs_table([
+        ("win", "bf16", True, 1.0, 2, five_seeds(0.30, [0.0, 0.01, -0.01, 0.005, -0.005])),
+        ("base", "fp32", False, 1.0, 1, five_seeds(0.50, [0.0, 0.012, -0.008, 0.004, -0.006])),
+        ("near", "fp16", True, 1.0, 2, five_seeds(0.30, [0.002, 0.0, -0.005, 0.01, -0.004])),
+    ])
+    configs = versus_winner(runs, aggregate(runs))
+    assert configs.iloc[0]["fingerprint"] == "win" and baseline(configs) == "base"
+    by_q = {c.question: c for c in comparisons(runs, configs)}
+    base = by_q["winner vs baseline (fp32, clip off, accum 1) / best fp32"]
+    assert base.result.mean_diff == pytest.approx(0.2, abs=1e-3)
+    assert base.p_holm < 0.05 and base.verdict.startswith("The winner is significantly better")
+    near = by_q["winner vs best fp16"]
+    assert near.verdict.startswith("No significant difference")
+    rows = configs.set_index("fingerprint")
+    assert rows.loc["near", "within_noise"] and not rows.loc["base", "within_noise"]
+    assert rows.loc["near", "within_ci"] and not rows.loc["base", "within_ci"]
+    assert math.isnan(rows.loc["win", "p_vs_winner"])
+
+
+def test_report_config_names_the_bad_key():
+    with pytest.raises(ReportError, match=r"device='gpu' is invalid: allowed values are auto"):
+        to_report_config({"device": "gpu"})
+    with pytest.raises(ReportError, match="unknown key colour"):
+        to_report_config({"colour": "red"})
+    with pytest.raises(ReportError, match=r"alpha=1.5 is invalid"):
+        to_report_config({"alpha": 1.5})
+    assert to_report_config({"sweep_id": 20260101, "registry": {"enabled": False}}).sweep_id \
+        == "20260101"
