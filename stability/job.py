@@ -5,6 +5,9 @@ to a frozen ``RunConfig``, and a user mistake ends the job with a one-line error
 exit status 2 instead of a traceback. A run that fails for any other reason is closed
 in MLflow as FAILED (KILLED on Ctrl-C/SIGTERM) with its reason, and, inside a sweep,
 returns ``inf`` so the other jobs go on.
+
+Under ``torchrun`` (``docs/distributed.md``) every rank runs this job: rank 0 owns the MLflow
+run, the other ranks train without tracking, and a failure on any rank ends the run FAILED.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from stability import distributed
 from stability.config import ConfigError, RunConfig, to_run_config
 from stability.run import RunResult, train
-from stability.tracking import TrackedRun, TrackingError
+from stability.steplog import StepSink
+from stability.tracking import TrackedRun, TrackingError, client
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +40,23 @@ def _user_error(err: Exception) -> None:
     raise SystemExit(2) from None
 
 
-def train_tracked(cfg: RunConfig, overrides: Sequence[str] = ()) -> RunResult:
-    """``run.train`` inside an MLflow run (or without one when tracking is disabled)."""
-    if not cfg.tracking.enabled:
-        return train(cfg)
-    with TrackedRun(cfg, overrides) as tracked:
-        result = train(cfg, sinks=[tracked.sink])
+def train_tracked(cfg: RunConfig, overrides: Sequence[str] = (),
+                  sinks: Sequence[StepSink] = ()) -> RunResult:
+    """``run.train`` inside an MLflow run (or without one when tracking is disabled).
+
+    Under torchrun this joins the process group first; only rank 0 creates the MLflow run.
+    ``sinks`` are extra per-step consumers on this rank.
+    """
+    world = distributed.setup(cfg.device)
+    if not cfg.tracking.enabled or not distributed.is_main():
+        with distributed.rank_guard():
+            return train(cfg, sinks, world_size=world)
+    # Deferred SIGTERM: when torchrun tears the ranks down, rank 0 still closes its run.
+    with distributed.sigterm_deferred(), TrackedRun(cfg, overrides) as tracked:
+        if world > 1:
+            client(tracked.uri).log_param(tracked.run_id, "world_size", str(world))
+        with distributed.rank_guard():
+            result = train(cfg, sinks=[tracked.sink, *sinks], world_size=world)
         tracked.finish(result.summary, result.status, result.reason)
     log.info("MLflow run %s (%s)", tracked.run_id, tracked.uri)
     return result
@@ -61,11 +77,13 @@ def run_job(raw: Mapping[str, Any], overrides: Sequence[str] = (), in_sweep: boo
     except (ConfigError, TrackingError) as err:
         _user_error(err)
     except Exception:
-        if not in_sweep:
+        # Distributed, the process group is broken after a failure: the ranks stop together.
+        if not in_sweep or distributed.is_distributed():
             raise
         log.exception("run failed; the sweep goes on")
         return math.inf
-    print_summary(result)
+    if distributed.is_main():
+        print_summary(result)
     return result.best_val_loss if result.status == "finished" else math.inf
 
 

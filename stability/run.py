@@ -3,6 +3,10 @@
 Records flow one way: ``TrainStep.step`` returns a ``StepLog``; this loop hands it to the
 CSV writer (the ground truth, flushed per row), the diagnostics, the skip-rate monitor and
 any extra sinks (e.g. the MLflow buffer). The step itself never logs.
+
+With ``world_size > 1`` (under torchrun, see ``docs/distributed.md``) the model is wrapped in
+``DistributedDataParallel``, each rank trains on its shard of every epoch's shuffled order,
+validation sums are reduced over ranks, and only rank 0 writes files.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 import yaml
 from torch import nn
 
+from stability import distributed
 from stability.config import RunConfig, StepConfig
 from stability.data import Split, make_splits
 from stability.model import SequenceClassifier
@@ -62,7 +67,7 @@ class RunResult:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, split: Split, config: StepConfig,
-             batch_size: int = 1024) -> tuple[float, float]:
+             batch_size: int = 1024, sharded: bool = False) -> tuple[float, float]:
     """Mean BCE loss and accuracy of ``model`` on ``split``, under the run's autocast policy.
 
     Args:
@@ -70,10 +75,15 @@ def evaluate(model: nn.Module, split: Split, config: StepConfig,
         split: the data to evaluate on.
         config: the step config (device and precision).
         batch_size: evaluation batch size.
+        sharded: data-parallel: each rank evaluates every world_size-th sample (no padding)
+            and the sums are all-reduced, so every rank returns the whole split's numbers.
 
     Returns:
         ``(loss, accuracy)``.
     """
+    if sharded:
+        r, w = distributed.rank(), distributed.world_size()
+        split = Split(split.x[r::w], split.y[r::w])
     model.eval()
     loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
     total, correct = 0.0, 0
@@ -85,17 +95,24 @@ def evaluate(model: nn.Module, split: Split, config: StepConfig,
         total += float(loss_fn(logits, y))
         correct += int(((logits > 0).float() == y).sum())
     model.train()
-    return total / len(split), correct / len(split)
+    count = len(split)
+    if sharded:
+        total, correct, count = distributed.all_reduce_sum([total, correct, count], config.device)
+    return total / count, correct / count
 
 
 def windows(split: Split, batch_size: int, accum_steps: int, generator: torch.Generator,
-            device: str) -> Iterator[list[MicroBatch]]:
+            device: str, rank: int = 0, world_size: int = 1) -> Iterator[list[MicroBatch]]:
     """One epoch of shuffled micro-batches grouped into windows of ``accum_steps``.
 
-    The last window may be shorter; it is still stepped (with its own divisor).
+    The last window may be shorter; it is still stepped (with its own divisor). With
+    ``world_size > 1`` every rank draws the same permutation (same generator state) and takes
+    its ``DistributedSampler`` share of it, so ranks see disjoint data and the same number of
+    windows.
     """
-    perm = torch.randperm(len(split), generator=generator)
-    batches = [perm[i : i + batch_size] for i in range(0, len(split), batch_size)]
+    perm = distributed.shard_indices(torch.randperm(len(split), generator=generator),
+                                     rank, world_size)
+    batches = [perm[i : i + batch_size] for i in range(0, len(perm), batch_size)]
     for w in range(0, len(batches), accum_steps):
         yield [(split.x[idx].to(device), split.y[idx].to(device))
                for idx in batches[w : w + accum_steps]]
@@ -112,33 +129,49 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     Args:
         cfg: the validated run configuration.
         sinks: extra consumers of ``StepLog``/``EpochLog`` records (the CSV is always written).
-        world_size: number of data-parallel ranks (for the effective batch).
+        world_size: number of data-parallel ranks: the effective batch is
+            ``batch_size * accum_steps * world_size``. Above 1 it must equal the size of the
+            initialised process group (``distributed.setup``); training then uses DDP and
+            only rank 0 writes ``steps.csv``, ``config.yaml`` and the checkpoint (the caller
+            decides which ranks get ``sinks``).
 
     Returns:
         The ``RunResult``; a run ended by the skip-rate monitor has ``status == "diverged"``.
 
     Raises:
         ConfigError: the device cannot run the requested precision.
+        ValueError: ``world_size`` does not match the process group.
     """
     t0 = time.perf_counter()
+    ddp = world_size > 1
+    if world_size != (distributed.world_size() if ddp else 1):
+        raise ValueError(
+            f"world_size={world_size} is invalid: allowed values are 1 or the size of the "
+            f"initialised process group ({distributed.world_size()}); start ranks with torchrun"
+        )
+    rank = distributed.rank() if ddp else 0
+    main = rank == 0
     device = resolve_device(cfg.device)
     check_precision_supported(cfg.precision.name, device)
     step_cfg = cfg.step_config(device)
     torch.set_num_threads(cfg.train.threads)
     out = Path(cfg.output_dir)
-    (out / CHECKPOINT_NAME).parent.mkdir(parents=True, exist_ok=True)
-    write_config(cfg, out / CONFIG_NAME)
+    if main:
+        (out / CHECKPOINT_NAME).parent.mkdir(parents=True, exist_ok=True)
+        write_config(cfg, out / CONFIG_NAME)
 
     splits = make_splits(cfg.data)
     torch.manual_seed(cfg.seed)  # the training seed: initialisation and shuffling only
     model = SequenceClassifier(cfg.model).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr,
                                   weight_decay=cfg.train.weight_decay)
-    trainer = TrainStep(model, optimizer, nn.BCEWithLogitsLoss(), step_cfg, fault=cfg.fault)
+    net = distributed.wrap(model, device) if ddp else model
+    trainer = TrainStep(net, optimizer, nn.BCEWithLogitsLoss(), step_cfg, fault=cfg.fault)
+    # Same seed on every rank: the same permutation each epoch, of which each takes its share.
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
-    csv_writer = CsvStepWriter(out / CSV_NAME)
-    all_sinks: list[StepSink] = [csv_writer, *sinks]
+    csv_writer = CsvStepWriter(out / CSV_NAME) if main else None
+    all_sinks: list[StepSink] = [*([csv_writer] if csv_writer is not None else []), *sinks]
     monitor = SkipRateMonitor(cfg.monitor)
     diag = Diagnostics()
     epochs: list[EpochLog] = []
@@ -149,7 +182,7 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
             te = time.perf_counter()
             losses, norms, clipped, skipped, n_steps = [], [], 0, 0, 0
             for window in windows(splits.train, cfg.train.batch_size, cfg.train.accum_steps,
-                                  shuffle, device):
+                                  shuffle, device, rank, world_size):
                 s = trainer.step(window)
                 diag.on_step(s)
                 for sink in all_sinks:
@@ -161,7 +194,7 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
                     losses.append(s.loss)
                     norms.append(s.grad_l2_pre_clip)
                 monitor.update(s.skipped)  # raises DivergedError
-            val_loss, val_acc = evaluate(model, splits.val, step_cfg)
+            val_loss, val_acc = evaluate(model, splits.val, step_cfg, sharded=ddp)
             record = EpochLog(
                 epoch=epoch,
                 train_loss=sum(losses) / len(losses) if losses else math.nan,
@@ -176,10 +209,11 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
             epochs.append(record)
             for sink in all_sinks:
                 sink.on_epoch(record)
-            if val_loss < best_val:  # nan never wins
+            if val_loss < best_val:  # nan never wins; identical on every rank (reduced)
                 best_val, best_epoch = val_loss, epoch
-                torch.save(model.state_dict(), out / CHECKPOINT_NAME)
-            log.info(
+                if main:  # the unwrapped module: keys load into SequenceClassifier
+                    torch.save(model.state_dict(), out / CHECKPOINT_NAME)
+            log.log(logging.INFO if main else logging.DEBUG,
                 "epoch %2d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  clip %.2f  "
                 "skips %d", epoch, cfg.train.epochs, record.train_loss, val_loss, val_acc,
                 record.clip_fraction, skipped,
@@ -188,7 +222,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
         status, reason = "diverged", str(err)
         log.error("run diverged: %s", err)
     finally:
-        csv_writer.close()
+        if csv_writer is not None:
+            csv_writer.close()
 
     summary: dict[str, Any] = diag.summary() | {
         "best_val_loss": best_val,

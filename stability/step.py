@@ -48,6 +48,8 @@ class TrainStep:
         config: the validated ``StepConfig``.
         scheduler: optional LR scheduler, advanced only on steps actually taken.
         fault: optional fault injection (1-based optimizer-step indices).
+        sync_every_micro_batch: under DDP, all-reduce after every micro-batch instead of only
+            after the window's last one (no ``no_sync``); for measuring what no_sync saves.
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class TrainStep:
         config: StepConfig,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         fault: FaultConfig | None = None,
+        sync_every_micro_batch: bool = False,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -65,6 +68,7 @@ class TrainStep:
         self.config = config
         self.scheduler = scheduler
         self.fault = fault or FaultConfig()
+        self.sync_every_micro_batch = sync_every_micro_batch
         self.scaler = make_scaler(config)
         # scale() of a zero creates the scale tensor on the device now, so that even a skip
         # on the very first micro-batch can back the scale off.
@@ -74,19 +78,30 @@ class TrainStep:
         self.grad_syncs = 0  # backward passes that all-reduce (outside no_sync)
         self._distributed = _is_ddp(model) and dist.is_available() and dist.is_initialized()
 
-    def _sync_context(self, final: bool) -> contextlib.AbstractContextManager:
+    def _sync_context(self, syncs: bool) -> contextlib.AbstractContextManager:
         # Only the window's last backward should all-reduce; earlier ones accumulate locally.
-        if _is_ddp(self.model) and not final:
+        if _is_ddp(self.model) and not syncs:
             return self.model.no_sync()
         return contextlib.nullcontext()
 
-    def _all_finite(self, loss: torch.Tensor) -> bool:
-        finite = torch.isfinite(loss.detach()).to(torch.int32)
-        if self._distributed:
-            # Every rank takes the same decision: one rank's NaN loss skips the step everywhere,
-            # otherwise the others would wait forever in the gradient all-reduce.
-            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-        return bool(finite)
+    def _agree(self, local_ok: bool, local_loss: torch.Tensor,
+               samples: int) -> tuple[bool, float, int]:
+        """One small all-reduce before each syncing backward: every rank takes the same decision.
+
+        Sums ``[non-finite flag, samples, mean loss]`` over ranks. Any rank's non-finite loss
+        skips the step everywhere (one rank must not step alone, nor leave the others waiting
+        in the gradient all-reduce), and every rank gets the step's loss and sample count
+        over all ranks, which is what rank 0 logs.
+
+        Returns:
+            ``(all finite, mean loss over ranks, samples over ranks)``.
+        """
+        head = torch.tensor([float(not local_ok), float(samples)], dtype=torch.float64,
+                            device=self.config.device)
+        t = torch.cat([head, local_loss.detach().double().reshape(1)])
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        bad, total_samples, loss_sum = t.tolist()
+        return bad == 0, loss_sum / dist.get_world_size(), int(total_samples)
 
     def _skip_without_backward(self) -> None:
         # A non-finite loss never reaches backward, so unscale_ has recorded no overflow and the
@@ -116,20 +131,36 @@ class TrainStep:
 
         # 1. Forward/backward per micro-batch. Each loss is divided by the number of
         #    micro-batches actually in this window, so a short last window is a true mean too.
+        #    Distributed, a rank whose loss is non-finite keeps running the forwards (no
+        #    backward) so that every rank meets the same collectives, and all ranks agree on
+        #    the skip before the backward that all-reduces.
         loss_sum = torch.zeros((), device=self.config.device)
+        local_ok = True
+        agreed_loss: float | None = None
+        logged_samples = samples  # over all ranks once they have agreed
         for i, (x, y) in enumerate(micro_batches):
             if spike:
                 y = y * LOSS_SPIKE_FACTOR
-            with self._sync_context(final=i == n - 1):
+            syncs = i == n - 1 or self.sync_every_micro_batch
+            with self._sync_context(syncs):
                 with autocast(self.config):
                     loss = self.loss_fn(self.model(x), y)
-                if not self._all_finite(loss):
+                local_ok = local_ok and bool(torch.isfinite(loss.detach()))
+                loss_sum += loss.detach().float()
+                if not self._distributed and not local_ok:
                     self._skip_without_backward()
-                    return self._log(step, lr, math.nan, math.nan, float(loss), True,
+                    return self._log(step, lr, math.nan, math.nan, float(loss.detach()), True,
                                      "nonfinite_loss", scale, False, n, samples)
-                self.scaler.scale(loss / n).backward()
-            loss_sum += loss.detach().float()
-        self.grad_syncs += 1 if _is_ddp(self.model) else 0
+                if self._distributed and syncs:
+                    ok, agreed_loss, logged_samples = self._agree(local_ok, loss_sum / (i + 1),
+                                                                  samples)
+                    if not ok:
+                        self._skip_without_backward()
+                        return self._log(step, lr, math.nan, math.nan, agreed_loss, True,
+                                         "nonfinite_loss", scale, False, n, logged_samples)
+                if local_ok:
+                    self.scaler.scale(loss / n).backward()
+                    self.grad_syncs += int(_is_ddp(self.model) and syncs)
         if self.fault.inf_grad_at_step == step:
             next(p for p in self.params if p.grad is not None).grad.view(-1)[0] = math.inf
 
@@ -166,9 +197,11 @@ class TrainStep:
         self.scaler.update()
 
         pre_f, post_f, loss_f = torch.stack([pre, post, loss_sum / n]).tolist()
+        if agreed_loss is not None:
+            loss_f = agreed_loss  # the mean over all ranks, not just this one's
         clipped = finite and self.config.clip_enabled and post_f < pre_f
         return self._log(step, lr, pre_f, post_f, loss_f, not finite,
-                         "" if finite else "nonfinite_grad", scale, clipped, n, samples,
+                         "" if finite else "nonfinite_grad", scale, clipped, n, logged_samples,
                          underflow, nonfinite_param)
 
     @staticmethod
