@@ -1,7 +1,8 @@
 """Start and stop a real local ``mlflow server`` (tests, benchmarks, ``make ui``).
 
 One uvicorn worker: MLflow 3.x with its default 4 workers adds ~40 ms to every
-keep-alive request on these machines.
+keep-alive request on these machines. Server-side job execution is off: it would start a
+dozen consumer processes that this project never uses.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def start_server(
         "--artifacts-destination", str(root / "artifacts"),
         "--serve-artifacts", "--workers", "1",
     ]
-    env = os.environ | {"MLFLOW_TRACKING_URI": ""}
+    # The job runner (huey consumers for GenAI jobs) starts ~10 busy processes we never use.
+    env = os.environ | {"MLFLOW_TRACKING_URI": "", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     proc = subprocess.Popen(cmd, stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env)
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
