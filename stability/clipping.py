@@ -66,7 +66,7 @@ def clip_global_l2_norm(
         ``(pre, post)``: global L2 norm before and after clipping. When no clipping
         happens ``post == pre`` and the gradients are untouched.
     """
-    if max_norm <= 0:
+    if not max_norm > 0:  # also rejects nan, which would turn every gradient into nan
         raise ValueError(f"max_norm={max_norm!r} is invalid: allowed values are a number > 0")
     grads = _grads(parameters)
     pre = grad_global_norm(grads)
@@ -76,8 +76,15 @@ def clip_global_l2_norm(
 
 
 def has_non_finite_grad(parameters: Iterable[torch.nn.Parameter]) -> bool:
-    """True if any gradient element is ``inf`` or ``nan``."""
-    return not bool(torch.isfinite(grad_global_norm(_grads(parameters))))
+    """True if any gradient element is ``inf`` or ``nan``.
+
+    Checked element-wise, not through the global norm: a norm of finite but huge gradients
+    (elements around 1e20) overflows float32 to ``inf`` without any element being non-finite.
+    """
+    grads = _grads(parameters)
+    if not grads:
+        return False
+    return not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
 
 
 def first_non_finite(named_parameters: Iterable[tuple[str, torch.nn.Parameter]]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,11 +40,12 @@ def _positive_int(key: str, value: Any) -> None:
 
 
 def _positive_float(key: str, value: Any) -> None:
+    # Finite too: inf passes "> 0" but an inf lr or init_scale turns every step into nan/skip.
     _require(
-        isinstance(value, int | float) and not isinstance(value, bool) and value > 0,
+        isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf,
         key,
         value,
-        "a number > 0",
+        "a finite number > 0",
     )
 
 

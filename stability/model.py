@@ -22,5 +22,19 @@ class SequenceClassifier(nn.Module):
         self.head = nn.Linear(cfg.hidden_size, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out, _ = self.rnn(x)
+        if x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            out = self._rnn_cpu_low_precision(x, torch.get_autocast_dtype("cpu"))
+        else:
+            out, _ = self.rnn(x)
         return self.head(out[:, -1]).squeeze(-1)
+
+    def _rnn_cpu_low_precision(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        # CPU autocast runs nn.RNN in the low-precision dtype, but leaves nn.GRU in float32
+        # (an "fp16" GRU run would silently be fp32) and crashes nn.LSTM in float16 (oneDNN
+        # "could not create a primitive descriptor"). Do what autocast does for nn.RNN, for
+        # every cell: cast input and weights (gradients still flow to the fp32 parameters)
+        # and run the cell with autocast off. For nn.RNN this is bit-identical to autocast.
+        weights = {name: p.to(dtype) for name, p in self.rnn.named_parameters()}
+        with torch.autocast("cpu", enabled=False):
+            out, _ = torch.func.functional_call(self.rnn, weights, (x.to(dtype),))
+        return out

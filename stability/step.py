@@ -171,6 +171,14 @@ class TrainStep:
         pre = grad_global_norm(grads)
         finite = bool(torch.isfinite(pre))
 
+        # The fp16 underflow share describes the raw unscaled gradients, so it is sampled
+        # before clipping (clipped gradients are smaller and would inflate it).
+        underflow = math.nan
+        if finite and self.config.scaler_enabled and (
+            step == 1 or step % self.config.underflow_every == 0
+        ):
+            underflow = fp16_underflow_fraction(grads)
+
         # 3. Clip once per window, only on finite gradients (clipping inf yields nan).
         post = pre
         if finite and self.config.clip_enabled:
@@ -178,11 +186,6 @@ class TrainStep:
                 post = clip_by_norm_(grads, pre, self.config.max_norm)
             else:
                 post = clip_by_value_(grads, self.config.clip_value)
-        underflow = math.nan
-        if finite and self.config.scaler_enabled and (
-            step == 1 or step % self.config.underflow_every == 0
-        ):
-            underflow = fp16_underflow_fraction(grads)
 
         # 4. Step only on finite gradients; with fp16, scaler.step re-checks the same
         #    found_inf that unscale_ recorded. update() always runs: it halves on overflow.

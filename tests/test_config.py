@@ -1,0 +1,143 @@
+"""Configuration errors: named key, allowed values, before any training, clean CLI exit."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from stability.config import (
+    ClipConfig,
+    ConfigError,
+    DataConfig,
+    ModelConfig,
+    PrecisionConfig,
+    RunConfig,
+    StepConfig,
+    TrainConfig,
+    to_run_config,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CASES: list[tuple[type, dict[str, Any], str, str]] = [
+    (ClipConfig, {"max_norm": 0}, "clip.max_norm", "number > 0"),
+    (ClipConfig, {"max_norm": -1.0}, "clip.max_norm", "number > 0"),
+    (ClipConfig, {"max_norm": math.nan}, "clip.max_norm", "number > 0"),
+    (ClipConfig, {"method": "l1"}, "clip.method", "norm | value"),
+    (TrainConfig, {"accum_steps": 0}, "train.accum_steps", "an integer >= 1"),
+    (TrainConfig, {"accum_steps": 1.5}, "train.accum_steps", "an integer >= 1"),
+    (TrainConfig, {"batch_size": 0}, "train.batch_size", "an integer >= 1"),
+    (TrainConfig, {"batch_size": True}, "train.batch_size", "an integer >= 1"),
+    (TrainConfig, {"lr": math.inf}, "train.lr", "> 0"),
+    (PrecisionConfig, {"name": "fp8"}, "precision", "fp32 | fp16 | bf16"),
+    (PrecisionConfig, {"name": "fp16", "scaler": True, "init_scale": math.inf},
+     "precision.init_scale", "> 0"),
+    (ModelConfig, {"cell": "transformer"}, "model.cell", "rnn | gru | lstm"),
+    (RunConfig, {"device": "tpu"}, "device", "auto | cpu | cuda"),
+    (DataConfig, {"num_samples": 5}, "data.num_samples", ">= 20"),
+    (StepConfig, {"max_norm": 0.0}, "clip.max_norm", "number > 0"),
+    (StepConfig, {"accum_steps": 0}, "train.accum_steps", "an integer >= 1"),
+    (StepConfig, {"precision": "fp8"}, "precision", "fp32 | fp16 | bf16"),
+]
+
+
+@pytest.mark.parametrize(("cls", "kwargs", "key", "allowed"), CASES,
+                         ids=[f"{c[0].__name__}-{c[2]}-{c[1]}" for c in CASES])
+def test_invalid_value_names_key_and_allowed_values(
+    cls: type, kwargs: dict[str, Any], key: str, allowed: str,
+) -> None:
+    """Each bad value raises ConfigError whose message has the dotted key and allowed values."""
+    with pytest.raises(ConfigError) as err:
+        cls(**kwargs)
+    message = str(err.value)
+    assert message.startswith(key)
+    assert allowed in message
+
+
+def test_max_norm_is_validated_even_with_clipping_off() -> None:
+    """A nonsensical threshold is a mistake even while clip.enabled=false."""
+    with pytest.raises(ConfigError, match="clip.max_norm"):
+        to_run_config({"clip": {"enabled": False, "max_norm": 0}})
+
+
+def test_unknown_key_lists_allowed_keys() -> None:
+    """A typo in a section key is named together with the keys that exist."""
+    with pytest.raises(ConfigError, match=r"unknown key clip\.max_nrom") as err:
+        to_run_config({"clip": {"max_nrom": 2.0}})
+    assert "max_norm" in str(err.value)
+
+
+def test_to_run_config_converts_nested_mapping() -> None:
+    """A valid plain mapping becomes the frozen RunConfig with every section typed."""
+    cfg = to_run_config({
+        "seed": 3, "device": "cpu", "output_dir": "/tmp/x",
+        "precision": {"name": "fp16", "scaler": True},
+        "clip": {"enabled": True, "max_norm": 0.5},
+        "train": {"accum_steps": 4, "batch_size": 8},
+        "fault": {"inf_grad_at_step": 5},
+        "hydra": {"ignored": True},
+    })
+    assert cfg.seed == 3 and cfg.clip.max_norm == 0.5 and cfg.train.accum_steps == 4
+    step = cfg.step_config("cpu")
+    assert step.precision == "fp16" and step.scaler_enabled and step.accum_steps == 4
+    with pytest.raises(AttributeError):
+        cfg.seed = 4  # type: ignore[misc]
+
+
+CLI_CASES = [
+    ("clip.max_norm=0", "clip.max_norm", "number > 0"),
+    ("precision=fp8", "Could not find 'precision/fp8'", "fp32"),
+]
+if not torch.cuda.is_available():
+    CLI_CASES.append(("device=cuda", "device=cuda", "auto | cpu"))
+
+
+@pytest.fixture(scope="module")
+def cli_results(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    """Every CLI case of this module, started at once (each is a ~3 s interpreter start)."""
+    procs = {}
+    for override, _, _ in CLI_CASES:
+        run_dir = tmp_path_factory.mktemp("cli") / "run"
+        args = [sys.executable, "experiments/sweep.py", override, "tracking.enabled=false",
+                f"hydra.run.dir={run_dir}"]
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        procs[override] = (args, proc, run_dir)
+    results = {}
+    for override, (args, proc, run_dir) in procs.items():
+        out, err = proc.communicate(timeout=180)
+        results[override] = (subprocess.CompletedProcess(args, proc.returncode, out, err), run_dir)
+    return results
+
+
+@pytest.mark.parametrize(("override", "key", "allowed"), CLI_CASES,
+                         ids=[c[0] for c in CLI_CASES])
+def test_cli_config_error_exits_cleanly_before_training(
+    cli_results: dict[str, tuple[subprocess.CompletedProcess[str], Path]],
+    override: str, key: str, allowed: str,
+) -> None:
+    """sweep.py with a bad value: non-zero exit, key and allowed values shown, no traceback."""
+    proc, run_dir = cli_results[override]
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    assert key in output and allowed in output, output
+    assert "Traceback" not in output, output
+    assert not (run_dir / "steps.csv").exists()
+
+
+def test_cli_unknown_precision_group_lists_every_option(
+    cli_results: dict[str, tuple[subprocess.CompletedProcess[str], Path]],
+) -> None:
+    """Hydra's own rejection of precision=fp8 lists all the precision options."""
+    proc, _ = cli_results["precision=fp8"]
+    listing = (proc.stdout + proc.stderr).split("Could not find 'precision/fp8'", 1)[1]
+    for option in ("fp32", "fp16", "bf16"):
+        assert f"\t{option}" in listing, listing
