@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Protocol
 
@@ -89,7 +89,9 @@ class CsvStepWriter:
     def on_step(self, log: StepLog, epoch: int) -> None:
         """Append one row and flush it."""
         self._skips += log.skipped
-        row = asdict(log) | {
+        # vars(), not dataclasses.asdict(), which deep-copies every field (~24 us a row, most of
+        # this writer's cost per step); the fields are immutable scalars, so a view is enough.
+        row = vars(log) | {
             "epoch": epoch,
             "skipped": int(log.skipped),
             "clipped": int(log.clipped),
