@@ -193,3 +193,42 @@ def test_ddp_accumulated_gradient_matches_unwrapped(gloo_group: None) -> None:
     grads_p = [p.grad for p in plain.model.parameters()]
     assert _max_abs_diff(grads_w, grads_p) < 1e-6
     assert plain.grad_syncs == 0
+
+
+@pytest.mark.parametrize("bad", [1, 3], ids=["mid-window", "last-micro-batch"])
+def test_ddp_nonfinite_loss_keeps_one_allreduce_per_step(gloo_group: None, bad: int) -> None:
+    """A nan loss skips the window; the step after it still all-reduces exactly once.
+
+    The skipped window's last forward ran outside no_sync(); its armed reduction must not
+    leak into the next window's no_sync() backwards. Taken or skipped: one all-reduce a step.
+    """
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(SequenceClassifier(ModelConfig(hidden_size=16)))
+    hook_calls: list[int] = []
+
+    def counting_hook(state, bucket):
+        hook_calls.append(bucket.index())
+        return default_hooks.allreduce_hook(None, bucket)
+
+    ddp.register_comm_hook(None, counting_hook)
+    ts = _trainer(4, model=ddp)
+    plain = _trainer(4)
+    x, y = _data(8 * B)
+    batches = _split(x, y, 8)
+    poisoned = list(batches[:4])
+    poisoned[bad] = (torch.full_like(poisoned[bad][0], float("nan")), poisoned[bad][1])
+    before = [p.detach().clone() for p in ddp.parameters()]
+
+    skipped = ts.step(poisoned)
+    plain.step(poisoned)
+
+    assert skipped.skipped and skipped.skip_reason == "nonfinite_loss"
+    assert all(torch.equal(p, b) for p, b in zip(ddp.parameters(), before, strict=True))
+    assert hook_calls.count(0) == 1 and ts.grad_syncs == 1
+    taken = ts.step(batches[4:])
+    plain.step(batches[4:])
+    assert not taken.skipped
+    assert hook_calls.count(0) == 2 and ts.grad_syncs == 2 == ts.step_count
+    assert int(ts.optimizer.state[ts.params[0]]["step"]) == 1
+    params_p = list(plain.model.parameters())
+    assert _max_abs_diff(list(ddp.module.parameters()), params_p) < 1e-6
