@@ -1,0 +1,50 @@
+"""`experiments/report.py` with bad arguments: a clear line naming the key, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from test_report_fixtures import Spec, make_sweep
+
+pytestmark = pytest.mark.server
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def server_with_sweep(mlflow_server, tmp_path_factory):
+    """One experiment with a sweep, one empty experiment."""
+    make_sweep(mlflow_server.uri, "cli-has-sweep", "real-sweep",
+               [Spec("fp32", None, 1, {0: 0.5})], tmp_path_factory.mktemp("cli"))
+    MlflowClient(mlflow_server.uri).create_experiment("cli-empty")
+    return mlflow_server.uri
+
+
+def report(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = os.environ | {"MLFLOW_TRACKING_URI": ""}
+    return subprocess.run([sys.executable, str(PROJECT / "experiments" / "report.py"), *args,
+                           f"output_dir={cwd / 'reports'}"], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["experiment=cli-has-sweep", "sweep_id=no-such-sweep"],
+     "sweep_id='no-such-sweep' is invalid: experiment 'cli-has-sweep' has no training runs "
+     "with that sweep id; allowed values are its sweeps (latest first): real-sweep"),
+    (["experiment=cli-empty"], "experiment='cli-empty' has no sweeps"),
+    (["experiment=no-such-experiment"],
+     "experiment='no-such-experiment' is invalid: no such experiment"),
+    (["experiment=cli-has-sweep", "device=gpu"],
+     "device='gpu' is invalid: allowed values are auto | cpu | cuda"),
+])
+def test_bad_arguments_fail_with_a_clear_message(server_with_sweep, tmp_path, args, expected):
+    done = report(f"tracking.uri={server_with_sweep}", *args, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"error: {expected}" in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert not (tmp_path / "reports").exists()  # nothing written for a rejected request
