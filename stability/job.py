@@ -75,7 +75,12 @@ def run_job(raw: Mapping[str, Any], overrides: Sequence[str] = (), in_sweep: boo
     try:
         result = train_tracked(cfg, overrides)
     except (ConfigError, TrackingError) as err:
-        _user_error(err)
+        if not in_sweep or distributed.is_distributed():
+            _user_error(err)
+        # In a sweep, one point the device cannot run (or a tracking outage) must not end the
+        # other jobs: the sweeper counts it as not finished.
+        log.error("run not trained, the sweep goes on: %s", err)
+        return math.inf
     except Exception:
         # Distributed, the process group is broken after a failure: the ranks stop together.
         if not in_sweep or distributed.is_distributed():

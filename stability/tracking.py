@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
@@ -93,7 +94,20 @@ def ensure_experiment(uri: str, name: str) -> str:
     check_reachable(uri)
     c = client(uri)
     exp = c.get_experiment_by_name(name)
-    return exp.experiment_id if exp else c.create_experiment(name)
+    return exp.experiment_id if exp else c.create_experiment(name, local_artifact_root(uri, name))
+
+
+def local_artifact_root(uri: str, experiment: str) -> str | None:
+    """Where a new experiment of a SQLite store keeps artifacts: ``mlruns/`` beside the file.
+
+    MLflow's default is ``./mlruns`` of whatever directory the first run started in, which
+    scatters artifacts (and mixes experiment ids of different stores). Servers decide for
+    themselves: None.
+    """
+    if not uri.startswith("sqlite:///"):
+        return None
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment)
+    return str(Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlruns" / slug)
 
 
 @functools.cache

@@ -1,0 +1,1 @@
+"""Hydra sweeper plugin ``hydra/sweeper=stability`` (the logic lives in ``stability.sweeper``)."""
