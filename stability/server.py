@@ -8,6 +8,7 @@ dozen consumer processes that this project never uses.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,14 +34,18 @@ class MlflowServer:
     root: Path
 
     def stop(self) -> None:
-        """Terminate the server and wait for it."""
-        if self.process.poll() is None:
-            self.process.terminate()
+        """Terminate the server's whole process group (mlflow, uvicorn) and wait for it."""
+        # `mlflow server` runs uvicorn as a child: signalling only the parent orphans it.
+        for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
             try:
-                self.process.wait(timeout=15)
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.process.wait(timeout=wait_s)
+                break
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                continue
 
 
 def start_server(
@@ -72,7 +77,8 @@ def start_server(
     ]
     # The job runner (huey consumers for GenAI jobs) starts ~10 busy processes we never use.
     env = os.environ | {"MLFLOW_TRACKING_URI": "", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(cmd, stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(cmd, stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -84,5 +90,5 @@ def start_server(
                     return MlflowServer(uri, proc, root)
         except OSError:
             time.sleep(0.25)
-    proc.kill()
+    MlflowServer(uri, proc, root).stop()
     raise RuntimeError(f"mlflow server did not start:\n{log_path.read_text()[-3000:]}")
