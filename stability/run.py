@@ -171,7 +171,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
     csv_writer = CsvStepWriter(out / CSV_NAME) if main else None
-    all_sinks: list[StepSink] = [*([csv_writer] if csv_writer is not None else []), *sinks]
+    all_sinks: list[StepSink] = [] if csv_writer is None else [csv_writer]
+    all_sinks.extend(sinks)
     monitor = SkipRateMonitor(cfg.monitor)
     diag = Diagnostics()
     epochs: list[EpochLog] = []
