@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from stability.report.compare import comparisons, versus_winner
+from stability.report.compare import comparisons, simpler_within_noise, versus_winner
 from stability.report.options import ReportError, to_report_config
 from stability.report.select import (
     SELECTION_RULE,
@@ -165,3 +165,20 @@ def test_report_config_names_the_bad_key():
         to_report_config({"alpha": 1.5})
     assert to_report_config({"sweep_id": 20260101, "registry": {"enabled": False}}).sweep_id \
         == "20260101"
+
+
+def test_a_simpler_config_within_noise_is_named_and_a_reversed_pair_is_one_holm_test():
+    runs = runs_table([
+        ("clip", "fp32", True, 1.0, 1, five_seeds(0.300, [0.0, 0.01, -0.01, 0.005, -0.005])),
+        ("plain", "fp32", False, 1.0, 1, five_seeds(0.301, [0.004, -0.006, 0.0, -0.01, 0.01])),
+    ])
+    configs = versus_winner(runs, aggregate(runs))
+    assert configs.iloc[0]["fingerprint"] == "clip"
+    assert simpler_within_noise(configs)["fingerprint"] == "plain"
+    found = comparisons(runs, configs)
+    assert {c.kind for c in found} == {"winner", "Clipping"}
+    for c in found:  # the same two configs, asked both ways: one test, no Holm penalty
+        assert c.p_holm == pytest.approx(c.result.p_t)
+    worse = runs_table([("a", "fp32", False, 1.0, 1, five_seeds(0.3, [0.0, 0.01, -0.01, 0, 0])),
+                        ("b", "fp16", True, 1.0, 1, five_seeds(0.3, [0.001, 0.01, -0.01, 0, 0]))])
+    assert simpler_within_noise(versus_winner(worse, aggregate(worse))) is None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from stability.report.select import baseline, best_of, per_seed
+from stability.report.select import PRECISION_ORDER, baseline, best_of, per_seed
 from stability.report.stats import Paired, holm, paired
 
 
@@ -85,12 +85,13 @@ def comparisons(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0
         out.append(Comparison(question, kind, _label(configs, ref), _label(configs, other), ref,
                               other, _unfinished(configs, other), result,
                               confidence=confidence))
-    # A pair asked twice (e.g. the best clip-off config is the winner) is one test for Holm.
-    unique = {(c.reference_fp, c.other_fp): c.result.p_t for c in out}
+    # A pair asked twice, in either direction (the winner vs the baseline and clip-on vs
+    # clip-off can be the same two configs), is one test for Holm.
+    unique = {frozenset((c.reference_fp, c.other_fp)): c.result.p_t for c in out}
     adjusted = dict(zip(unique, holm(list(unique.values())), strict=True))
     done = []
     for c in out:
-        c = replace(c, p_holm=adjusted[(c.reference_fp, c.other_fp)])
+        c = replace(c, p_holm=adjusted[frozenset((c.reference_fp, c.other_fp))])
         done.append(replace(c, verdict=verdict(c, alpha)))
     return done
 
@@ -158,3 +159,20 @@ def versus_winner(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float =
     out.loc[0, ["within_ci", "within_noise"]] = False
     out.loc[0, ["diff_vs_winner", "p_vs_winner", "p_wilcoxon_vs_winner"]] = math.nan
     return out
+
+
+def simpler_within_noise(configs: pd.DataFrame) -> pd.Series | None:
+    """The simplest config the data cannot tell from the winner, if it is simpler than the winner.
+
+    Simpler means the tie-break order of the selection rule (clip off before on, fp32 before
+    bf16 before fp16, smaller accumulation); "cannot tell" is ``within_noise`` (paired t not
+    significant). ``configs`` is ``versus_winner``'s output.
+    """
+
+    def key(row: pd.Series) -> tuple[int, int, int]:
+        return (int(row["clip_enabled"]), PRECISION_ORDER.get(row["precision"], 9),
+                int(row["accum_steps"]))
+
+    winner = key(configs.iloc[0])
+    close = [row for _, row in configs[configs["within_noise"]].iterrows() if key(row) < winner]
+    return min(close, key=lambda r: (key(r), r["rank"])) if close else None

@@ -73,7 +73,7 @@ def grad_norm(curves: Sequence[tuple[Series, pd.DataFrame]], folder: Path,
     curves = [(s, df) for s, df in curves if len(df)]
     if not curves:
         return None
-    fig, ax = plt.subplots(figsize=(9, 4.8))
+    fig, ax = plt.subplots(figsize=(11, 4.8))
     values = []
     used = {s.max_norm for s, _ in curves}
     for i, t in enumerate(sorted(set(thresholds) - used)):
@@ -91,7 +91,7 @@ def grad_norm(curves: Sequence[tuple[Series, pd.DataFrame]], folder: Path,
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(title="Pre-clip gradient norm per optimizer step (one representative seed per config)",
            xlabel="optimizer step", ylabel="global L2 norm of gradients before clipping")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: lines are dense
     ax.grid(alpha=0.3)
     name = _save(fig, folder, "grad_norm.png")
     return Figure(name, "Pre-clip gradient norm",
@@ -183,8 +183,11 @@ def skipped_steps(configs: pd.DataFrame, folder: Path) -> Figure | None:
     """Mean skipped optimizer steps per run, one bar per config."""
     if configs.empty:
         return None
-    df = configs.assign(_p=configs["precision"].map({"fp32": 0, "bf16": 1, "fp16": 2}))
-    df = df.sort_values(["_p", "rank"], ascending=[False, False])
+    # Grouped like the grid (precision, accumulation, clip off then thresholds), read top down:
+    # barh draws the first row at the bottom, hence the reversal.
+    df = configs.assign(_p=configs["precision"].map({"fp32": 0, "bf16": 1, "fp16": 2}),
+                        _m=configs["max_norm"].fillna(0))
+    df = df.sort_values(["_p", "accum_steps", "clip_enabled", "_m", "rank"]).iloc[::-1]
     fig, ax = plt.subplots(figsize=(8, 0.22 * len(df) + 1.6))
     ax.barh(df["label"], df["skip_count_mean"].fillna(0), xerr=df["skip_count_std"].fillna(0),
             color=[PRECISION_COLORS.get(p, "gray") for p in df["precision"]], capsize=2)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from stability.report.compare import Comparison, signed
+from stability.report.compare import Comparison, signed, simpler_within_noise
 from stability.report.evaluate import WinnerTestResult
 from stability.report.fetch import Sweep
 from stability.report.plots import Figure
@@ -113,6 +113,13 @@ def _answer(ctx: ReportContext) -> list[str]:
         lines.append("- The winner is the baseline itself (fp32, clip off, accum 1): no setting "
                      "beat plain training on validation loss.")
     lines += [f"- {c.question}: {c.verdict}" for c in ctx.comparisons]
+    simpler = simpler_within_noise(ctx.configs)
+    if simpler is not None:
+        lines.append(
+            f"- Simpler alternative: `{simpler['label']}` is within the winner's seed noise "
+            f"(mean difference {signed(simpler['diff_vs_winner'])}, paired t "
+            f"p={_p(simpler['p_vs_winner'])}); the rule picks the lowest mean, but these seeds "
+            f"cannot tell the two apart.")
     lines.append(
         f"- Within the winner's seed noise: {int(ctx.configs['within_ci'].sum())} of {others} "
         f"other configs have a mean inside the winner's {level} CI; "
