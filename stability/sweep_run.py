@@ -6,6 +6,7 @@ this run, so the MLflow UI nests the runs under ``sweep <sweep_id>``.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -125,7 +126,8 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
             "stability.overrides": " ".join(arguments), "stability.git_commit": git_commit(),
             "stability.outcome": "running"}
     run = c.create_run(exp_id, tags=tags, run_name=f"sweep {sweep_id}")
-    grid = [Param(f"grid.{k}", str(v)[:MAX_PARAM_CHARS]) for k, v in params.items()]
+    grid = [Param("grid." + re.sub(r"[^\w\-. :/]", "_", k), str(v)[:MAX_PARAM_CHARS])
+            for k, v in params.items()]  # MLflow's allowed key characters
     if grid:
         c.log_batch(run.info.run_id, params=grid[:100], synchronous=True)
     return SweepRun(uri, tracking.experiment, exp_id, run.info.run_id, sweep_id,

@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from stability.config import ConfigError, RunConfig, to_run_config
@@ -85,7 +87,16 @@ class StabilitySweeper(BasicSweeper):
 
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None,
                  resume: bool = True, dry_run: bool = False) -> None:
-        super().__init__(max_batch_size=max_batch_size, params=params)
+        # Not BasicSweeper.__init__: its ``super(BasicSweeper, self)`` breaks when Hydra's plugin
+        # scan re-executes that module after this class was defined (it rebinds the name).
+        Sweeper.__init__(self)
+        self.overrides = None
+        self.batch_index = 0
+        self.max_batch_size = max_batch_size
+        self.params = params or {}
+        self.hydra_context = None
+        self.config = None
+        self.launcher = None
         self.resume = resume
         self.dry_run = dry_run
         self.grid: dict[str, str] = {}
@@ -133,11 +144,17 @@ class StabilitySweeper(BasicSweeper):
         assert self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides(self._parse_config() + list(arguments))
-        self.grid = {o.get_key_element(): o.input_line.split("=", 1)[1] for o in overrides
+        self.grid = {o.get_key_element().lstrip("+~"): o.input_line.partition("=")[2]
+                     for o in overrides
                      if not o.get_key_element().lstrip("+~").startswith("tracking.")}
         jobs = self.split_arguments(overrides, None)[0]
         t0 = time.perf_counter()
-        points = [make_point(job, self._compose(job)) for job in jobs]
+        points = []
+        for job in jobs:
+            p = make_point(job, self._compose(job))
+            if len(p.overrides) < len(job):  # settings that cannot matter were dropped:
+                p = replace(p, cfg=self._compose(p.overrides))  # keep the config that will run
+            points.append(p)
         log.debug("composed %d grid points in %.1fs", len(points), time.perf_counter() - t0)
         return len(points), dedupe(points)
 
@@ -223,6 +240,10 @@ class StabilitySweeper(BasicSweeper):
         except (TrackingError, ConfigError) as err:
             _fail(str(err), 1)
             raise  # unreachable: _fail exits
+        except Exception as err:  # e.g. MlflowException: a store that refuses the sweep
+            _fail(f"cannot prepare the sweep in tracking store {tracking.uri or '(default)'}: "
+                  f"{type(err).__name__}: {err}", 1)
+            raise
 
     def _launch(self, batch: list[SweepPoint], run: SweepRun | None,
                 first_index: int) -> Sequence[JobReturn]:

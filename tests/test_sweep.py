@@ -1,0 +1,269 @@
+"""Sweeps: the grid, de-duplication, launchers, resume, failures and what lands in MLflow.
+
+The end-to-end tests run ``experiments/sweep.py -m`` as a subprocess against the real
+``mlflow server`` fixture; the grid tests drive the real sweeper on the real ``conf/``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import joblib
+import pytest
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.utils import create_config_search_path
+from hydra.types import HydraContext, RunMode
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf, open_dict
+
+from stability.config import ClipConfig, PrecisionConfig, RunConfig, to_run_config
+from stability.grid import chunks, dedupe, make_point
+from stability.progress import Progress, format_duration
+from stability.server import free_port
+from stability.sweeper import StabilitySweeper
+from stability.tracking import STEP_METRICS
+
+PROJECT = Path(__file__).resolve().parents[1]
+TINY = ["+sweep=smoke", "device=cpu"]  # 300 samples, 2 epochs
+
+
+def sweep(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python experiments/sweep.py -m ARGS`` from the project root, no inherited store."""
+    return subprocess.run([sys.executable, "experiments/sweep.py", "-m", *args], cwd=PROJECT,
+                          capture_output=True, text=True, timeout=timeout,
+                          env=os.environ | {"MLFLOW_TRACKING_URI": ""})
+
+
+def runs_of(uri: str, experiment: str, kind: str = "train") -> list:
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name(experiment)
+    assert exp is not None, f"experiment {experiment} missing"
+    return c.search_runs([exp.experiment_id], filter_string=f"tags.`stability.kind` = '{kind}'",
+                         max_results=1000)
+
+
+def in_process_sweeper(args: list[str]) -> StabilitySweeper:
+    """The real sweeper on the real conf/, set up as Hydra does for ``-m ARGS``."""
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(PROJECT / "conf")))
+    config = loader.load_configuration("config", overrides=args, run_mode=RunMode.MULTIRUN)
+    params = OmegaConf.to_container(config.hydra.sweeper, resolve=True)
+    params.pop("_target_")
+    sweeper = StabilitySweeper(**params)
+    sweeper.hydra_context = HydraContext(config_loader=loader, callbacks=None)
+    sweeper.config = config
+    return sweeper
+
+
+# --- the grid -----------------------------------------------------------------------------
+
+def test_clip_off_points_run_once_without_irrelevant_overrides() -> None:
+    points = []
+    for enabled in (False, True):
+        for max_norm in (1.0, 5.0):
+            for seed in (0, 1):
+                cfg = RunConfig(seed=seed, clip=ClipConfig(enabled=enabled, max_norm=max_norm))
+                points.append(make_point([f"clip.enabled={enabled}", f"clip.max_norm={max_norm}",
+                                          "precision=fp32", f"seed={seed}"], cfg))
+    unique = dedupe(points)
+    assert len(points) == 8 and len(unique) == 6
+    off = [p for p in unique if not p.cfg.clip.enabled]
+    assert [p.cfg.seed for p in off] == [0, 1]
+    assert all(not any(o.startswith("clip.max_norm") for o in p.overrides) for p in off)
+    on = [p for p in unique if p.cfg.clip.enabled]
+    assert sorted((p.cfg.clip.max_norm, p.cfg.seed) for p in on) == [
+        (1.0, 0), (1.0, 1), (5.0, 0), (5.0, 1)]
+    assert all("clip.max_norm=" in " ".join(p.overrides) for p in on)
+
+
+def test_gradscaler_knobs_only_distinguish_fp16_points() -> None:
+    def point(name: str, growth: int) -> object:
+        cfg = RunConfig(precision=PrecisionConfig(name, scaler=name == "fp16",
+                                                  growth_interval=growth))
+        return make_point([f"precision={name}", f"precision.growth_interval={growth}"], cfg)
+
+    assert len(dedupe([point("bf16", 100), point("bf16", 2000)])) == 1
+    assert len(dedupe([point("fp16", 100), point("fp16", 2000)])) == 2
+    assert point("bf16", 100).overrides == ("precision=bf16",)
+
+
+def test_chunks_and_progress() -> None:
+    pts = dedupe([make_point([f"seed={s}"], RunConfig(seed=s)) for s in range(5)])
+    assert [len(b) for b in chunks(pts, 2)] == [2, 2, 1]
+    assert [len(b) for b in chunks(pts, 0)] == [5]
+    assert format_duration(3725) == "1h02m05s" and format_duration(65) == "1m05s"
+    p = Progress(total=10, started=time.monotonic() - 20)
+    assert "ETA unknown" in p.line()
+    p.update(4, failed=1)
+    assert re.fullmatch(r"runs 4/10 done \(1 not finished\), 2\ds elapsed, ETA 3\ds", p.line())
+
+
+def test_default_study_grid_and_dedup() -> None:
+    """The conf/ default: clip x >=3 max_norm x accum 1,2,4,8 x 3 precisions x seeds 0-4."""
+    s = in_process_sweeper([])
+    size, points = s.plan([])
+    grid = s.grid
+    norms = grid["clip.max_norm"].split(",")
+    assert grid["clip.enabled"] == "false,true" and len(norms) >= 3
+    assert grid["train.accum_steps"] == "1,2,4,8"
+    assert grid["precision"] == "fp32,fp16,bf16" and grid["seed"] == "0,1,2,3,4"
+    assert size == 2 * len(norms) * 4 * 3 * 5
+    assert len(points) == (1 + len(norms)) * 4 * 3 * 5
+    assert Counter(p.cfg.clip.enabled for p in points)[False] == 4 * 3 * 5
+    assert len({p.key for p in points}) == len(points)
+    assert {p.cfg.precision.name for p in points} == {"fp32", "fp16", "bf16"}
+    assert s.config.hydra.launcher.n_jobs == -1  # joblib, one run per core
+    assert s.batch_size() == joblib.cpu_count()  # one batch fills every worker once
+
+
+def test_smoke_preset_is_a_tiny_grid() -> None:
+    s = in_process_sweeper(["+sweep=smoke"])
+    size, points = s.plan(["+sweep=smoke"])
+    assert (size, len(points)) == (16, 12)
+    assert {p.cfg.data.num_samples for p in points} == {300}
+    assert {p.cfg.train.epochs for p in points} == {2}
+    assert {p.cfg.tracking.experiment for p in points} == {"smoke"}
+
+
+def test_fast_composition_matches_hydra() -> None:
+    """The sweeper's cached composition gives exactly what Hydra composes for each job."""
+    args = ["+sweep=smoke", "precision=fp16,bf16", "precision.growth_interval=7,100",
+            "train.lr=0.01"]
+    s = in_process_sweeper(args)
+    _, points = s.plan(args)
+    assert len(points) == 2 * 3 * 2 + 2 * 3  # bf16 ignores growth_interval
+    for p in points:
+        cfg = s.hydra_context.config_loader.load_sweep_config(s.config, list(p.overrides))
+        with open_dict(cfg):
+            del cfg["hydra"]
+            cfg.output_dir = "."
+        assert to_run_config(OmegaConf.to_container(cfg, resolve=True)) == p.cfg
+
+
+# --- end to end ---------------------------------------------------------------------------
+
+GRID = ["clip.enabled=false,true", "clip.max_norm=1.0,5.0", "train.accum_steps=1,2",
+        "precision=fp32", "seed=0,1",
+        # 300 samples, batch 64: 4 micro-batches an epoch, so accum 1 takes 8 optimizer steps
+        # and reaches the inf gradient at step 5 (then aborts: any skip is too many); accum 2
+        # takes 4 steps and finishes.
+        "fault.inf_grad_at_step=5", "monitor.max_skip_rate=0", "monitor.abort_after=1"]
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_sweep_lands_in_mlflow_and_resumes(mlflow_server, tmp_path: Path) -> None:
+    uri, exp = mlflow_server.uri, f"sweep-{uuid.uuid4().hex[:8]}"
+    args = [*TINY, *GRID, f"tracking.uri={uri}", f"tracking.experiment={exp}"]
+    first = sweep([*args, f"hydra.sweep.dir={tmp_path / 'one'}"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "grid: 16 points, 12 after de-duplication" in first.stdout
+    assert "skipped 0 points already FINISHED" in first.stdout
+    assert "runs 12/12 done (6 not finished)" in first.stdout
+
+    c = MlflowClient(uri)
+    (parent,) = runs_of(uri, exp, "sweep")
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["stability.grid_size"] == "16"
+    assert parent.data.tags["stability.grid_unique"] == "12"
+    assert parent.data.metrics["runs_launched"] == 12
+    assert parent.data.metrics["runs_finished"] == 6
+    assert parent.data.metrics["runs_diverged"] == 6
+    assert parent.data.params["grid.seed"] == "0,1"
+    runs = runs_of(uri, exp)
+    assert len(runs) == 12
+    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in runs)
+    assert {r.data.tags["stability.sweep_id"] for r in runs} == {
+        parent.data.tags["stability.sweep_id"]}
+    names = Counter(r.info.run_name for r in runs)
+    assert names["fp32 noclip acc=1 s=0"] == names["fp32 clip=5 acc=2 s=1"] == 1
+    assert sum(n.count("noclip") for n in names) == 4  # once per accum x seed, not per max_norm
+
+    for r in runs:
+        acc = int(r.data.params["train.accum_steps"])
+        assert r.data.params["data.num_samples"] == "300"
+        assert r.data.params["clip.enabled"] == str(" noclip " not in f" {r.info.run_name} ")
+        assert "tracking" not in r.data.tags["stability.overrides"]
+        if acc == 1:  # the injected inf gradient at step 5 aborts these
+            assert r.info.status == "FAILED"
+            assert r.data.tags["stability.outcome"] == "diverged"
+            assert "monitor.max_skip_rate" in r.data.tags["stability.reason"]
+        else:
+            assert r.info.status == "FINISHED"
+            assert r.data.tags["stability.outcome"] == "finished"
+        steps = int(r.data.metrics["optimizer_steps"])
+        assert steps == (5 if acc == 1 else 4)
+        arts = {a.path for a in c.list_artifacts(r.info.run_id)}
+        assert {"steps.csv", "config.yaml", "checkpoints"} <= arts
+        local = c.download_artifacts(r.info.run_id, "steps.csv", str(tmp_path / r.info.run_id))
+        csv_text = Path(local).read_text()
+        assert len(list(csv.DictReader(io.StringIO(csv_text)))) == steps
+        for key in STEP_METRICS:
+            history = c.get_metric_history(r.info.run_id, key)
+            assert sorted(m.step for m in history) == list(range(1, steps + 1)), key
+
+    # Same sweep again: the finished points are skipped, the diverged ones run again.
+    second = sweep([*args, "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path / 'two'}"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "skipped 6 points already FINISHED" in second.stdout
+    assert "runs 6/6 done (6 not finished)" in second.stdout
+    runs = runs_of(uri, exp)
+    assert len(runs) == 18
+    assert Counter(r.data.tags["stability.outcome"] for r in runs) == {"finished": 6,
+                                                                       "diverged": 12}
+    parents = runs_of(uri, exp, "sweep")
+    assert sorted(p.data.metrics["runs_skipped_done"] for p in parents) == [0, 6]
+    # hydra/launcher=basic runs one job at a time: the rerun's runs never overlap.
+    rerun = sorted((r.info.start_time, r.info.end_time) for r in runs
+                   if r.data.tags["stability.sweep_id"] != parent.data.tags["stability.sweep_id"])
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(rerun, rerun[1:], strict=False))
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_submitit_local_launcher(mlflow_server, tmp_path: Path) -> None:
+    uri, exp = mlflow_server.uri, f"submitit-{uuid.uuid4().hex[:8]}"
+    done = sweep([*TINY, "hydra/launcher=submitit_local", "clip.enabled=false",
+                  "train.accum_steps=1", "precision=fp32", "seed=0,1", f"tracking.uri={uri}",
+                  f"tracking.experiment={exp}", f"hydra.sweep.dir={tmp_path}"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "runs 2/2 done," in done.stdout
+    (parent,) = runs_of(uri, exp, "sweep")
+    runs = runs_of(uri, exp)
+    assert sorted(r.info.run_name for r in runs) == ["fp32 noclip acc=1 s=0",
+                                                     "fp32 noclip acc=1 s=1"]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in runs)
+    assert list(tmp_path.glob(".submitit/*/*_result.pkl"))  # really went through submitit
+
+
+@pytest.mark.slow
+def test_unreachable_server_fails_before_any_job(tmp_path: Path) -> None:
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    t0 = time.monotonic()
+    done = sweep([*TINY, "seed=0,1", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path}"],
+                 timeout=120)
+    assert done.returncode != 0
+    assert f"error: tracking server {uri} is not reachable" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "Launching" not in done.stdout + done.stderr
+    assert time.monotonic() - t0 < 60  # the check itself is bounded by ~5 s (test_tracking)
+
+
+@pytest.mark.slow
+def test_bad_grid_value_fails_before_any_job(tmp_path: Path) -> None:
+    done = sweep([*TINY, "train.accum_steps=1,0", "tracking.enabled=false",
+                  f"hydra.sweep.dir={tmp_path}"], timeout=120)
+    assert done.returncode == 2
+    assert "error: train.accum_steps=0 is invalid: allowed values are an integer >= 1" in (
+        done.stderr)
+    assert "Traceback" not in done.stderr
+    assert not list(tmp_path.glob("*/steps.csv"))

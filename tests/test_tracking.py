@@ -1,0 +1,200 @@
+"""What one run puts in MLflow (docs/TRACKING.md), checked against a real ``mlflow server``."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from stability.config import fingerprint, flatten, to_run_config
+from stability.job import train_tracked
+from stability.model import SequenceClassifier
+from stability.server import free_port
+from stability.tracking import (
+    STEP_METRICS,
+    TrackingError,
+    check_reachable,
+    default_store_uri,
+    ensure_experiment,
+    finished_points,
+    local_artifact_root,
+    resolve_tracking_uri,
+)
+
+pytestmark = pytest.mark.server
+
+PROJECT = Path(__file__).resolve().parents[1]
+EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "epoch_clip_fraction", "max_grad_norm",
+                 "epoch_skip_count")
+SUMMARY_METRICS = ("best_val_loss", "best_epoch", "clip_count", "clip_fraction", "skip_count",
+                   "skip_nonfinite_loss", "skip_nonfinite_grad", "final_scaler_scale",
+                   "fp16_underflow_fraction", "grad_norm_max", "grad_norm_p50", "grad_norm_p90",
+                   "grad_norm_p99", "diverged", "effective_batch", "optimizer_steps",
+                   "wall_time_s")
+CSV_COLUMN = {"loss": "loss", "lr": "lr", "grad_norm_pre_clip": "grad_l2_pre_clip",
+              "grad_norm_post_clip": "grad_l2_post_clip", "clipped": "clipped",
+              "skipped": "skipped", "scaler_scale": "scaler_scale",
+              "skips_cumulative": "skips_cumulative"}
+
+
+def _raw(uri: str, experiment: str, out: Path, **sections: dict) -> dict:
+    raw = {"seed": 3, "device": "cpu", "output_dir": str(out),
+           "data": {"num_samples": 300}, "train": {"epochs": 2, "batch_size": 32},
+           "tracking": {"uri": uri, "experiment": experiment}}
+    for key, value in sections.items():
+        raw[key] = raw.get(key, {}) | value
+    return raw
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def test_finished_run_follows_the_contract(mlflow_server, tmp_path: Path) -> None:
+    """fp16 + clipping + accumulation: names, tags, params, metrics, artifacts, batching."""
+    exp = f"contract-{uuid.uuid4().hex[:8]}"
+    c = MlflowClient(mlflow_server.uri)
+    exp_id = ensure_experiment(mlflow_server.uri, exp)
+    parent = c.create_run(exp_id, run_name="sweep t").info.run_id
+    raw = _raw(mlflow_server.uri, exp, tmp_path,
+               precision={"name": "fp16", "scaler": True, "growth_interval": 3},
+               clip={"enabled": True, "max_norm": 0.5}, train={"accum_steps": 2},
+               tracking={"sweep_id": "t", "parent_run_id": parent})
+    cfg = to_run_config(raw)
+    overrides = ["precision=fp16", "clip.enabled=true", f"tracking.uri={mlflow_server.uri}",
+                 "tracking.sweep_id=t"]
+    log = Path(mlflow_server.root / "server.log")
+    log_start = log.stat().st_size
+    result = train_tracked(cfg, overrides)
+    requests = log.read_text()[log_start:]
+
+    run = c.search_runs([exp_id], filter_string="tags.`stability.kind` = 'train'")[0]
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "fp16 clip=0.5 acc=2 s=3"
+    tags = run.data.tags
+    assert tags["mlflow.parentRunId"] == parent
+    assert tags["stability.sweep_id"] == "t"
+    assert tags["stability.fingerprint"] == fingerprint(cfg)
+    assert tags["stability.seed"] == "3"
+    assert tags["stability.overrides"] == "precision=fp16 clip.enabled=true"
+    assert tags["stability.outcome"] == "finished"
+    assert len(tags["stability.git_commit"]) == 40
+    expected = {k: str(v) for k, v in flatten(cfg).items() if k != "output_dir"}
+    assert run.data.params == expected
+
+    rows = _csv_rows(result.csv_path)
+    n = len(rows)
+    assert n == result.summary["optimizer_steps"] == run.data.metrics["optimizer_steps"] > 2
+    for key in STEP_METRICS:
+        history = sorted(c.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+        assert [m.step for m in history] == list(range(1, n + 1)), key
+        for m, row in zip(history, rows, strict=True):
+            assert _same(m.value, float(row[CSV_COLUMN[key]])), (key, m.step)
+    scales = [float(r["scaler_scale"]) for r in rows]
+    assert len(set(scales)) > 1  # growth_interval=3: the GradScaler's scale really moves
+    for key in EPOCH_METRICS:
+        assert [m.step for m in c.get_metric_history(run.info.run_id, key)] == [1, 2], key
+    assert set(SUMMARY_METRICS) <= set(run.data.metrics)
+    assert not [k for k in run.data.metrics if k.startswith("test_")]
+    assert run.data.metrics["effective_batch"] == 64
+
+    # One log-batch per epoch (plus params and the summary), never a request per value.
+    assert "/runs/log-metric " not in requests
+    assert 3 <= requests.count("/runs/log-batch ") <= 6
+
+    names = {a.path for a in c.list_artifacts(run.info.run_id)}
+    assert {"steps.csv", "config.yaml", "checkpoints"} <= names
+    ckpt = c.download_artifacts(run.info.run_id, "checkpoints/best.pt", str(tmp_path / "dl"))
+    model = SequenceClassifier(cfg.model)
+    model.load_state_dict(torch.load(ckpt, weights_only=True))
+    csv_copy = c.download_artifacts(run.info.run_id, "steps.csv", str(tmp_path / "dl"))
+    assert Path(csv_copy).read_bytes() == result.csv_path.read_bytes()
+    assert finished_points(mlflow_server.uri, exp) == {(fingerprint(cfg), 3)}
+
+
+def test_diverged_run_ends_failed_with_reason(mlflow_server, tmp_path: Path) -> None:
+    exp = f"diverge-{uuid.uuid4().hex[:8]}"
+    raw = _raw(mlflow_server.uri, exp, tmp_path, fault={"inf_grad_at_step": 2},
+               monitor={"max_skip_rate": 0.0, "abort_after": 1})
+    result = train_tracked(to_run_config(raw))
+    assert result.status == "diverged"
+    c = MlflowClient(mlflow_server.uri)
+    run = c.search_runs([c.get_experiment_by_name(exp).experiment_id])[0]
+    assert run.info.status == "FAILED"
+    assert run.data.tags["stability.outcome"] == "diverged"
+    assert "monitor.max_skip_rate" in run.data.tags["stability.reason"]
+    assert [m.step for m in c.get_metric_history(run.info.run_id, "skipped")] == [1, 2]
+    assert run.data.metrics["diverged"] == 1
+    assert finished_points(mlflow_server.uri, exp) == set()
+
+
+@pytest.mark.slow
+def test_sigterm_marks_run_killed_and_keeps_every_step(mlflow_server, tmp_path: Path) -> None:
+    exp = f"sigterm-{uuid.uuid4().hex[:8]}"
+    cmd = [sys.executable, "experiments/sweep.py", "train.epochs=500", "data.num_samples=300",
+           "device=cpu", f"tracking.uri={mlflow_server.uri}", f"tracking.experiment={exp}",
+           f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.Popen(cmd, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=os.environ | {"MLFLOW_TRACKING_URI": ""})
+    csv_path = tmp_path / "steps.csv"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if csv_path.exists() and len(csv_path.read_text().splitlines()) > 40:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[0][-3000:]
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=60)[0]
+    assert proc.returncode != 0
+
+    rows = _csv_rows(csv_path)
+    assert [int(r["step"]) for r in rows] == list(range(1, len(rows) + 1))
+    c = MlflowClient(mlflow_server.uri)
+    run = c.search_runs([c.get_experiment_by_name(exp).experiment_id])[0]
+    assert run.info.status == "KILLED", output[-3000:]
+    assert run.data.tags["stability.outcome"] == "killed"
+    assert "Terminated" in run.data.tags["stability.reason"]
+    loss = c.get_metric_history(run.info.run_id, "loss")
+    assert sorted(m.step for m in loss) == [int(r["step"]) for r in rows]
+    assert "steps.csv" in {a.path for a in c.list_artifacts(run.info.run_id)}
+
+
+def test_unreachable_server_fails_fast_with_a_clear_message() -> None:
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    t0 = time.monotonic()
+    with pytest.raises(TrackingError, match="not reachable") as err:
+        check_reachable(uri)
+    assert time.monotonic() - t0 < 10
+    assert uri in str(err.value)
+
+
+def test_default_store_is_the_project_sqlite_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert resolve_tracking_uri(None) == default_store_uri() == f"sqlite:///{PROJECT}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
+    assert resolve_tracking_uri(None) == "http://127.0.0.1:1"
+    assert resolve_tracking_uri("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+
+
+def test_sqlite_artifacts_live_beside_the_store(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    assert local_artifact_root(uri, "my study") == str(tmp_path / "mlruns" / "my_study")
+    assert local_artifact_root("http://127.0.0.1:5000", "x") is None
+    exp_id = ensure_experiment(uri, "my study")
+    assert MlflowClient(uri).get_experiment(exp_id).artifact_location == str(
+        tmp_path / "mlruns" / "my_study")
