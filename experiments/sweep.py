@@ -2,6 +2,7 @@
 
     python experiments/sweep.py precision=fp16 clip.enabled=true train.accum_steps=4
     python experiments/sweep.py -m
+    torchrun --nproc_per_node=2 experiments/sweep.py train.epochs=2   # DDP, docs/distributed.md
 """
 
 from __future__ import annotations
