@@ -232,8 +232,9 @@ def rank_guard() -> Iterator[None]:
 
     An exception here (a broken collective, a timeout, or torchrun's SIGTERM as
     ``Terminated``) becomes ``PeerFailedError`` with the peer's reason when another rank
-    failed first; otherwise this rank's reason is recorded for the others and the exception
-    propagates unchanged. Without a process group this is a no-op.
+    failed first; otherwise the exception propagates unchanged, and if it is an error of this
+    rank (not Ctrl-C or SIGTERM) its reason is recorded for the others first. Without a
+    process group this is a no-op.
     """
     try:
         yield
@@ -245,6 +246,6 @@ def rank_guard() -> Iterator[None]:
             if peer:
                 _state.failed = True
                 raise PeerFailedError(peer) from err
-            if not isinstance(err, KeyboardInterrupt):
+            if isinstance(err, Exception):  # not Ctrl-C / SIGTERM: those come from outside
                 _record_failure(err)
         raise

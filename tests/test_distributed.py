@@ -18,6 +18,7 @@ import math
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -52,7 +53,7 @@ from stability.run import train
 from stability.server import MlflowServer, free_port
 from stability.step import MicroBatch, TrainStep
 from stability.steplog import EpochLog, StepLog
-from stability.tracking import client
+from stability.tracking import Terminated, client
 
 WORLD = 2
 B, K = 4, 3  # micro-batch size and accumulation steps of the TrainStep-level scenarios
@@ -593,6 +594,40 @@ def test_without_torchrun_nothing_is_initialised(monkeypatch: pytest.MonkeyPatch
     assert distributed.setup("cpu") == 1
     assert not distributed.is_distributed()
     assert (distributed.rank(), distributed.world_size(), distributed.is_main()) == (0, 1, True)
+
+
+def test_sigterm_during_a_deferred_block_is_delivered_after_it() -> None:
+    """Closing rank 0's MLflow run is not cut short: the signal waits for the block's end."""
+    seen: list[str] = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: seen.append("SIGTERM"))
+    try:
+        with distributed.sigterm_deferred():
+            signal.raise_signal(signal.SIGTERM)
+            seen.append("still closing")
+        assert seen == ["still closing", "SIGTERM"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_terminated_after_a_peer_failed_becomes_peer_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchrun's SIGTERM (Terminated) after rank 1 failed ends rank 0 FAILED, not KILLED."""
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        ours = dist.PrefixStore("stability", store)
+        monkeypatch.setattr(distributed._state, "store", ours)
+        monkeypatch.setattr(distributed._state, "failed", False)
+        with pytest.raises(Terminated), distributed.rank_guard():  # no peer failed: KILLED
+            raise Terminated("signal 15")
+        assert not ours.check(["failed"])  # a kill from outside is nobody's failure
+        ours.set("failed", "rank 1 failed: RuntimeError: boom")
+        peer = "rank 1 failed: RuntimeError: boom"
+        with pytest.raises(distributed.PeerFailedError, match=peer), distributed.rank_guard():
+            raise Terminated("signal 15")
+    finally:
+        dist.destroy_process_group()
 
 
 def test_world_size_without_a_process_group_is_rejected(tmp_path: Path) -> None:
