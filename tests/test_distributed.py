@@ -339,6 +339,7 @@ def _scenario_nan_on_rank_1(rank: int) -> dict[str, Any]:
     # NaN on rank 1 only: step 2's first (non-final) micro-batch, step 3's last one.
     for mode, sync_every in (("no_sync", False), ("every_micro_batch", True)):
         ddp = nn.parallel.DistributedDataParallel(_model())
+        calls = _count_allreduces(ddp)
         poison = _PoisonOnRank(rank, 1, {(2, 0): math.nan, (3, K - 1): math.nan})
         ts = _poisoned(_trainer(ddp, K, loss_fn=poison, sync_every=sync_every))
         params, logs, same = [], [], []
@@ -348,7 +349,8 @@ def _scenario_nan_on_rank_1(rank: int) -> dict[str, Any]:
             params.append(_flat(ddp.module))
             same.append(all(torch.equal(params[-1], g) for g in _gathered(params[-1])))
         out[mode] = {"logs": logs, "params": params, "same_on_all_ranks": same,
-                     "adam_steps": int(ts.optimizer.state[ts.params[0]]["step"])}
+                     "adam_steps": int(ts.optimizer.state[ts.params[0]]["step"]),
+                     "allreduces": len(calls), "grad_syncs": ts.grad_syncs}
     return out
 
 
@@ -463,6 +465,10 @@ def test_nan_loss_on_one_rank_skips_the_step_on_every_rank(ranks: RankPool) -> N
             assert torch.equal(res["params"][1], res["params"][2])
             assert not torch.equal(res["params"][2], res["params"][3])  # step 4 is taken
             assert res["adam_steps"] == 2
+            assert res["grad_syncs"] == res["allreduces"]
+        # A skipped window still completes the reduction its last forward armed: with no_sync
+        # exactly one gradient all-reduce per optimizer step, taken or skipped.
+        assert results[0]["no_sync"]["allreduces"] == 4
         assert torch.equal(results[0][mode]["params"][3], results[1][mode]["params"][3])
 
 
