@@ -176,7 +176,7 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     monitor = SkipRateMonitor(cfg.monitor)
     diag = Diagnostics()
     epochs: list[EpochLog] = []
-    best_val, best_epoch = math.inf, 0
+    best_val, best_epoch, best_acc = math.inf, 0, math.nan
     status, reason = "finished", ""
     try:
         for epoch in range(1, cfg.train.epochs + 1):
@@ -211,7 +211,7 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
             for sink in all_sinks:
                 sink.on_epoch(record)
             if val_loss < best_val:  # nan never wins; identical on every rank (reduced)
-                best_val, best_epoch = val_loss, epoch
+                best_val, best_epoch, best_acc = val_loss, epoch, val_acc
                 if main:  # the unwrapped module: keys load into SequenceClassifier
                     torch.save(model.state_dict(), out / CHECKPOINT_NAME)
             log.log(logging.INFO if main else logging.DEBUG,
@@ -229,6 +229,7 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     summary: dict[str, Any] = diag.summary() | {
         "best_val_loss": best_val,
         "best_epoch": best_epoch,
+        "best_val_acc": best_acc,
         "final_scaler_scale": trainer.scaler.get_scale() if trainer.scaler.is_enabled() else 1.0,
         "diverged": int(status == "diverged"),
         "effective_batch": cfg.train.batch_size * cfg.train.accum_steps * world_size,
