@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from stability.config import TrackingConfig
@@ -61,18 +62,53 @@ class SweepRun:
 
     def outcomes(self) -> Counter[str]:
         """``stability.outcome`` of this sweep's training runs (finished, diverged, ...)."""
-        c = client(self.uri)
-        counts: Counter[str] = Counter()
-        token = None
+        return Counter(r.data.tags.get("stability.outcome", "unknown")
+                       for r in self._train_runs())
+
+    def _train_runs(self, where: str = "") -> list[Any]:
+        c, runs, token = client(self.uri), [], None
         while True:
             page = c.search_runs([self.experiment_id],
                                  filter_string=f"tags.`stability.sweep_id` = '{self.sweep_id}' "
-                                               "and tags.`stability.kind` = 'train'",
+                                               f"and tags.`stability.kind` = 'train'{where}",
                                  max_results=1000, page_token=token)
-            counts.update(r.data.tags.get("stability.outcome", "unknown") for r in page)
+            runs.extend(page)
             token = page.token
             if not token:
-                return counts
+                return runs
+
+    def close_orphans(self, job_dirs: Mapping[tuple[str, int], Path], killed: bool) -> int:
+        """End runs of this sweep still RUNNING: their job died before it could close them.
+
+        A worker SIGKILLed (joblib aborting a batch on Ctrl-C, the OOM killer) leaves its run
+        open. Its ``steps.csv`` is complete up to the last step on disk, so whatever the run
+        had not uploaded yet is uploaded from the job's folder before the run is ended
+        (KILLED when the sweep was interrupted, else FAILED).
+
+        Returns:
+            How many runs were closed here.
+        """
+        from stability.run import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME
+
+        c = client(self.uri)
+        orphans = self._train_runs(" and attributes.status = 'RUNNING'")
+        for r in orphans:
+            tags = r.data.tags
+            folder = job_dirs.get((tags.get("stability.fingerprint", ""),
+                                   int(tags.get("stability.seed", -1))))
+            uploaded = {a.path for a in c.list_artifacts(r.info.run_id)}
+            for name in (CSV_NAME, CONFIG_NAME, CHECKPOINT_NAME) if folder else ():
+                path = folder / name
+                if path.exists() and name.split("/")[0] not in uploaded:
+                    parent = str(Path(name).parent) if "/" in name else None
+                    c.log_artifact(r.info.run_id, str(path), artifact_path=parent)
+            outcome = "killed" if killed else "failed"
+            c.set_tag(r.info.run_id, "stability.outcome", outcome)
+            c.set_tag(r.info.run_id, "stability.reason",
+                      "its job's process ended without closing the run ("
+                      + ("the sweep was interrupted" if killed else "killed or crashed") + ")")
+            c.set_terminated(r.info.run_id, status=outcome.upper())
+        return len(orphans)
 
     def close(self, status: str, summary: Mapping[str, int]) -> dict[str, int]:
         """End the parent run (FINISHED / FAILED / KILLED) with summary metrics.

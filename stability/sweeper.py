@@ -18,11 +18,9 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -35,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from stability.config import ConfigError, RunConfig, to_run_config
 from stability.grid import SweepPoint, chunks, dedupe, make_point, override_key
 from stability.progress import Progress, format_duration
+from stability.stopping import StopRequest
 from stability.sweep_run import SweepRun, open_sweep_run
 from stability.tracking import Terminated, TrackingError
 
@@ -51,20 +50,6 @@ def _fail(message: str, status: int) -> None:
 
 def _say(message: str) -> None:
     print(f"[sweep] {message}", flush=True)
-
-
-@contextmanager
-def _sigterm_as_exception() -> Iterator[None]:
-    """SIGTERM raises ``Terminated`` in the sweeper so the parent run is closed as KILLED."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def job_ok(result: JobReturn) -> bool:
@@ -196,30 +181,49 @@ class StabilitySweeper(BasicSweeper):
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
 
         progress = Progress(total=len(todo))
+        stop = StopRequest(in_process=self._launcher_target().endswith("BasicLauncher"))
         status, launched, returns = "FAILED", 0, []
+        job_dirs: dict[tuple[str, int], Path] = {}
         try:
-            with _sigterm_as_exception():
+            with stop.installed():
                 for batch in chunks(todo, self.batch_size()):
-                    launched += len(batch)  # counted before: an interrupt ends jobs in flight
-                    results = self._launch(batch, run, launched - len(batch))
+                    first, launched = launched, launched + len(batch)  # before: may be killed
+                    job_dirs |= self._job_dirs(batch, first)
+                    results = self._launch(batch, run, first)
                     progress.update(len(results), sum(not job_ok(r) for r in results))
                     _say(progress.line())
                     returns.append(results)
+                    if stop.requested:
+                        raise stop.exception()
             status = "FINISHED"
-        except (KeyboardInterrupt, Terminated):
+        except (KeyboardInterrupt, Terminated) as err:
             status = "KILLED"
-            raise
+            interrupted = isinstance(err, KeyboardInterrupt)
+            raise SystemExit(128 + (signal.SIGINT if interrupted else signal.SIGTERM)) from None
         finally:
             summary = {"runs_grid": grid_size, "runs_unique": len(points),
                        "runs_launched": launched, "runs_skipped_done": len(points) - len(todo),
                        "runs_not_finished": progress.failed}
             if run is not None:
-                summary |= self._close(run, status, summary)
+                summary |= self._close(run, status, summary, job_dirs)
             _say(f"{status.lower()} after {format_duration(progress.elapsed())}: "
                  + ", ".join(f"{k.removeprefix('runs_')}={int(v)}" for k, v in summary.items()))
             if run is not None:
                 _say(f"view: {run.view_hint()}")
         return returns
+
+    def _launcher_target(self) -> str:
+        assert self.config is not None
+        return str(self.config.hydra.launcher.get("_target_", ""))
+
+    def _job_dirs(self, batch: list[SweepPoint], first: int) -> dict[tuple[str, int], Path]:
+        """Each job's output folder (Hydra's default layout: <sweep dir>/<job number>)."""
+        assert self.config is not None
+        sweep = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)
+        if sweep.get("subdir") != "${hydra.job.num}":
+            return {}
+        root = Path(self.config.hydra.sweep.dir)
+        return {p.key: root / str(first + i) for i, p in enumerate(batch)}
 
     def _open_tracking(self, points: list[SweepPoint], grid_size: int, sweep_id: str,
                        arguments: list[str]) -> tuple[SweepRun | None, set[tuple[str, int]]]:
@@ -259,9 +263,13 @@ class StabilitySweeper(BasicSweeper):
         return results
 
     @staticmethod
-    def _close(run: SweepRun, status: str, summary: dict[str, int]) -> dict[str, int]:
+    def _close(run: SweepRun, status: str, summary: dict[str, int],
+               job_dirs: dict[tuple[str, int], Path]) -> dict[str, int]:
         try:
-            return run.close(status, summary)
+            orphans = run.close_orphans(job_dirs, killed=status == "KILLED")
+            if orphans:
+                _say(f"closed {orphans} runs their jobs left open (worker killed or crashed)")
+            return run.close(status, summary) | {"runs_orphaned": orphans}
         except Exception as err:  # never hide the sweep's own outcome behind a tracking error
             log.error("could not close the sweep's parent run %s: %s", run.run_id, err)
             return {}

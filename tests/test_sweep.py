@@ -10,6 +10,7 @@ import csv
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -267,3 +268,41 @@ def test_bad_grid_value_fails_before_any_job(tmp_path: Path) -> None:
         done.stderr)
     assert "Traceback" not in done.stderr
     assert not list(tmp_path.glob("*/steps.csv"))
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_sigterm_stops_the_sweep_and_closes_every_run(mlflow_server, tmp_path: Path) -> None:
+    """SIGTERM to the sweeper alone: forwarded to the joblib workers, nothing left RUNNING."""
+    uri, exp = mlflow_server.uri, f"sigterm-{uuid.uuid4().hex[:8]}"
+    cmd = [sys.executable, "experiments/sweep.py", "-m", *TINY, "train.epochs=500",
+           "clip.enabled=false", "train.accum_steps=1", "precision=fp32", "seed=0,1,2,3",
+           "hydra.launcher.n_jobs=2", f"tracking.uri={uri}", f"tracking.experiment={exp}",
+           f"hydra.sweep.dir={tmp_path}"]
+    proc = subprocess.Popen(cmd, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=os.environ | {"MLFLOW_TRACKING_URI": ""})
+    csvs = [tmp_path / "0" / "steps.csv", tmp_path / "1" / "steps.csv"]
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        if all(p.exists() and len(p.read_text().splitlines()) > 20 for p in csvs):
+            break
+        time.sleep(0.3)
+    assert proc.poll() is None, proc.communicate()[0][-3000:]
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "Traceback" not in output.split("SIGTERM: running jobs")[-1]
+
+    (parent,) = runs_of(uri, exp, "sweep")
+    assert parent.info.status == "KILLED"
+    assert parent.data.metrics["runs_launched"] == 2  # the second batch never started
+    runs = runs_of(uri, exp)
+    assert len(runs) == 2
+    c = MlflowClient(uri)
+    for r in runs:
+        assert r.info.status == "KILLED"
+        assert r.data.tags["stability.outcome"] == "killed"
+        local = c.download_artifacts(r.info.run_id, "steps.csv", str(tmp_path / r.info.run_id))
+        rows = list(csv.DictReader(io.StringIO(Path(local).read_text())))
+        assert [int(x["step"]) for x in rows] == list(range(1, len(rows) + 1))
+        assert len(rows) > 20
