@@ -1,0 +1,105 @@
+"""What a benchmark run measures: validated settings and the ``RunConfig`` of every variant."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from stability.config import (
+    PRECISIONS,
+    ClipConfig,
+    ConfigError,
+    DataConfig,
+    PrecisionConfig,
+    RunConfig,
+    TrackingConfig,
+    TrainConfig,
+)
+
+PARTS = ("overhead", "memory", "precision", "accum", "study")
+DEFAULT_PARTS = ("overhead", "memory", "precision", "accum")  # study needs a finished sweep
+ACCUM_VALUES = (1, 2, 4, 8, 16)
+
+# The targets of issue 6, in one place so the JSON, the table and the docs agree.
+TARGETS = {
+    "instrumented_ratio": 1.03,  # TrainStep + telemetry + steps.csv, per epoch, vs bare
+    "tracked_ratio": 1.10,  # ... + per-step metrics to a real MLflow server, vs bare
+    "fixed_cost_s": 0.5,  # per run in a sweep worker: everything that is not epochs
+    "study_ratio": 1.3,  # study wall time vs (sum of bare training time) / cores
+    "memory_ratio": 1.2,  # peak RSS of a run vs the bare loop's
+}
+
+# fp16 GradScaler settings of conf/precision/fp16.yaml, so the bare loop scales the same way.
+FP16_GROWTH_INTERVAL = 100
+
+
+def _check(ok: bool, key: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is invalid: allowed values are {allowed}")
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """Settings shared by every part of one benchmark run.
+
+    Attributes:
+        reps: interleaved repetitions per variant (A B A B ...).
+        epochs: epochs per repetition; with 2 or more the first is a warm-up and dropped.
+        num_samples: sequences in the synthetic data set (70% of them train).
+        precision: precision of the overhead and memory variants.
+        accum_steps: accumulation of the overhead and memory variants.
+        max_norm: global-norm clipping threshold (clipping is on in every variant).
+        seed: training seed.
+    """
+
+    reps: int = 7
+    epochs: int = 3
+    num_samples: int = 3000
+    precision: str = "fp32"
+    accum_steps: int = 4
+    max_norm: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("reps", "epochs", "accum_steps"):
+            value = getattr(self, key)
+            _check(isinstance(value, int) and value >= 1, f"--{key.replace('_', '-')}", value,
+                   "an integer >= 1")
+        _check(self.num_samples >= 20, "--num-samples", self.num_samples, "an integer >= 20")
+        _check(self.precision in PRECISIONS, "--precision", self.precision, " | ".join(PRECISIONS))
+        _check(self.max_norm > 0, "--max-norm", self.max_norm, "a number > 0")
+
+    def run_config(self, output_dir: str, *, precision: str | None = None,
+                   accum_steps: int | None = None, epochs: int | None = None,
+                   tracking: TrackingConfig | None = None) -> RunConfig:
+        """The ``RunConfig`` a variant trains (one CPU thread, clipping on, tracking off).
+
+        Args:
+            output_dir: where ``steps.csv``, ``config.yaml`` and the checkpoint go.
+            precision: overrides ``self.precision``.
+            accum_steps: overrides ``self.accum_steps``.
+            epochs: overrides ``self.epochs``.
+            tracking: tracking settings; ``None`` disables tracking.
+        """
+        name = precision or self.precision
+        prec = PrecisionConfig(name=name, scaler=name == "fp16",
+                               growth_interval=FP16_GROWTH_INTERVAL if name == "fp16" else 2000)
+        return RunConfig(
+            seed=self.seed,
+            device="auto",
+            data=DataConfig(num_samples=self.num_samples),
+            precision=prec,
+            clip=ClipConfig(enabled=True, method="norm", max_norm=self.max_norm),
+            train=TrainConfig(epochs=epochs or self.epochs,
+                              accum_steps=accum_steps or self.accum_steps, threads=1),
+            tracking=tracking or TrackingConfig(enabled=False),
+            output_dir=output_dir,
+        )
+
+    def kept(self, epoch_seconds: list[float]) -> list[float]:
+        """Per-epoch seconds without the warm-up epoch (kept when it is the only one)."""
+        return epoch_seconds[1:] if len(epoch_seconds) > 1 else list(epoch_seconds)
+
+    def replace(self, **changes: object) -> BenchSpec:
+        """A copy with ``changes`` (validated again)."""
+        return dataclasses.replace(self, **changes)

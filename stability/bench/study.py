@@ -1,0 +1,190 @@
+"""How a study scales: its wall time against the ideal on this machine's cores.
+
+ideal = (sum over the sweep's training runs of epochs x bare-loop s/epoch) / cores, with the
+bare loop's s/epoch measured here once per distinct (precision, accum_steps) (and data/model
+shape, which the default study keeps fixed). The runs come from MLflow: the sweep's parent run
+(tags ``stability.kind=sweep``, ``stability.sweep_id``) gives the sweep's start and end, and
+its training runs (same ``stability.sweep_id``) give each run's config and epochs trained.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stability.bench.bare import BareLoop
+from stability.bench.spec import BenchSpec
+from stability.bench.timing import Summary
+from stability.config import (
+    ClipConfig,
+    ConfigError,
+    DataConfig,
+    ModelConfig,
+    PrecisionConfig,
+    RunConfig,
+    TrainConfig,
+)
+from stability.tracking import PROJECT_ROOT, client
+
+BareKey = tuple[str, int, int, int, int, str, int]  # precision, accum, samples, len, batch, cell, h
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """One training run of the sweep, as far as its training time is concerned."""
+
+    run_id: str
+    key: BareKey
+    epochs: int  # epochs actually trained (fewer than configured if it diverged or failed)
+    outcome: str
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep's parent run and its training runs."""
+
+    sweep_id: str
+    parent_run_id: str
+    start_ms: int
+    end_ms: int | None
+    runs: list[StudyRun]
+
+    @property
+    def wall_s(self) -> float | None:
+        """Seconds from the parent run's start to its end (``None`` while it runs)."""
+        return None if self.end_ms is None else (self.end_ms - self.start_ms) / 1e3
+
+
+def _key(params: dict[str, str]) -> BareKey:
+    return (params["precision.name"], int(params["train.accum_steps"]),
+            int(params["data.num_samples"]), int(params["data.seq_len"]),
+            int(params["train.batch_size"]), params["model.cell"],
+            int(params["model.hidden_size"]))
+
+
+def _search_all(c: Any, exp_id: str, filter_string: str) -> list[Any]:
+    runs, token = [], None
+    while True:
+        page = c.search_runs([exp_id], filter_string=filter_string, max_results=1000,
+                             page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def load_sweep(uri: str, experiment: str, sweep_id: str | None = None) -> Sweep:
+    """Read a sweep from MLflow: the latest one in ``experiment`` unless ``sweep_id`` is given.
+
+    Raises:
+        ConfigError: the experiment or the sweep does not exist (the message says which).
+    """
+    c = client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        raise ConfigError(f"--experiment={experiment!r} is invalid: no such experiment in {uri}")
+    filt = "tags.`stability.kind` = 'sweep'"
+    if sweep_id:
+        filt += f" and tags.`stability.sweep_id` = '{sweep_id}'"
+    parents = c.search_runs([exp.experiment_id], filter_string=filt, max_results=1,
+                            order_by=["attributes.start_time DESC"])
+    if not parents:
+        raise ConfigError(f"--sweep-id={sweep_id!r} is invalid: no sweep parent run "
+                          f"(tag stability.kind=sweep) in experiment {experiment!r} at {uri}")
+    parent = parents[0]
+    sid = parent.data.tags["stability.sweep_id"]
+    runs = []
+    for r in _search_all(c, exp.experiment_id, f"tags.`stability.sweep_id` = '{sid}' and "
+                                               "tags.`stability.kind` = 'train'"):
+        outcome = r.data.tags.get("stability.outcome", "unknown")
+        if outcome == "finished":
+            epochs = int(r.data.params["train.epochs"])
+        else:  # diverged, failed, killed: count the epochs that really ran
+            epochs = len(c.get_metric_history(r.info.run_id, "val_loss"))
+        runs.append(StudyRun(r.info.run_id, _key(r.data.params), epochs, outcome))
+    return Sweep(sid, parent.info.run_id, parent.info.start_time, parent.info.end_time, runs)
+
+
+def bare_config(key: BareKey, epochs: int) -> RunConfig:
+    """The bare loop's config for one (precision, accum_steps, shape) of the study."""
+    precision, accum, samples, seq_len, batch, cell, hidden = key
+    return RunConfig(
+        device="auto",
+        data=DataConfig(num_samples=samples, seq_len=seq_len),
+        model=ModelConfig(cell=cell, hidden_size=hidden),
+        precision=PrecisionConfig(name=precision, scaler=precision == "fp16"),
+        clip=ClipConfig(enabled=True, max_norm=1.0),
+        train=TrainConfig(epochs=epochs, batch_size=batch, accum_steps=accum, threads=1),
+    )
+
+
+def bare_epoch_seconds(keys: set[BareKey], spec: BenchSpec) -> dict[BareKey, float]:
+    """Median bare-loop s/epoch per key: ``spec.epochs`` epochs, the first a warm-up."""
+    return {key: Summary.of(spec.kept(BareLoop(bare_config(key, spec.epochs)).run())).median
+            for key in sorted(keys)}
+
+
+def run_study_command(uri: str, overrides: list[str], log_path: Path) -> float:
+    """Run ``python experiments/sweep.py -m OVERRIDES`` against ``uri``; its wall seconds.
+
+    The store is passed as ``MLFLOW_TRACKING_URI`` (the sweeper sets ``tracking.uri`` on its
+    jobs itself); the sweep's output goes to ``log_path``.
+
+    Raises:
+        RuntimeError: the sweep command failed (the end of its log is quoted).
+    """
+    cmd = [sys.executable, str(PROJECT_ROOT / "experiments" / "sweep.py"), "-m",
+           f"hydra.sweep.dir={log_path.parent / 'multirun'}", *overrides]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with log_path.open("w") as log:
+        rc = subprocess.run(cmd, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env=os.environ | {"MLFLOW_TRACKING_URI": uri}).returncode
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        raise RuntimeError(f"the sweep command failed ({rc}): {' '.join(cmd)}\n"
+                           f"{log_path.read_text()[-3000:]}")
+    return wall
+
+
+def study_part(sweep: Sweep, bare: dict[BareKey, float], cores: int,
+               command_wall_s: float | None = None) -> dict[str, Any]:
+    """Ideal and actual wall time of ``sweep`` and their ratio.
+
+    Args:
+        sweep: the finished sweep.
+        bare: bare-loop s/epoch per key (``bare_epoch_seconds``).
+        cores: cores the study ran on.
+        command_wall_s: the timed sweep command, when this benchmark ran it.
+
+    Raises:
+        ConfigError: the sweep has not finished (its parent run has no end time yet).
+    """
+    if sweep.wall_s is None:
+        raise ConfigError(f"--sweep-id={sweep.sweep_id} is invalid: that sweep is still "
+                          "running (its parent run has no end time); wait for it to finish")
+    bare_total = sum(r.epochs * bare[r.key] for r in sweep.runs)
+    ideal = bare_total / cores
+    out: dict[str, Any] = {
+        "sweep_id": sweep.sweep_id,
+        "parent_run_id": sweep.parent_run_id,
+        "runs": len(sweep.runs),
+        "outcomes": dict(Counter(r.outcome for r in sweep.runs)),
+        "epochs_total": sum(r.epochs for r in sweep.runs),
+        "bare_s_per_epoch": {"/".join(str(v) for v in k): s for k, s in bare.items()},
+        "bare_training_s": bare_total,
+        "cores": cores,
+        "ideal_s": ideal,
+        "parent_wall_s": sweep.wall_s,
+        "parent_ratio": sweep.wall_s / ideal if ideal else None,
+    }
+    if command_wall_s is not None:
+        out["command_wall_s"] = command_wall_s
+        out["command_ratio"] = command_wall_s / ideal if ideal else None
+    return out

@@ -1,0 +1,178 @@
+"""The benchmark's outputs: targets checked, ``bench.json``, ``accum-curve.json``, Markdown."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from stability.bench.machine import describe
+from stability.bench.spec import TARGETS
+
+VARIANT_LABELS = {
+    "bare": "Bare PyTorch loop (inline: backward, clip_grad_norm_, step)",
+    "instrumented": "Instrumented: TrainStep + per-step telemetry + steps.csv flushed per row",
+    "tracked_server": "Instrumented + every per-step metric to a real `mlflow server`",
+    "tracked_sqlite": "Instrumented + every per-step metric to the embedded SQLite store",
+}
+VARIANT_TARGETS = {"instrumented": "instrumented_ratio", "tracked_server": "tracked_ratio"}
+
+
+def _target(name: str, label: str, value: float | None, limit: float, unit: str = "x",
+            cpu_value: float | None = None) -> dict[str, Any]:
+    met = value is not None and math.isfinite(value) and value <= limit
+    out = {"name": name, "label": label, "value": value, "target": limit, "unit": unit,
+           "met": met}
+    if cpu_value is not None:
+        out["cpu_value"] = cpu_value
+        out["cpu_met"] = math.isfinite(cpu_value) and cpu_value <= limit
+    return out
+
+
+def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each measured target: value, limit and whether it is met (wall; CPU beside it)."""
+    out = []
+    if "overhead" in result:
+        v = result["overhead"]["variants"]
+        for variant, name in VARIANT_TARGETS.items():
+            out.append(_target(name, f"{variant} / bare, wall s/epoch",
+                               v[variant]["epoch_s"]["ratio_vs_bare"], TARGETS[name],
+                               cpu_value=v[variant]["step_cpu_s"]["ratio_vs_bare"]))
+        out.append(_target("fixed_cost_s", "fixed cost per run, server (s)",
+                           result["overhead"]["fixed_cost_s"]["server"]["median"],
+                           TARGETS["fixed_cost_s"], "s"))
+    if "memory" in result:
+        for variant in ("instrumented", "tracked"):
+            out.append(_target(f"memory_ratio_{variant}", f"peak RSS {variant} / bare",
+                               result["memory"][variant]["ratio_vs_bare"],
+                               TARGETS["memory_ratio"]))
+    if "study" in result:
+        s = result["study"]
+        out.append(_target("study_ratio", "study wall / ideal",
+                           s.get("command_ratio", s["parent_ratio"]), TARGETS["study_ratio"]))
+    return out
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """Write ``payload`` as indented, strict JSON: a value that could not be measured is null."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_finite_or_none(payload), indent=2, allow_nan=False) + "\n")
+
+
+def _limit(t: dict[str, Any] | None) -> str:
+    if t is None:
+        return ""
+    return f"≤ {t['target']} s" if t["unit"] == "s" else f"≤ {t['target']:.2f}"
+
+
+def _status(t: dict[str, Any] | None) -> str:
+    if t is None:
+        return ""
+    status = "met" if t["met"] else "**not met**"
+    if "cpu_met" in t and t["cpu_met"] != t["met"]:
+        status += f" (CPU: {'met' if t['cpu_met'] else 'not met'})"
+    return status
+
+
+def _overhead_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[str]:
+    v = r["overhead"]["variants"]
+    lines = ["| Variant | Wall ms/epoch | vs bare | CPU ms/optimizer step | vs bare | "
+             "CPU s/run | vs bare | Target (wall) | |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for name, label in VARIANT_LABELS.items():
+        e, c, r = v[name]["epoch_s"], v[name]["step_cpu_s"], v[name]["run_cpu_s"]
+        t = targets.get(VARIANT_TARGETS.get(name, ""))
+        lines.append(f"| {label} | {e['median'] * 1e3:.1f} | {e['ratio_vs_bare']:.3f} | "
+                     f"{c['median'] * 1e3:.2f} | {c['ratio_vs_bare']:.3f} | "
+                     f"{r['median']:.2f} | {r['ratio_vs_bare']:.3f} | {_limit(t)} | "
+                     f"{_status(t)} |")
+    return lines
+
+
+def _cost_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["| Measure | Value | Target | |", "|---|---:|---:|---|"]
+    if "overhead" in r:
+        for store in ("server", "sqlite"):
+            t = targets.get("fixed_cost_s") if store == "server" else None
+            fixed = r["overhead"]["fixed_cost_s"][store]
+            lines.append(f"| Fixed cost per run in a sweep worker, {store} store (run creation, "
+                         f"params, setup, checkpoints, artifacts, teardown) | "
+                         f"{fixed['median']:.3f} s | {_limit(t)} | {_status(t)} |")
+    if "memory" in r:
+        for variant, m in r["memory"].items():
+            t = targets.get(f"memory_ratio_{variant}")
+            lines.append(f"| Peak RSS, {variant} ({m['rss_after_imports_mib']:.0f} MiB after "
+                         f"imports, {m['import_s']:.1f} s to import) | {m['peak_rss_mib']:.0f} MiB"
+                         f" = {m['ratio_vs_bare']:.3f} × bare | {_limit(t)} | {_status(t)} |")
+    if "study" in r:
+        s, t = r["study"], targets["study_ratio"]
+        wall = s.get("command_wall_s", s["parent_wall_s"])
+        lines.append(f"| Study: {s['runs']} runs, {s['epochs_total']} epochs on {s['cores']} "
+                     f"cores: wall {wall:.0f} s vs ideal {s['ideal_s']:.0f} s | "
+                     f"{t['value']:.3f} × ideal | {_limit(t)} | {_status(t)} |")
+    return lines
+
+
+def _precision_table(r: dict[str, Any]) -> list[str]:
+    lines = ["| Precision | Bare s/epoch | vs fp32 | Instrumented s/epoch | Instrumented / bare "
+             "(wall) | Instrumented / bare (CPU per step) |", "|---|---:|---:|---:|---:|---:|"]
+    for prec, p in r["precision"].items():
+        bare = p["bare"]["epoch_s"]
+        lines.append(f"| {prec} | {bare['median']:.3f} | {bare['ratio_vs_bare_fp32']:.2f} | "
+                     f"{p['instrumented']['epoch_s']['median']:.3f} | "
+                     f"{p['instrumented_ratio']:.3f} | {p['instrumented_cpu_ratio']:.3f} |")
+    return lines
+
+
+def _accum_table(r: dict[str, Any]) -> list[str]:
+    a = r["accum"]
+    lines = ["| accum_steps | Effective batch | Samples/s | Median ms / optimizer step | "
+             "Grad syncs / optimizer step (DDP, counted) | Mean loss (last epoch) |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for p in a["curve"]:
+        syncs = a["grad_syncs"][str(p["accum_steps"])]["hook"]
+        lines.append(f"| {p['accum_steps']} | {p['effective_batch']} | "
+                     f"{p['samples_per_s']:.0f} | {p['ms_per_optimizer_step']:.1f} | "
+                     f"{syncs:g} | {p['mean_loss']:.4f} |")
+    lines += ["", f"Throughput is within 3% of its best from accum_steps={a['flattens_at']} on "
+              "(the curve flattens there)."]
+    return lines
+
+
+def markdown(r: dict[str, Any]) -> str:
+    """The docs-ready tables of one benchmark run."""
+    targets = {t["name"]: t for t in r["targets"]}
+    sp = r["spec"]
+    lines = [
+        f"Measured {r['finished']} with `{r['command']}` ({r['seconds']:.0f} s).",
+        "",
+        f"Machine: {describe(r['machine'])} at the start; "
+        f"{' / '.join(str(x) for x in r['machine_after']['load_avg_1_5_15'])} at the end.",
+        "",
+        f"Settings: {sp['precision']}, clipping on (global norm {sp['max_norm']}), accum_steps "
+        f"{sp['accum_steps']}, micro-batch 64, {sp['num_samples']} sequences (70% train), one "
+        f"torch thread; {sp['reps']} interleaved repetitions of {sp['epochs']} epochs each "
+        "(the first epoch of each is a dropped warm-up when there are two or more); medians.",
+    ]
+    if "overhead" in r:
+        lines += ["", *_overhead_table(r, targets)]
+    if {"overhead", "memory", "study"} & set(r):
+        lines += ["", *_cost_table(r, targets)]
+    if "precision" in r:
+        lines += ["", "Per precision on this device (same settings):", "", *_precision_table(r)]
+    if "accum" in r:
+        lines += ["", "Accumulation throughput curve (micro-batch 64, `TrainStep` on the plain "
+                  "model; gradient syncs counted by a comm hook on a world-size-1 DDP model):",
+                  "", *_accum_table(r)]
+    return "\n".join(lines) + "\n"

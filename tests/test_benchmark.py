@@ -1,0 +1,88 @@
+"""Smoke tests: ``experiments/benchmark.py`` runs end to end on tiny data and writes its outputs.
+
+No timing is asserted (the machines are shared): only that every part ran, measured something
+real and wrote it where the docs say.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stability.server import MlflowServer
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--reps", "1", "--epochs", "2", "--num-samples", "300", "--accum-steps", "1"]
+
+
+def _bench(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "experiments/benchmark.py", *TINY, "--out", str(out),
+                           *args], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_benchmark_default_parts(mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = _bench(out, "--tracking-uri", mlflow_server.uri, "--memory-reps", "1")
+    result = json.loads((out / "bench.json").read_text())
+    assert result["parts"] == ["overhead", "memory", "precision", "accum"]
+    assert result["machine"]["torch_threads"] == 1
+
+    overhead = result["overhead"]
+    assert set(overhead["variants"]) == {"bare", "instrumented", "tracked_server",
+                                         "tracked_sqlite"}
+    for variant in overhead["variants"].values():
+        assert variant["epoch_s"]["median"] > 0
+        assert variant["step_cpu_s"]["n"] > 0  # 4 steps an epoch at accum 1: 3 steady-state
+    for store in ("server", "sqlite"):
+        assert overhead["fixed_cost_s"][store]["median"] > 0
+        # every per-step metric of every tracked run reached the store
+        assert overhead["full_resolution"][store]["all_complete"]
+
+    for variant in ("bare", "instrumented", "tracked"):
+        mem = result["memory"][variant]
+        assert mem["peak_rss_mib"] >= mem["rss_after_imports_mib"] > 0
+
+    assert set(result["precision"]) == {"fp32", "fp16", "bf16"}
+
+    curve = result["accum"]["curve"]
+    assert [p["accum_steps"] for p in curve] == [1, 2, 4, 8, 16]
+    assert all(p["samples_per_s"] > 0 for p in curve)
+    # DDP (world size 1): one gradient all-reduce per optimizer step, whatever the accumulation
+    assert all(s["hook"] == 1 for s in result["accum"]["grad_syncs"].values())
+    assert json.loads((out / "accum-curve.json").read_text())["curve"] == curve
+    assert (out / "accum-curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    table = (out / "bench.md").read_text()
+    assert "| Instrumented: TrainStep" in table and "| Peak RSS, tracked" in table
+    assert table.strip() in proc.stdout
+    targets = {t["name"] for t in result["targets"]}
+    assert {"instrumented_ratio", "tracked_ratio", "fixed_cost_s"} <= targets
+
+
+@pytest.mark.slow
+def test_benchmark_study_runs_and_reads_the_sweep(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    _bench(out, "--part", "study", "--run-study", "--experiment", "smoke",
+           "--study-overrides", "+sweep=smoke train.epochs=1")
+    study = json.loads((out / "bench.json").read_text())["study"]
+    assert study["runs"] == 12  # the smoke preset: 16 grid points, 12 after de-duplication
+    assert study["epochs_total"] == 12
+    # one bare timing per distinct (precision, accum_steps) of the preset: fp32/fp16 x 1/4
+    assert len(study["bare_s_per_epoch"]) == 4
+    assert study["ideal_s"] > 0 and study["command_wall_s"] > study["parent_wall_s"] > 0
+
+
+def test_benchmark_rejects_a_bad_option(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "experiments/benchmark.py", "--reps", "0",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2
+    assert "--reps=0 is invalid: allowed values are an integer >= 1" in proc.stderr
