@@ -40,9 +40,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--part", action="append", choices=(*PARTS, "all"),
                    help=f"what to run (repeatable); default: {' '.join(DEFAULT_PARTS)}")
-    p.add_argument("--reps", type=int, default=7, help="interleaved repetitions per variant")
-    p.add_argument("--epochs", type=int, default=3,
-                   help="epochs per repetition (the first is a warm-up when >= 2)")
+    p.add_argument("--reps", type=int, default=5, help="interleaved repetitions per variant")
+    p.add_argument("--epochs", type=int, default=18,
+                   help="epochs per repetition (the first is a warm-up when >= 2); default: "
+                        "a default run's")
+    p.add_argument("--precision-epochs", type=int, default=3,
+                   help="epochs per repetition of the precision part (at most --epochs)")
     p.add_argument("--num-samples", type=int, default=3000, help="sequences in the data set")
     p.add_argument("--precision", default="fp32", help="fp32 | fp16 | bf16 (overhead, memory)")
     p.add_argument("--accum-steps", type=int, default=4, help="accumulation (overhead, memory)")
@@ -73,7 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def spec_from(args: argparse.Namespace) -> BenchSpec:
     """The validated ``BenchSpec``; a bad value exits with status 2 naming the option."""
     try:
-        return BenchSpec(reps=args.reps, epochs=args.epochs, num_samples=args.num_samples,
+        return BenchSpec(reps=args.reps, epochs=args.epochs,
+                         precision_epochs=args.precision_epochs, num_samples=args.num_samples,
                          precision=args.precision, accum_steps=args.accum_steps,
                          max_norm=args.max_norm)
     except ConfigError as err:

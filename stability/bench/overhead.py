@@ -31,7 +31,16 @@ from typing import Any
 
 from stability.bench.bare import bare_epochs
 from stability.bench.spec import BenchSpec
-from stability.bench.timing import Samples, StepClock, Summary, interleave, ratio
+from stability.bench.timing import (
+    Samples,
+    StepClock,
+    Summary,
+    interleave,
+    paired_ratio,
+    paired_ratios,
+    pooled,
+    ratio,
+)
 from stability.config import PRECISIONS, RunConfig, TrackingConfig
 from stability.run import train
 
@@ -139,15 +148,25 @@ def check_full_resolution(uri: str, experiment: str) -> dict[str, Any]:
     return {"runs": len(runs), "complete": complete, "all_complete": complete == len(runs) > 0}
 
 
-def summarise(samples: dict[str, Samples], base: str) -> dict[str, Any]:
-    """Per variant and metric: median/quartiles and the ratio of medians to ``base``."""
-    stats = {name: {m: Summary.of(v) for m, v in metrics.items()}
-             for name, metrics in samples.items()}
-    return {
-        name: {m: s.as_dict() | {"ratio_vs_" + base: ratio(s, stats[base][m])}
-               for m, s in metrics.items()}
-        for name, metrics in stats.items()
-    }
+def summarise(rounds: dict[str, list[Samples]], base: str) -> dict[str, Any]:
+    """Per variant and metric: pooled median/quartiles, paired ratio and ratio of medians.
+
+    ``ratio_vs_<base>`` is the paired ratio (``timing.paired_ratio``), the headline figure;
+    ``median_ratio_vs_<base>`` divides the pooled medians.
+    """
+    out: dict[str, Any] = {}
+    for name, variant_rounds in rounds.items():
+        out[name] = {}
+        for metric in variant_rounds[0]:
+            stats = Summary.of(pooled(variant_rounds, metric))
+            base_stats = Summary.of(pooled(rounds[base], metric))
+            per_round = paired_ratios(variant_rounds, rounds[base], metric)
+            out[name][metric] = stats.as_dict() | {
+                f"ratio_vs_{base}": Summary.of(per_round).median,
+                f"ratio_vs_{base}_per_round": per_round,
+                f"median_ratio_vs_{base}": ratio(stats, base_stats),
+            }
+    return out
 
 
 def overhead_part(spec: BenchSpec, dirs: RunDirs, stores: Stores,
@@ -185,10 +204,10 @@ def overhead_part(spec: BenchSpec, dirs: RunDirs, stores: Stores,
     instrumented_samples(spec, cfg("warmup-instrumented", epochs=1))
     tracked_run(spec, cfg("warmup-server", stores.server_uri, epochs=1))
     tracked_run(spec, cfg("warmup-sqlite", stores.sqlite_uri, epochs=1))
-    samples = interleave(variants, spec.reps,
-                         on_rep=lambda r: say(f"overhead: repetition {r + 1}/{spec.reps}"))
+    rounds = interleave(variants, spec.reps,
+                        on_rep=lambda r: say(f"overhead: repetition {r + 1}/{spec.reps}"))
     return {
-        "variants": summarise(samples, "bare"),
+        "variants": summarise(rounds, "bare"),
         "fixed_cost_s": {store: Summary.of(v).as_dict() for store, v in fixed.items()},
         "full_resolution": {store: check_full_resolution(uri, stores.experiment)
                             for store, uri in (("server", stores.server_uri),
@@ -197,7 +216,11 @@ def overhead_part(spec: BenchSpec, dirs: RunDirs, stores: Stores,
 
 
 def precision_part(spec: BenchSpec, dirs: RunDirs, say: Progress) -> dict[str, Any]:
-    """Bare and instrumented loop for fp32, bf16 and fp16: s/epoch and step wall/CPU."""
+    """Bare and instrumented loop for fp32, bf16 and fp16: s/epoch and step wall/CPU.
+
+    Runs ``spec.precision_epochs`` epochs (at most ``spec.epochs``) per repetition.
+    """
+    spec = spec.replace(epochs=min(spec.precision_epochs, spec.epochs))
     variants: dict[str, Callable[[], Samples]] = {}
     for prec in PRECISIONS:
         variants[f"bare_{prec}"] = lambda p=prec: bare_samples(
@@ -208,17 +231,16 @@ def precision_part(spec: BenchSpec, dirs: RunDirs, say: Progress) -> dict[str, A
     for prec in PRECISIONS:
         instrumented_samples(spec, spec.run_config(dirs.next("warmup"), precision=prec,
                                                    epochs=1))
-    samples = interleave(variants, spec.reps,
-                         on_rep=lambda r: say(f"precision: repetition {r + 1}/{spec.reps}"))
-    stats = summarise(samples, "bare_fp32")
+    rounds = interleave(variants, spec.reps,
+                        on_rep=lambda r: say(f"precision: repetition {r + 1}/{spec.reps}"))
+    stats = summarise(rounds, "bare_fp32")
     out: dict[str, Any] = {}
     for prec in PRECISIONS:
-        bare, instr = stats[f"bare_{prec}"], stats[f"instrumented_{prec}"]
+        bare, instr = rounds[f"bare_{prec}"], rounds[f"instrumented_{prec}"]
         out[prec] = {
-            "bare": bare,
-            "instrumented": instr,
-            "instrumented_ratio": instr["epoch_s"]["median"] / bare["epoch_s"]["median"],
-            "instrumented_cpu_ratio": (instr["step_cpu_s"]["median"]
-                                       / bare["step_cpu_s"]["median"]),
+            "bare": stats[f"bare_{prec}"],
+            "instrumented": stats[f"instrumented_{prec}"],
+            "instrumented_ratio": paired_ratio(instr, bare, "epoch_s"),
+            "instrumented_cpu_ratio": paired_ratio(instr, bare, "step_cpu_s"),
         }
     return out

@@ -44,7 +44,11 @@ class BenchSpec:
 
     Attributes:
         reps: interleaved repetitions per variant (A B A B ...).
-        epochs: epochs per repetition; with 2 or more the first is a warm-up and dropped.
+        epochs: epochs per repetition; with 2 or more the first is a warm-up and dropped. The
+            default is the default config's ``train.epochs``: per-epoch figures are those of a
+            real run (a tracked run's first-epoch send and its batching included).
+        precision_epochs: epochs per repetition of the per-precision part (at most ``epochs``;
+            fp16 on a CPU is slow).
         num_samples: sequences in the synthetic data set (70% of them train).
         precision: precision of the overhead and memory variants.
         accum_steps: accumulation of the overhead and memory variants.
@@ -52,8 +56,9 @@ class BenchSpec:
         seed: training seed.
     """
 
-    reps: int = 7
-    epochs: int = 3
+    reps: int = 5
+    epochs: int = 18
+    precision_epochs: int = 3
     num_samples: int = 3000
     precision: str = "fp32"
     accum_steps: int = 4
@@ -61,7 +66,7 @@ class BenchSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for key in ("reps", "epochs", "accum_steps"):
+        for key in ("reps", "epochs", "precision_epochs", "accum_steps"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 1, f"--{key.replace('_', '-')}", value,
                    "an integer >= 1")

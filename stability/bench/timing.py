@@ -2,7 +2,8 @@
 
 Other people's jobs share these cores, so a variant measured in one block would absorb
 whatever load happened to fall on that block. Variants are therefore run A B C, C B A,
-A B C ... (alternating direction cancels a steady drift), and every figure is a median.
+A B C ... (alternating direction cancels a steady drift), every figure is a median, and
+ratios are paired: the median over rounds of the ratio within each round.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ Samples = dict[str, list[float]]  # metric -> values, e.g. {"epoch_s": [...], "s
 
 
 def interleave(variants: Mapping[str, Callable[[], Samples]], reps: int,
-               on_rep: Callable[[int], None] | None = None) -> dict[str, Samples]:
-    """Run every variant ``reps`` times, interleaved, and pool the samples each returns.
+               on_rep: Callable[[int], None] | None = None) -> dict[str, list[Samples]]:
+    """Run every variant ``reps`` times, interleaved.
 
     Args:
         variants: name -> callable returning that repetition's samples per metric.
@@ -84,18 +85,38 @@ def interleave(variants: Mapping[str, Callable[[], Samples]], reps: int,
         on_rep: called with the repetition index after each round (progress output).
 
     Returns:
-        name -> metric -> all samples, in the order measured.
+        name -> one ``Samples`` per round, in the order measured.
     """
     names = list(variants)
-    samples: dict[str, Samples] = {name: {} for name in names}
+    rounds: dict[str, list[Samples]] = {name: [] for name in names}
     for rep in range(reps):
-        order = names if rep % 2 == 0 else names[::-1]
-        for name in order:
-            for metric, values in variants[name]().items():
-                samples[name].setdefault(metric, []).extend(values)
+        for name in names if rep % 2 == 0 else names[::-1]:
+            rounds[name].append(variants[name]())
         if on_rep is not None:
             on_rep(rep)
-    return samples
+    return rounds
+
+
+def pooled(rounds: list[Samples], metric: str) -> list[float]:
+    """Every sample of ``metric`` over all rounds."""
+    return [v for r in rounds for v in r.get(metric, [])]
+
+
+def paired_ratios(rounds: list[Samples], base: list[Samples], metric: str) -> list[float]:
+    """Per round: this variant's median ``metric`` / the base's median in the same round.
+
+    Load on a shared machine drifts over seconds; a variant and the base measured in the same
+    round saw nearly the same load, so their ratio cancels it where a ratio of pooled medians
+    does not.
+    """
+    return [statistics.median(r[metric]) / statistics.median(b[metric])
+            for r, b in zip(rounds, base, strict=True) if r.get(metric) and b.get(metric)]
+
+
+def paired_ratio(rounds: list[Samples], base: list[Samples], metric: str) -> float:
+    """Median of ``paired_ratios`` (NaN when no round has samples)."""
+    ratios = paired_ratios(rounds, base, metric)
+    return statistics.median(ratios) if ratios else math.nan
 
 
 def ratio(numerator: Summary, denominator: Summary) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,16 @@ def _status(t: dict[str, Any] | None) -> str:
     return status
 
 
+def _ratio(stats: dict[str, Any]) -> str:
+    """Paired ratio with the quartiles of the per-round ratios, e.g. ``1.021 (1.01-1.03)``."""
+    per_round = stats.get("ratio_vs_bare_per_round", [])
+    text = f"{stats['ratio_vs_bare']:.3f}"
+    if len(per_round) >= 2:
+        q = statistics.quantiles(per_round, n=4, method="inclusive")
+        text += f" ({q[0]:.2f}–{q[2]:.2f})"
+    return text
+
+
 def _overhead_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[str]:
     v = r["overhead"]["variants"]
     lines = ["| Variant | Wall ms/epoch | vs bare | CPU ms/optimizer step | vs bare | "
@@ -93,10 +104,9 @@ def _overhead_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> li
     for name, label in VARIANT_LABELS.items():
         e, c, r = v[name]["epoch_s"], v[name]["step_cpu_s"], v[name]["run_cpu_s"]
         t = targets.get(VARIANT_TARGETS.get(name, ""))
-        lines.append(f"| {label} | {e['median'] * 1e3:.1f} | {e['ratio_vs_bare']:.3f} | "
-                     f"{c['median'] * 1e3:.2f} | {c['ratio_vs_bare']:.3f} | "
-                     f"{r['median']:.2f} | {r['ratio_vs_bare']:.3f} | {_limit(t)} | "
-                     f"{_status(t)} |")
+        lines.append(f"| {label} | {e['median'] * 1e3:.1f} | {_ratio(e)} | "
+                     f"{c['median'] * 1e3:.2f} | {_ratio(c)} | "
+                     f"{r['median']:.2f} | {_ratio(r)} | {_limit(t)} | {_status(t)} |")
     return lines
 
 
@@ -117,10 +127,15 @@ def _cost_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[s
                          f" = {m['ratio_vs_bare']:.3f} × bare | {_limit(t)} | {_status(t)} |")
     if "study" in r:
         s, t = r["study"], targets["study_ratio"]
+        what = "timed command" if "command_wall_s" in s else "parent run"
         wall = s.get("command_wall_s", s["parent_wall_s"])
-        lines.append(f"| Study: {s['runs']} runs, {s['epochs_total']} epochs on {s['cores']} "
-                     f"cores: wall {wall:.0f} s vs ideal {s['ideal_s']:.0f} s | "
+        lines.append(f"| Study {s['sweep_id']}: {s['runs']} runs, {s['epochs_total']} epochs on "
+                     f"{s['cores']} cores: wall ({what}) {wall:.0f} s vs ideal "
+                     f"{s['ideal_s']:.0f} s (bare training time / cores) | "
                      f"{t['value']:.3f} × ideal | {_limit(t)} | {_status(t)} |")
+        lines.append(f"| Same study vs the batched ideal {s['batched_ideal_s']:.0f} s (bare runs "
+                     f"in the sweeper's batches of {s['cores']}, each waiting for its slowest) | "
+                     f"{wall / s['batched_ideal_s']:.3f} × batched | | |")
     return lines
 
 
@@ -170,7 +185,9 @@ def markdown(r: dict[str, Any]) -> str:
     if {"overhead", "memory", "study"} & set(r):
         lines += ["", *_cost_table(r, targets)]
     if "precision" in r:
-        lines += ["", "Per precision on this device (same settings):", "", *_precision_table(r)]
+        lines += ["", f"Per precision on this device (same settings, {sp['reps']} repetitions "
+                  f"of {min(sp['precision_epochs'], sp['epochs'])} epochs):", "",
+                  *_precision_table(r)]
     if "accum" in r:
         lines += ["", "Accumulation throughput curve (micro-batch 64, `TrainStep` on the plain "
                   "model; gradient syncs counted by a comm hook on a world-size-1 DDP model):",
