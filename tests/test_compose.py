@@ -291,9 +291,9 @@ def test_slurm_launcher_composes_without_a_cluster(monkeypatch):
     assert launcher.cpus_per_task == cfg.train.threads
     assert launcher.array_parallelism >= 1 and launcher.timeout_min >= 1
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://10.1.2.3:5000")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow-host:5000")
     setup = OmegaConf.to_container(launcher.setup, resolve=True)
-    assert "export MLFLOW_TRACKING_URI='http://10.1.2.3:5000'" in setup
+    assert "export MLFLOW_TRACKING_URI='http://mlflow-host:5000'" in setup
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     with pytest.raises(InterpolationResolutionError, match="MLFLOW_TRACKING_URI"):
         OmegaConf.to_container(launcher.setup, resolve=True)
