@@ -20,19 +20,23 @@ def format_duration(seconds: float) -> str:
 class Progress:
     """Counts completed runs; ``line()`` is what the sweep prints after each batch.
 
-    The ETA assumes the remaining runs take as long on average as the ones done so far
-    (the grid is launched in an order that mixes settings, so that is a fair average).
+    The ETA assumes the remaining runs take as long on average as the ones done so far. The
+    first batch also pays for starting the workers (importing torch and MLflow), so once a
+    second batch is in, the rate is measured from the end of the first one.
     """
 
     total: int
     done: int = 0
     failed: int = 0
     started: float = field(default_factory=time.monotonic)
+    _first: tuple[float, int] | None = None  # (time, runs done) when the first batch ended
 
     def update(self, done: int, failed: int = 0) -> None:
         """Record ``done`` more completed runs, ``failed`` of which did not finish."""
         self.done += done
         self.failed += failed
+        if self._first is None:
+            self._first = (time.monotonic(), self.done)
 
     def elapsed(self) -> float:
         """Seconds since the sweep started launching."""
@@ -40,8 +44,12 @@ class Progress:
 
     def eta(self) -> float | None:
         """Estimated seconds left (None before the first run completes)."""
-        if self.done == 0:
+        if self.done == 0 or self._first is None:
             return None
+        t_first, done_first = self._first
+        if self.done > done_first:
+            return (time.monotonic() - t_first) / (self.done - done_first) * (
+                self.total - self.done)
         return self.elapsed() / self.done * (self.total - self.done)
 
     def line(self) -> str:

@@ -105,6 +105,10 @@ def test_chunks_and_progress() -> None:
     assert "ETA unknown" in p.line()
     p.update(4, failed=1)
     assert re.fullmatch(r"runs 4/10 done \(1 not finished\), 2\ds elapsed, ETA 3\ds", p.line())
+    # Later batches set the pace; the first one also paid for starting the workers.
+    p._first = (time.monotonic() - 30, 2)
+    p.update(2)
+    assert p.eta() == pytest.approx(30 / 4 * 4, abs=1)
 
 
 def test_default_study_grid_and_dedup() -> None:
