@@ -46,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "a default run's")
     p.add_argument("--precision-epochs", type=int, default=3,
                    help="epochs per repetition of the precision part (at most --epochs)")
+    p.add_argument("--accum-rounds", type=int, default=11,
+                   help="rounds of the accumulation curve (one epoch per setting each)")
     p.add_argument("--num-samples", type=int, default=3000, help="sequences in the data set")
     p.add_argument("--precision", default="fp32", help="fp32 | fp16 | bf16 (overhead, memory)")
     p.add_argument("--accum-steps", type=int, default=4, help="accumulation (overhead, memory)")
@@ -77,7 +79,8 @@ def spec_from(args: argparse.Namespace) -> BenchSpec:
     """The validated ``BenchSpec``; a bad value exits with status 2 naming the option."""
     try:
         return BenchSpec(reps=args.reps, epochs=args.epochs,
-                         precision_epochs=args.precision_epochs, num_samples=args.num_samples,
+                         precision_epochs=args.precision_epochs,
+                         accum_rounds=args.accum_rounds, num_samples=args.num_samples,
                          precision=args.precision, accum_steps=args.accum_steps,
                          max_norm=args.max_norm)
     except ConfigError as err:

@@ -16,7 +16,8 @@ import pytest
 from stability.server import MlflowServer
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--reps", "1", "--epochs", "2", "--num-samples", "300", "--accum-steps", "1"]
+TINY = ["--reps", "1", "--epochs", "2", "--accum-rounds", "2", "--num-samples", "300",
+        "--accum-steps", "1"]
 
 
 def _bench(out: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -65,16 +65,24 @@ def throughput(spec: BenchSpec, accum_values: Sequence[int] = ACCUM_VALUES,
                say: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """samples/s, median ms per optimizer step and mean loss for each accumulation setting.
 
-    ``spec.reps`` rounds of one epoch per setting (the first round is a warm-up when there are
-    two or more). ms per step counts full windows only (an epoch's last window may be short).
-    Mean loss is the mean training loss over the last round's epoch.
+    ``spec.accum_rounds`` rounds of one epoch per setting (the first round is a warm-up when
+    there are two or more). ``speedup_vs_1`` is paired: per round, this setting's samples/s over
+    accum_steps=1's in the same round, median over rounds (robust to drifting load). ms per step
+    counts full windows only (an epoch's last window may be short). Mean loss is the mean
+    training loss over the last round's epoch.
     """
     trainers = {a: _Trainer(spec, a) for a in accum_values}
     rounds: dict[int, list[dict[str, Any]]] = {a: [] for a in accum_values}
-    for r in range(spec.reps):
+    for r in range(spec.accum_rounds):
         for a in accum_values if r % 2 == 0 else accum_values[::-1]:
             rounds[a].append(trainers[a].epoch())
-        say(f"accum: round {r + 1}/{spec.reps}")
+        say(f"accum: round {r + 1}/{spec.accum_rounds}")
+
+    def rates(a: int) -> list[float]:
+        kept = rounds[a][1:] if len(rounds[a]) > 1 else rounds[a]
+        return [e["samples"] / sum(e["seconds"]) for e in kept]
+
+    base = rates(accum_values[0])
     curve = []
     for a in accum_values:
         kept = rounds[a][1:] if len(rounds[a]) > 1 else rounds[a]
@@ -83,7 +91,9 @@ def throughput(spec: BenchSpec, accum_values: Sequence[int] = ACCUM_VALUES,
         curve.append({
             "accum_steps": a,
             "effective_batch": a * spec.run_config(".").train.batch_size,
-            "samples_per_s": statistics.median(e["samples"] / sum(e["seconds"]) for e in kept),
+            "samples_per_s": statistics.median(rates(a)),
+            "speedup_vs_1": statistics.median(x / b for x, b in zip(rates(a), base,
+                                                                      strict=True)),
             "ms_per_optimizer_step": 1e3 * statistics.median(full or every),
             "optimizer_steps_per_epoch": len(kept[-1]["seconds"]),
             "mean_loss": statistics.fmean(rounds[a][-1]["losses"]),
@@ -132,9 +142,9 @@ def grad_syncs(spec: BenchSpec, accum_values: Sequence[int] = ACCUM_VALUES) -> d
 
 
 def flattens_at(curve: list[dict[str, Any]]) -> int:
-    """The smallest accum_steps whose throughput is within ``FLAT_WITHIN`` of the best."""
-    best = max(p["samples_per_s"] for p in curve)
-    return next(p["accum_steps"] for p in curve if p["samples_per_s"] >= (1 - FLAT_WITHIN) * best)
+    """The smallest accum_steps whose paired speedup is within ``FLAT_WITHIN`` of the best."""
+    best = max(p["speedup_vs_1"] for p in curve)
+    return next(p["accum_steps"] for p in curve if p["speedup_vs_1"] >= (1 - FLAT_WITHIN) * best)
 
 
 def plot(curve: list[dict[str, Any]], path: Path) -> None:

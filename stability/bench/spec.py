@@ -49,6 +49,7 @@ class BenchSpec:
             real run (a tracked run's first-epoch send and its batching included).
         precision_epochs: epochs per repetition of the per-precision part (at most ``epochs``;
             fp16 on a CPU is slow).
+        accum_rounds: rounds of the accumulation curve (one epoch per setting each).
         num_samples: sequences in the synthetic data set (70% of them train).
         precision: precision of the overhead and memory variants.
         accum_steps: accumulation of the overhead and memory variants.
@@ -59,6 +60,7 @@ class BenchSpec:
     reps: int = 5
     epochs: int = 18
     precision_epochs: int = 3
+    accum_rounds: int = 11
     num_samples: int = 3000
     precision: str = "fp32"
     accum_steps: int = 4
@@ -66,7 +68,7 @@ class BenchSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for key in ("reps", "epochs", "precision_epochs", "accum_steps"):
+        for key in ("reps", "epochs", "precision_epochs", "accum_rounds", "accum_steps"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 1, f"--{key.replace('_', '-')}", value,
                    "an integer >= 1")
