@@ -357,9 +357,15 @@ def canonical(run: RunConfig) -> dict[str, Any]:
     return flat
 
 
-def fingerprint(run: RunConfig) -> str:
-    """Hash of the canonical config without the seed: the identity of a config across seeds."""
+def fingerprint(run: RunConfig, world_size: int = 1) -> str:
+    """Hash of the canonical config without the seed: the identity of a config across seeds.
+
+    ``world_size`` (data-parallel ranks) changes the effective batch, so a multi-rank run is
+    a different config; it enters the hash only above 1, leaving single-process ids stable.
+    """
     flat = canonical(run)
     flat.pop("seed")
+    if world_size > 1:
+        flat["world_size"] = world_size
     blob = json.dumps(flat, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]

@@ -52,7 +52,7 @@ def train_tracked(cfg: RunConfig, overrides: Sequence[str] = (),
         with distributed.rank_guard():
             return train(cfg, sinks, world_size=world)
     # Deferred SIGTERM: when torchrun tears the ranks down, rank 0 still closes its run.
-    with distributed.sigterm_deferred(), TrackedRun(cfg, overrides) as tracked:
+    with distributed.sigterm_deferred(), TrackedRun(cfg, overrides, world) as tracked:
         if world > 1:
             client(tracked.uri).log_param(tracked.run_id, "world_size", str(world))
         with distributed.rank_guard():

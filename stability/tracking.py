@@ -253,8 +253,9 @@ class TrackedRun:
     uploading what exists (the CSV is complete up to the last step).
     """
 
-    def __init__(self, cfg: RunConfig, overrides: Sequence[str] = ()) -> None:
+    def __init__(self, cfg: RunConfig, overrides: Sequence[str] = (), world_size: int = 1) -> None:
         self.cfg = cfg
+        self.world_size = world_size
         self.uri = resolve_tracking_uri(cfg.tracking.uri)
         self.overrides = [o for o in overrides if not o.startswith("tracking.")]
         self.run_id = ""
@@ -272,7 +273,7 @@ class TrackedRun:
         tags = {
             "stability.kind": "train",
             "stability.sweep_id": t.sweep_id or "",
-            "stability.fingerprint": fingerprint(self.cfg),
+            "stability.fingerprint": fingerprint(self.cfg, self.world_size),
             "stability.seed": str(self.cfg.seed),
             "stability.overrides": " ".join(self.overrides),
             "stability.git_commit": git_commit(),

@@ -141,3 +141,12 @@ def test_cli_unknown_precision_group_lists_every_option(
     listing = (proc.stdout + proc.stderr).split("Could not find 'precision/fp8'", 1)[1]
     for option in ("fp32", "fp16", "bf16"):
         assert f"\t{option}" in listing, listing
+
+
+def test_fingerprint_separates_world_size_but_not_seed() -> None:
+    """A 2-rank run has another effective batch: another config; the seed never matters."""
+    from stability.config import RunConfig, fingerprint
+
+    one, other_seed = RunConfig(seed=0), RunConfig(seed=3)
+    assert fingerprint(one) == fingerprint(other_seed) == fingerprint(one, world_size=1)
+    assert fingerprint(one, world_size=2) != fingerprint(one)
