@@ -9,6 +9,7 @@ its training runs (same ``stability.sweep_id``) give each run's config and epoch
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -45,6 +46,8 @@ class StudyRun:
     epochs: int  # epochs actually trained (fewer than configured if it diverged or failed)
     outcome: str
     start_ms: int  # launch order: the sweeper starts runs batch after batch
+    end_ms: int
+    train_wall_s: float  # the run's own wall_time_s metric: run.train, start to end
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,8 @@ def load_sweep(uri: str, experiment: str, sweep_id: str | None = None) -> Sweep:
         else:  # diverged, failed, killed: count the epochs that really ran
             epochs = len(c.get_metric_history(r.info.run_id, "val_loss"))
         runs.append(StudyRun(r.info.run_id, _key(r.data.params), epochs, outcome,
-                             r.info.start_time))
+                             r.info.start_time, r.info.end_time or r.info.start_time,
+                             r.data.metrics.get("wall_time_s", math.nan)))
     return Sweep(sid, parent.info.run_id, parent.info.start_time, parent.info.end_time, runs)
 
 
@@ -199,8 +203,42 @@ def study_part(sweep: Sweep, bare: dict[BareKey, float], cores: int,
         "parent_ratio": sweep.wall_s / ideal if ideal else None,
         "parent_ratio_vs_batched": sweep.wall_s / batched if batched else None,
     }
+    out["breakdown"] = breakdown(sweep, ordered, bare_total, cores)
     if command_wall_s is not None:
         out["command_wall_s"] = command_wall_s
         out["command_ratio"] = command_wall_s / ideal if ideal else None
         out["command_ratio_vs_batched"] = command_wall_s / batched if batched else None
     return out
+
+
+def breakdown(sweep: Sweep, ordered: list[StudyRun], bare_total: float,
+              cores: int) -> dict[str, float]:
+    """Where the sweep's wall time went, from its runs' own records in MLflow.
+
+    - ``train_inflation``: sum of the runs' ``run.train`` wall time over their bare-loop time
+      (our instrumentation and tracking sends, plus any CPU contention on the machine).
+    - ``tracking_outside_train_s_per_run``: MLflow run span minus ``run.train`` (run creation,
+      params, final flush, artifacts, teardown).
+    - ``startup_s``: parent run start to the first training run (workers starting, imports).
+    - ``between_batches_s``: summed gaps from a batch's last run end to the next batch's first
+      run start (launcher dispatch, Hydra job setup), batches of ``cores`` in launch order.
+    - ``start_skew_s``: summed spread of start times within each batch.
+    - ``teardown_s``: last run end to the parent run's end.
+    """
+    train = sum(r.train_wall_s for r in ordered)
+    batches = [ordered[i : i + cores] for i in range(0, len(ordered), cores)]
+    gaps = [min(r.start_ms for r in b2) - max(r.end_ms for r in b1)
+            for b1, b2 in zip(batches, batches[1:], strict=False)]
+    return {
+        "train_wall_s_sum": train,
+        "train_inflation": train / bare_total if bare_total else math.nan,
+        "tracking_outside_train_s_per_run": (
+            sum((r.end_ms - r.start_ms) / 1e3 - r.train_wall_s for r in ordered) / len(ordered)
+            if ordered else math.nan),
+        "startup_s": (ordered[0].start_ms - sweep.start_ms) / 1e3 if ordered else math.nan,
+        "between_batches_s": sum(max(g, 0) for g in gaps) / 1e3,
+        "start_skew_s": sum(max(r.start_ms for r in b) - min(r.start_ms for r in b)
+                            for b in batches) / 1e3,
+        "teardown_s": ((sweep.end_ms or 0) - max(r.end_ms for r in ordered)) / 1e3
+        if ordered else math.nan,
+    }

@@ -136,6 +136,13 @@ def _cost_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[s
         lines.append(f"| Same study vs the batched ideal {s['batched_ideal_s']:.0f} s (bare runs "
                      f"in the sweeper's batches of {s['cores']}, each waiting for its slowest) | "
                      f"{wall / s['batched_ideal_s']:.3f} × batched | | |")
+        b = s["breakdown"]
+        lines.append(f"| Where it went: training {b['train_inflation']:.2f} × bare (sum of "
+                     f"`run.train` walls {b['train_wall_s_sum']:.0f} s), tracking outside "
+                     f"training {b['tracking_outside_train_s_per_run']:.2f} s/run, startup "
+                     f"{b['startup_s']:.1f} s, between batches {b['between_batches_s']:.1f} s, "
+                     f"start skew in batches {b['start_skew_s']:.1f} s, teardown "
+                     f"{b['teardown_s']:.1f} s | | | |")
     return lines
 
 
@@ -160,8 +167,8 @@ def _accum_table(r: dict[str, Any]) -> list[str]:
         lines.append(f"| {p['accum_steps']} | {p['effective_batch']} | "
                      f"{p['samples_per_s']:.0f} | {p['speedup_vs_1']:.3f} | "
                      f"{p['ms_per_optimizer_step']:.1f} | {syncs:g} | {p['mean_loss']:.4f} |")
-    lines += ["", f"Throughput is within 3% of its best from accum_steps={a['flattens_at']} on "
-              "(the curve flattens there)."]
+    lines += ["", f"The paired speedup is within 5% of its best from accum_steps="
+              f"{a['flattens_at']} on: the curve flattens there."]
     return lines
 
 
