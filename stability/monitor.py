@@ -15,6 +15,9 @@ from stability.steplog import StepLog
 log = logging.getLogger(__name__)
 
 
+MIN_STEPS_TO_ALERT = 50
+
+
 class DivergedError(RuntimeError):
     """The skip rate stayed above ``monitor.max_skip_rate`` for ``monitor.abort_after`` steps."""
 
@@ -32,6 +35,10 @@ class SkipRateMonitor:
         self._skips_in_window = 0
         self.consecutive_above = 0
         self.alerts = 0
+        self._alerted = False  # this excursion above the threshold has been reported
+        # One skip in the first five steps is a 20% "rate": no alert until the window holds
+        # enough steps for a rate to mean something (the abort count runs from the start).
+        self._min_steps_to_alert = min(cfg.window, MIN_STEPS_TO_ALERT)
 
     @property
     def rate(self) -> float:
@@ -46,7 +53,8 @@ class SkipRateMonitor:
         self._skips_in_window += skipped
         above = self.rate > self.cfg.max_skip_rate
         if above:
-            if self.consecutive_above == 0:
+            if not self._alerted and len(self._window) >= self._min_steps_to_alert:
+                self._alerted = True
                 self.alerts += 1
                 log.warning("skip rate %.3f > %.3f over the last %d steps",
                             self.rate, self.cfg.max_skip_rate, len(self._window))
@@ -59,6 +67,7 @@ class SkipRateMonitor:
                 )
         else:
             self.consecutive_above = 0
+            self._alerted = False
         return above
 
 

@@ -144,3 +144,19 @@ def test_run_diagnostics(tmp_path: Path, precision: str) -> None:
         assert 0.0 <= s["fp16_underflow_fraction"] <= 1.0
     else:
         assert math.isnan(s["fp16_underflow_fraction"])
+
+
+def test_no_alert_before_the_window_holds_enough_steps(caplog: pytest.LogCaptureFixture) -> None:
+    """One early skip is a 20% 'rate' over 5 steps: counted, but not alerted until 50 steps."""
+    monitor = SkipRateMonitor(MonitorConfig(window=1000, max_skip_rate=0.05, abort_after=100))
+    with caplog.at_level(logging.WARNING, logger="stability.monitor"):
+        for skipped in (False,) * 4 + (True,):
+            monitor.update(skipped)
+        assert monitor.consecutive_above == 1 and monitor.alerts == 0
+        for _ in range(44):  # the excursion lasts; at 50 steps the rate 1/50 is not above
+            monitor.update(False)
+        assert monitor.alerts == 0
+        for _ in range(10):  # a real excursion after the window has 50+ steps is reported
+            monitor.update(True)
+    assert monitor.alerts == 1
+    assert len([r for r in caplog.records if "skip rate" in r.getMessage()]) == 1
