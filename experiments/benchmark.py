@@ -202,7 +202,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result |= run_parts(args, spec, parts, out, Path(tmp))
         except ConfigError as err:
             _fail(str(err))
-    result["machine_after"] = {"load_avg_1_5_15": machine_info()["load_avg_1_5_15"]}
+    after = machine_info()
+    before_cpu, after_cpu = result["machine"]["cpu_seconds"], after["cpu_seconds"]
+    result["machine_after"] = {
+        "load_avg_1_5_15": after["load_avg_1_5_15"],
+        # machine-wide during the benchmark: how busy the cores were, and how much was stolen
+        "cpu_seconds_during": {k: after_cpu[k] - before_cpu[k] for k in after_cpu},
+    }
     result["seconds"] = time.time() - started
     result["finished"] = time.strftime("%Y-%m-%d %H:%M %Z")
     result["targets"] = writers.check_targets(result)

@@ -38,6 +38,22 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def cpu_seconds() -> dict[str, float]:
+    """Machine-wide CPU seconds so far (``/proc/stat``): busy, idle and steal.
+
+    Steal is time the hypervisor ran someone else on our virtual CPUs; on these VMs it
+    stretches wall and process-CPU time alike, so the benchmark reports it for its own span.
+    """
+    stat = Path("/proc/stat")
+    if not stat.exists():
+        return {}
+    fields = [int(v) for v in stat.read_text().splitlines()[0].split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq, steal = fields[:8]
+    return {"busy_s": (user + nice + system + irq + softirq) / hz,
+            "idle_s": (idle + iowait) / hz, "steal_s": steal / hz}
+
+
 def usable_cores() -> int:
     """Cores this process may run on (the affinity mask, not just the machine's count)."""
     try:
@@ -64,6 +80,7 @@ def machine_info() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "mlflow": _version("mlflow"),
         "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        "cpu_seconds": cpu_seconds(),
     }
 
 

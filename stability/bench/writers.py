@@ -172,6 +172,16 @@ def _accum_table(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cpu_during(r: dict[str, Any]) -> str:
+    during = r["machine_after"].get("cpu_seconds_during") or {}
+    if not during or not r["seconds"]:
+        return ""
+    cores = r["machine"]["logical_cores"] or 1
+    busy = during["busy_s"] / (r["seconds"] * cores)
+    return (f"; during the run the cores were {busy:.0%} busy (this benchmark's one core "
+            f"included) and {during['steal_s']:.1f} s were stolen by the hypervisor")
+
+
 def markdown(r: dict[str, Any]) -> str:
     """The docs-ready tables of one benchmark run."""
     targets = {t["name"]: t for t in r["targets"]}
@@ -180,7 +190,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"Measured {r['finished']} with `{r['command']}` ({r['seconds']:.0f} s).",
         "",
         f"Machine: {describe(r['machine'])} at the start; "
-        f"{' / '.join(str(x) for x in r['machine_after']['load_avg_1_5_15'])} at the end.",
+        f"{' / '.join(str(x) for x in r['machine_after']['load_avg_1_5_15'])} at the end"
+        f"{_cpu_during(r)}.",
         "",
         f"Settings: {sp['precision']}, clipping on (global norm {sp['max_norm']}), accum_steps "
         f"{sp['accum_steps']}, micro-batch 64, {sp['num_samples']} sequences (70% train), one "
