@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -63,7 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g = p.add_argument_group("study")
     g.add_argument("--study-uri", default=None,
                    help="store holding the sweep (default: $MLFLOW_TRACKING_URI, else the "
-                        "embedded mlflow.db; with --run-study: a fresh store under --out)")
+                        "embedded mlflow.db; with --run-study: a fresh store under --out; "
+                        "a given store keeps its FINISHED points, which the sweeper skips)")
     g.add_argument("--experiment", default="stability", help="the sweep's experiment")
     g.add_argument("--sweep-id", default=None, help="which sweep (default: the latest)")
     g.add_argument("--run-study", action="store_true",
@@ -105,6 +107,10 @@ def run_study(args: argparse.Namespace, spec: BenchSpec, out: Path) -> dict[str,
         _fail(f"--cores={cores} is invalid: allowed values are an integer >= 1")
     command_wall = None
     if args.run_study:
+        if args.study_uri is None:
+            # A fresh store every time: the sweeper resumes, and would skip every point that a
+            # previous benchmark's study already finished in the same store.
+            shutil.rmtree(out / "study", ignore_errors=True)
         uri = args.study_uri or f"sqlite:///{(out / 'study' / 'mlflow.db').resolve()}"
         overhead.prepare_experiment(uri, args.experiment, (out / "study" / "artifacts").resolve())
         _say(f"study: running the sweep against {uri} (log: {out / 'study' / 'sweep.log'})")
