@@ -150,11 +150,8 @@ def gloo_group() -> Iterator[None]:
             dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("window_sizes", [[4, 4, 4], [4, 2]], ids=["full", "with-short"])
-def test_ddp_syncs_gradients_once_per_optimizer_step(
-    gloo_group: None, window_sizes: list[int],
-) -> None:
-    """Non-final micro-batches run under no_sync(): one all-reduce per window."""
+def _counting_ddp() -> tuple[nn.parallel.DistributedDataParallel, list[int]]:
+    """A world-1 DDP model whose comm hook records each all-reduced bucket's index."""
     torch.manual_seed(0)
     ddp = nn.parallel.DistributedDataParallel(SequenceClassifier(ModelConfig(hidden_size=16)))
     hook_calls: list[int] = []
@@ -166,6 +163,15 @@ def test_ddp_syncs_gradients_once_per_optimizer_step(
         return default_hooks.allreduce_hook(None, bucket)
 
     ddp.register_comm_hook(None, counting_hook)
+    return ddp, hook_calls
+
+
+@pytest.mark.parametrize("window_sizes", [[4, 4, 4], [4, 2]], ids=["full", "with-short"])
+def test_ddp_syncs_gradients_once_per_optimizer_step(
+    gloo_group: None, window_sizes: list[int],
+) -> None:
+    """Non-final micro-batches run under no_sync(): one all-reduce per window."""
+    ddp, hook_calls = _counting_ddp()
     ts = _trainer(4, model=ddp)
     x, y = _data(sum(window_sizes) * B)
     batches = _split(x, y, sum(window_sizes))
@@ -202,15 +208,7 @@ def test_ddp_nonfinite_loss_keeps_one_allreduce_per_step(gloo_group: None, bad: 
     The skipped window's last forward ran outside no_sync(); its armed reduction must not
     leak into the next window's no_sync() backwards. Taken or skipped: one all-reduce a step.
     """
-    torch.manual_seed(0)
-    ddp = nn.parallel.DistributedDataParallel(SequenceClassifier(ModelConfig(hidden_size=16)))
-    hook_calls: list[int] = []
-
-    def counting_hook(state, bucket):
-        hook_calls.append(bucket.index())
-        return default_hooks.allreduce_hook(None, bucket)
-
-    ddp.register_comm_hook(None, counting_hook)
+    ddp, hook_calls = _counting_ddp()
     ts = _trainer(4, model=ddp)
     plain = _trainer(4)
     x, y = _data(8 * B)
