@@ -12,9 +12,9 @@ import time
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from stability.config import ConfigError
+from stability.core.config import ConfigError
 from stability.report import build_report, to_report_config
-from stability.tracking import TrackingError
+from stability.tracking.run import TrackingError
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="report")

@@ -12,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from stability.job import run_job
+from stability.sweep.job import run_job
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

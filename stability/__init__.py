@@ -1,12 +1,12 @@
 """stability: compare gradient clipping, accumulation and mixed precision on one task."""
 
-from stability.clipping import clip_global_l2_norm, has_non_finite_grad
-from stability.config import ConfigError, RunConfig, StepConfig, to_run_config
-from stability.model import SequenceClassifier
-from stability.monitor import DivergedError, SkipRateMonitor
-from stability.run import RunResult, train
-from stability.step import TrainStep
-from stability.steplog import EpochLog, StepLog
+from stability.core.clipping import clip_global_l2_norm, has_non_finite_grad
+from stability.core.config import ConfigError, RunConfig, StepConfig, to_run_config
+from stability.core.loop import RunResult, train
+from stability.core.monitor import DivergedError, SkipRateMonitor
+from stability.core.step import TrainStep
+from stability.core.steplog import EpochLog, StepLog
+from stability.tasks.sign_sum import SequenceClassifier
 
 __all__ = [
     "ConfigError",

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from stability.server import MlflowServer, start_server
+from stability.tracking.server import MlflowServer, start_server
 
 
 @pytest.fixture(scope="session")

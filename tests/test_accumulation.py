@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from stability.config import (
+from stability.core.config import (
     DataConfig,
     FaultConfig,
     ModelConfig,
@@ -22,10 +22,9 @@ from stability.config import (
     StepConfig,
     TrainConfig,
 )
-from stability.data import make_splits
-from stability.model import SequenceClassifier
-from stability.run import train
-from stability.step import MicroBatch, TrainStep
+from stability.core.loop import train
+from stability.core.step import MicroBatch, TrainStep
+from stability.tasks.sign_sum import SequenceClassifier, make_splits
 
 B = 8  # micro-batch size
 

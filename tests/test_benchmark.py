@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stability.server import MlflowServer
+from stability.tracking.server import MlflowServer
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--reps", "1", "--epochs", "2", "--accum-rounds", "2", "--num-samples", "300",

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from stability.clipping import (
+from stability.core.clipping import (
     clip_by_value_,
     clip_global_l2_norm,
     first_non_finite,

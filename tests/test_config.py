@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from stability.config import (
+from stability.core.config import (
     ClipConfig,
     ConfigError,
     DataConfig,
@@ -145,7 +145,7 @@ def test_cli_unknown_precision_group_lists_every_option(
 
 def test_fingerprint_separates_world_size_but_not_seed() -> None:
     """A 2-rank run has another effective batch: another config; the seed never matters."""
-    from stability.config import RunConfig, fingerprint
+    from stability.core.config import RunConfig, fingerprint
 
     one, other_seed = RunConfig(seed=0), RunConfig(seed=3)
     assert fingerprint(one) == fingerprint(other_seed) == fingerprint(one, world_size=1)

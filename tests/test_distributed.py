@@ -3,7 +3,7 @@ batch, agreed skips, identical GradScaler scales, rank-0-only files and tracking
 stuck rank ending the run FAILED instead of hanging.
 
 Ranks are real processes in a real gloo process group on 127.0.0.1, joined through
-``stability.distributed.setup`` from the same environment torchrun sets. They are forked from
+``stability.core.distributed.setup`` from the same environment torchrun sets. They are forked from
 a fresh forkserver that has imported torch once (starting Python + torch per rank costs more
 than the scenarios). The healthy scenarios share one pair of ranks (``ranks`` fixture); the
 failure tests launch their own pair and, when one rank exits non-zero, terminate the others
@@ -36,8 +36,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.data import DistributedSampler
 
-from stability import distributed
-from stability.config import (
+from stability.core import distributed, signals
+from stability.core.config import (
     ClipConfig,
     ConfigError,
     DataConfig,
@@ -47,13 +47,14 @@ from stability.config import (
     TrackingConfig,
     TrainConfig,
 )
-from stability.job import train_tracked
-from stability.model import SequenceClassifier
-from stability.run import train
-from stability.server import MlflowServer, free_port
-from stability.step import MicroBatch, TrainStep
-from stability.steplog import EpochLog, StepLog
-from stability.tracking import Terminated, client
+from stability.core.loop import train
+from stability.core.signals import Terminated
+from stability.core.step import MicroBatch, TrainStep
+from stability.core.steplog import EpochLog, StepLog
+from stability.sweep.job import train_tracked
+from stability.tasks.sign_sum import SequenceClassifier
+from stability.tracking.run import client
+from stability.tracking.server import MlflowServer, free_port
 
 WORLD = 2
 B, K = 4, 3  # micro-batch size and accumulation steps of the TrainStep-level scenarios
@@ -88,7 +89,7 @@ def _context() -> Any:
     has run no computation, so no thread pools exist to be broken by fork)."""
     ctx = mp.get_context("forkserver")
     # torch._dynamo: DDP imports it (and sympy) on first construction, ~4 s per rank.
-    ctx.set_forkserver_preload(["torch", "torch._dynamo", "stability.job", __name__])
+    ctx.set_forkserver_preload(["torch", "torch._dynamo", "stability.sweep.job", __name__])
     return ctx
 
 
@@ -607,7 +608,7 @@ def test_sigterm_during_a_deferred_block_is_delivered_after_it() -> None:
     seen: list[str] = []
     previous = signal.signal(signal.SIGTERM, lambda *_: seen.append("SIGTERM"))
     try:
-        with distributed.sigterm_deferred():
+        with signals.sigterm_deferred():
             signal.raise_signal(signal.SIGTERM)
             seen.append("still closing")
         assert seen == ["still closing", "SIGTERM"]

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stability.config import (
+from stability.core.config import (
     ClipConfig,
     DataConfig,
     FaultConfig,
@@ -20,15 +20,15 @@ from stability.config import (
     RunConfig,
     TrainConfig,
 )
-from stability.monitor import Diagnostics, DivergedError, SkipRateMonitor
-from stability.run import train
-from stability.steplog import StepLog
+from stability.core.loop import train
+from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
+from stability.core.steplog import StepLog
 
 
 def test_alerts_only_when_rate_exceeds_threshold(caplog: pytest.LogCaptureFixture) -> None:
     """Rate == max_skip_rate is fine; strictly above alerts, once per excursion."""
     monitor = SkipRateMonitor(MonitorConfig(window=4, max_skip_rate=0.25, abort_after=100))
-    with caplog.at_level(logging.WARNING, logger="stability.monitor"):
+    with caplog.at_level(logging.WARNING, logger="stability.core.monitor"):
         # window after each update:  F / FF / FFF / FFFT=.25 / FFTT=.5 / FTTF / TTFF / TFFF=.25
         above = [monitor.update(s) for s in (False, False, False, True, True, False, False)]
         assert above == [False, False, False, False, True, True, True]
@@ -149,7 +149,7 @@ def test_run_diagnostics(tmp_path: Path, precision: str) -> None:
 def test_no_alert_before_the_window_holds_enough_steps(caplog: pytest.LogCaptureFixture) -> None:
     """One early skip is a 20% 'rate' over 5 steps: counted, but not alerted until 50 steps."""
     monitor = SkipRateMonitor(MonitorConfig(window=1000, max_skip_rate=0.05, abort_after=100))
-    with caplog.at_level(logging.WARNING, logger="stability.monitor"):
+    with caplog.at_level(logging.WARNING, logger="stability.core.monitor"):
         for skipped in (False,) * 4 + (True,):
             monitor.update(skipped)
         assert monitor.consecutive_above == 1 and monitor.alerts == 0

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stability.config import ConfigError, ModelConfig, PrecisionConfig, StepConfig
-from stability.model import SequenceClassifier
-from stability.precision import autocast, fp16_underflow_fraction, make_scaler, resolve_device
+from stability.core.config import ConfigError, ModelConfig, PrecisionConfig, StepConfig
+from stability.core.precision import autocast, fp16_underflow_fraction, make_scaler, resolve_device
+from stability.tasks.sign_sum import SequenceClassifier
 
 
 @pytest.mark.parametrize(

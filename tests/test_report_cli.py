@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from test_report_fixtures import Spec, make_sweep
+
+from tests.helpers.report_fixtures import Spec, make_sweep
 
 pytestmark = pytest.mark.server
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
-from test_report_fixtures import Spec, log_run, make_sweep, run_config
 
-from stability.config import fingerprint
+from stability.core.config import fingerprint
 from stability.report import ReportConfig, build_report
 from stability.report.fetch import find_sweep
 from stability.report.select import SELECTION_RULE
+from tests.helpers.report_fixtures import Spec, log_run, make_sweep, run_config
 
 pytestmark = pytest.mark.server
 

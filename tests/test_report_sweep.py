@@ -1,6 +1,6 @@
 """End to end: a real tiny sweep (real training, real MLflow server), then experiments/report.py.
 
-The runs are trained in-process with ``stability.job.train_tracked`` under one sweep id and a
+The runs are trained in-process with ``stability.sweep.job.train_tracked`` under one sweep id and a
 parent run created here, exactly as the sweeper tags them; one config really diverges (an inf
 gradient at step 1 with a monitor that aborts on the first skip).
 """
@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from stability.config import fingerprint, to_run_config
-from stability.job import train_tracked
-from stability.tracking import ensure_experiment
+from stability.core.config import fingerprint, to_run_config
+from stability.sweep.job import train_tracked
+from stability.tracking.run import ensure_experiment
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 

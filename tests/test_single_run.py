@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stability.config import (
+from stability.core.config import (
     ClipConfig,
     DataConfig,
     FaultConfig,
@@ -17,7 +17,7 @@ from stability.config import (
     RunConfig,
     TrainConfig,
 )
-from stability.run import train
+from stability.core.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 3  # faulty optimizer step

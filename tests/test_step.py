@@ -11,11 +11,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-import stability.step
-from stability.clipping import grad_global_norm
-from stability.config import FaultConfig, ModelConfig, StepConfig
-from stability.model import SequenceClassifier
-from stability.step import TrainStep
+import stability.core.step
+from stability.core.clipping import grad_global_norm
+from stability.core.config import FaultConfig, ModelConfig, StepConfig
+from stability.core.step import TrainStep
+from stability.tasks.sign_sum import SequenceClassifier
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 
@@ -77,8 +77,8 @@ def _instrument(ts: TrainStep, monkeypatch: pytest.MonkeyPatch) -> tuple[list[st
     ts.scaler.update = record("update", ts.scaler.update)
     ts.optimizer.register_step_pre_hook(lambda *_: events.append("optimizer.step"))
     ts.model.head.weight.register_post_accumulate_grad_hook(lambda _: events.append("backward"))
-    monkeypatch.setattr(stability.step, "clip_by_norm_",
-                        record("clip", stability.step.clip_by_norm_))
+    monkeypatch.setattr(stability.core.step, "clip_by_norm_",
+                        record("clip", stability.core.step.clip_by_norm_))
     return events, seen
 
 

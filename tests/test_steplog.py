@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from stability.config import ClipConfig, DataConfig, PrecisionConfig, RunConfig, TrainConfig
-from stability.run import train
-from stability.steplog import CSV_COLUMNS, CsvStepWriter, StepLog
+from stability.core.config import ClipConfig, DataConfig, PrecisionConfig, RunConfig, TrainConfig
+from stability.core.loop import train
+from stability.core.steplog import CSV_COLUMNS, CsvStepWriter, StepLog
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_COLUMNS = ["step", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "loss", "skipped",

@@ -26,12 +26,12 @@ from hydra.types import HydraContext, RunMode
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf, open_dict
 
-from stability.config import ClipConfig, PrecisionConfig, RunConfig, to_run_config
-from stability.grid import chunks, dedupe, make_point
-from stability.progress import Progress, format_duration
-from stability.server import free_port
-from stability.sweeper import StabilitySweeper
-from stability.tracking import STEP_METRICS
+from stability.core.config import ClipConfig, PrecisionConfig, RunConfig, to_run_config
+from stability.sweep.grid import chunks, dedupe, make_point
+from stability.sweep.progress import Progress, format_duration
+from stability.sweep.sweeper import StabilitySweeper
+from stability.tracking.run import STEP_METRICS
+from stability.tracking.server import free_port
 
 PROJECT = Path(__file__).resolve().parents[1]
 TINY = ["+sweep=smoke", "device=cpu"]  # 300 samples, 2 epochs

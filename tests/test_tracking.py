@@ -16,11 +16,10 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from stability.config import fingerprint, flatten, to_run_config
-from stability.job import train_tracked
-from stability.model import SequenceClassifier
-from stability.server import free_port
-from stability.tracking import (
+from stability.core.config import fingerprint, flatten, to_run_config
+from stability.sweep.job import train_tracked
+from stability.tasks.sign_sum import SequenceClassifier
+from stability.tracking.run import (
     STEP_METRICS,
     TrackingError,
     check_reachable,
@@ -30,6 +29,7 @@ from stability.tracking import (
     local_artifact_root,
     resolve_tracking_uri,
 )
+from stability.tracking.server import free_port
 
 pytestmark = pytest.mark.server
 

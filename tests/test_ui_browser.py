@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from stability.config import TrackingConfig, to_run_config
-from stability.job import train_tracked
-from stability.sweep_run import open_sweep_run
+from stability.core.config import TrackingConfig, to_run_config
+from stability.sweep.job import train_tracked
+from stability.sweep.parent import open_sweep_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
 

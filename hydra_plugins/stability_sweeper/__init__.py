@@ -1,1 +1,1 @@
-"""Hydra sweeper plugin ``hydra/sweeper=stability`` (the logic lives in ``stability.sweeper``)."""
+"""Hydra sweeper plugin ``hydra/sweeper=stability`` (logic: ``stability.sweep.sweeper``)."""

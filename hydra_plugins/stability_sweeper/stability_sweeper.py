@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from hydra.core.config_store import ConfigStore
 
-from stability import sweeper
+from stability.sweep import sweeper
 
 
 @dataclass
@@ -29,4 +29,4 @@ ConfigStore.instance().store(group="hydra/sweeper", name="stability", node=Stabi
 
 
 class StabilitySweeper(sweeper.StabilitySweeper):
-    """The plugin class Hydra instantiates; see ``stability.sweeper.StabilitySweeper``."""
+    """The plugin class Hydra instantiates; see ``stability.sweep.sweeper.StabilitySweeper``."""

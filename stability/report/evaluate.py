@@ -1,7 +1,7 @@
 """The sealed test split, read once: the winner's checkpoints, after selection, and nothing else.
 
-This module is the only caller of ``stability.data.open_test_split`` (a test scans the code
-base for others). Each finished seed of the winning config is evaluated from its
+This module is the only caller of ``stability.tasks.sign_sum.open_test_split`` (a test
+scans the code base for others). Each finished seed of the winning config is evaluated from its
 ``checkpoints/best.pt`` artifact under the run's own precision, rebuilt from its
 ``config.yaml`` artifact. ``test_loss`` / ``test_acc`` are logged onto the winner's runs, once:
 a run that already carries them is evaluated again (deterministic) but not logged twice.
@@ -20,14 +20,13 @@ import pandas as pd
 import torch
 import yaml
 
-from stability.config import RunConfig, fingerprint, to_run_config
-from stability.data import Split, open_test_split
-from stability.model import SequenceClassifier
-from stability.precision import check_precision_supported, resolve_device
+from stability.core.config import RunConfig, fingerprint, to_run_config
+from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME
+from stability.core.loop import evaluate as evaluate_split
+from stability.core.precision import check_precision_supported, resolve_device
 from stability.report.fetch import download, parallel
 from stability.report.stats import MeanCI, mean_ci
-from stability.run import CHECKPOINT_NAME, CONFIG_NAME
-from stability.run import evaluate as evaluate_split
+from stability.tasks.sign_sum import SequenceClassifier, Split, open_test_split
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from stability.config import ConfigError
+from stability.core.config import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
 

@@ -16,14 +16,14 @@ from typing import Any
 
 # (file suffix, function name) -> label of a piece of the fixed cost per run.
 FIXED_PIECES = {
-    ("stability/tracking.py", "__enter__"): "mlflow: create run, tags, params",
-    ("stability/tracking.py", "finish"): "mlflow: summary, tags",
-    ("stability/tracking.py", "__exit__"): "mlflow: flush, upload artifacts, terminate",
-    ("stability/data.py", "make_splits"): "data: generate and split",
-    ("stability/run.py", "write_config"): "config.yaml",
+    ("stability/tracking/run.py", "__enter__"): "mlflow: create run, tags, params",
+    ("stability/tracking/run.py", "finish"): "mlflow: summary, tags",
+    ("stability/tracking/run.py", "__exit__"): "mlflow: flush, upload artifacts, terminate",
+    ("stability/tasks/sign_sum.py", "make_splits"): "data: generate and split",
+    ("stability/core/loop.py", "write_config"): "config.yaml",
     ("torch/serialization.py", "save"): "checkpoints (torch.save)",
-    ("stability/run.py", "evaluate"): "validation passes (inside epochs)",
-    ("stability/step.py", "step"): "TrainStep.step (inside epochs)",
+    ("stability/core/loop.py", "evaluate"): "validation passes (inside epochs)",
+    ("stability/core/step.py", "step"): "TrainStep.step (inside epochs)",
 }
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stability.config import TrackingConfig
-from stability.tracking import (
+from stability.core.config import TrackingConfig
+from stability.tracking.run import (
     check_reachable,
     client,
     default_store_uri,
@@ -88,7 +88,7 @@ class SweepRun:
         Returns:
             How many runs were closed here.
         """
-        from stability.run import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME
+        from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME
 
         c = client(self.uri)
         orphans = self._train_runs(" and attributes.status = 'RUNNING'")

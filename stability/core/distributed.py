@@ -17,8 +17,6 @@ import atexit
 import contextlib
 import math
 import os
-import signal
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,8 +27,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from stability.config import ConfigError
-from stability.precision import resolve_device
+from stability.core.config import ConfigError
+from stability.core.precision import resolve_device
+from stability.core.signals import sigterm_deferred
 
 TIMEOUT_ENV = "STABILITY_DIST_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 60.0
@@ -45,8 +44,6 @@ class PeerFailedError(RuntimeError):
 class _State:
     store: Any = None  # our namespace in the rendezvous store (failure reasons)
     failed: bool = False  # this process recorded a failure: skip the orderly teardown
-    defer_depth: int = 0  # nesting of ``sigterm_deferred`` blocks
-    sigterm_pending: bool = False  # a SIGTERM arrived while deferred
 
 
 _state = _State()
@@ -168,38 +165,6 @@ def all_reduce_sum(values: Sequence[float], device: str) -> list[float]:
     if is_distributed():
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
-
-
-@contextmanager
-def sigterm_deferred() -> Iterator[None]:
-    """Inside this block SIGTERM is only noted; it is re-sent when the outermost block ends.
-
-    Closing rank 0's MLflow run must not be cut short by torchrun terminating the ranks
-    (it sends SIGTERM, then SIGKILL 30 s later). If the block ends with an exception the
-    process is failing anyway and the noted signal is dropped.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set from the main thread
-        return
-
-    def note(signum: int, frame: Any) -> None:
-        _state.sigterm_pending = True
-
-    previous = signal.signal(signal.SIGTERM, note)
-    _state.defer_depth += 1
-    failed = False
-    try:
-        yield
-    except BaseException:
-        failed = True
-        raise
-    finally:
-        _state.defer_depth -= 1
-        signal.signal(signal.SIGTERM, previous)
-        if _state.defer_depth == 0 and _state.sigterm_pending:
-            _state.sigterm_pending = False
-            if not failed:
-                signal.raise_signal(signal.SIGTERM)
 
 
 def _record_failure(err: BaseException) -> None:

@@ -9,7 +9,7 @@ process per variant is needed because a peak can never go down: measured in one 
 second variant would inherit the first one's. The RSS right after the imports is reported too,
 so the run's own working set (peak minus that) is visible apart from the libraries.
 
-Run as ``python -m stability.bench.memory VARIANT JSON`` (the parent does this).
+Run as ``python -m benchmarks.memory VARIANT JSON`` (the parent does this).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import PROJECT_ROOT
+
 VARIANTS = ("bare", "instrumented", "tracked")
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rss_now_mib() -> float:
@@ -52,15 +53,15 @@ def _child(variant: str, payload: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     if variant == "tracked":
         import mlflow.tracking  # noqa: F401  (a sweep worker has MLflow loaded before training)
-    from stability.bench.spec import BenchSpec
-    from stability.config import TrackingConfig
+    from benchmarks.spec import BenchSpec
+    from stability.core.config import TrackingConfig
 
     if variant == "bare":
-        from stability.bench.bare import bare_epochs as run
+        from benchmarks.bare import bare_epochs as run
     elif variant == "instrumented":
-        from stability.run import train as run
+        from stability.core.loop import train as run
     else:
-        from stability.job import train_tracked as run
+        from stability.sweep.job import train_tracked as run
     import_s = time.perf_counter() - t0
     rss_imports = _rss_now_mib()
 
@@ -94,7 +95,7 @@ def measure(variant: str, spec_fields: dict[str, Any], output_dir: str,
     env = os.environ | {"PYTHONPATH": os.pathsep.join(
         p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     proc = subprocess.run(
-        [sys.executable, "-m", "stability.bench.memory", variant, json.dumps(payload)],
+        [sys.executable, "-m", "benchmarks.memory", variant, json.dumps(payload)],
         capture_output=True, text=True, env=env, timeout=900,
     )
     if proc.returncode != 0:

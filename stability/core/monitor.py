@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stability.config import MonitorConfig
-from stability.steplog import StepLog
+from stability.core.config import MonitorConfig
+from stability.core.steplog import StepLog
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 
-from stability.config import ConfigError, StepConfig
+from stability.core.config import ConfigError, StepConfig
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
     "fp32": None,

@@ -18,11 +18,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stability import distributed
-from stability.config import ConfigError, RunConfig, to_run_config
-from stability.run import RunResult, train
-from stability.steplog import StepSink
-from stability.tracking import TrackedRun, TrackingError, client
+from stability.core import distributed
+from stability.core.config import ConfigError, RunConfig, to_run_config
+from stability.core.loop import RunResult, train
+from stability.core.signals import sigterm_deferred
+from stability.core.steplog import StepSink
+from stability.tracking.run import TrackedRun, TrackingError, client
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def train_tracked(cfg: RunConfig, overrides: Sequence[str] = (),
         with distributed.rank_guard():
             return train(cfg, sinks, world_size=world)
     # Deferred SIGTERM: when torchrun tears the ranks down, rank 0 still closes its run.
-    with distributed.sigterm_deferred(), TrackedRun(cfg, overrides, world) as tracked:
+    with sigterm_deferred(), TrackedRun(cfg, overrides, world) as tracked:
         if world > 1:
             client(tracked.uri).log_param(tracked.run_id, "world_size", str(world))
         with distributed.rank_guard():

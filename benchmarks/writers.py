@@ -8,8 +8,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from stability.bench.machine import describe
-from stability.bench.spec import TARGETS
+from benchmarks.machine import describe
+from benchmarks.spec import TARGETS
 
 VARIANT_LABELS = {
     "bare": "Bare PyTorch loop (inline: backward, clip_grad_norm_, step)",

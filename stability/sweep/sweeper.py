@@ -30,12 +30,12 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from stability.config import ConfigError, RunConfig, to_run_config
-from stability.grid import SweepPoint, chunks, dedupe, make_point, override_key
-from stability.progress import Progress, format_duration
-from stability.stopping import StopRequest
-from stability.sweep_run import SweepRun, open_sweep_run
-from stability.tracking import Terminated, TrackingError
+from stability.core.config import ConfigError, RunConfig, to_run_config
+from stability.core.signals import StopRequest, Terminated
+from stability.sweep.grid import SweepPoint, chunks, dedupe, make_point, override_key
+from stability.sweep.parent import SweepRun, open_sweep_run
+from stability.sweep.progress import Progress, format_duration
+from stability.tracking.run import TrackingError
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,17 @@ import csv
 import math
 import os
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
-SKIP_REASONS = ("", "nonfinite_loss", "nonfinite_grad")
+
+class SkipReason(StrEnum):
+    """Why an optimizer step was not taken (``steps.csv`` column ``skip_reason``)."""
+
+    NONE = ""  # the step was taken
+    NONFINITE_LOSS = "nonfinite_loss"  # inf/nan loss: skipped before backward
+    NONFINITE_GRAD = "nonfinite_grad"  # inf/nan unscaled gradient: skipped before the step
 
 
 @dataclass(frozen=True)

@@ -14,23 +14,22 @@ import logging
 import math
 import os
 import re
-import signal
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from stability.config import ConfigError, RunConfig, fingerprint, flatten
-from stability.steplog import EpochLog, StepLog
+from stability.core.config import ConfigError, RunConfig, fingerprint, flatten
+from stability.core.signals import Terminated, sigterm_as_exception
+from stability.core.steplog import EpochLog, StepLog
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # stability/ (in a checkout: its repo)
 MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100  # log_batch limits per call
 # On the embedded SQLite store a log_batch costs ~150-250 us of CPU a metric in batches of 78
 # (one epoch of a default run) but ~80 us in batches of 1000 (ORM and commit per call): sent
@@ -52,13 +51,13 @@ class TrackingError(RuntimeError):
     """The tracking server cannot be used (unreachable, refused)."""
 
 
-class Terminated(BaseException):
-    """Raised in the main thread on SIGTERM so the run can be closed as KILLED."""
-
-
 def default_store_uri() -> str:
-    """The embedded default: a SQLite store inside the project (not the deprecated file store)."""
-    return f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+    """The embedded default: ``./mlflow.db`` of the current directory (MLflow's own convention).
+
+    Resolved to an absolute path once, so every job of a sweep (each in its own Hydra output
+    folder) writes to the same file. Not the deprecated file store.
+    """
+    return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
 def resolve_tracking_uri(uri: str | None = None) -> str:
@@ -119,13 +118,20 @@ def local_artifact_root(uri: str, experiment: str) -> str | None:
 
 @functools.cache
 def git_commit() -> str:
-    """The project's current commit ("" outside a git checkout)."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True,
-                             text=True, timeout=5)
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
+    """The commit of the code that runs: this package's checkout, else the current folder's.
+
+    An installed (non-editable) package has no checkout; a user's own task then lives in
+    the current folder's repository, if any. "" when neither is a git checkout.
+    """
+    for where in (PACKAGE_DIR, Path.cwd()):
+        try:
+            out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
+                                 text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    return ""
 
 
 def run_name(cfg: RunConfig) -> str:
@@ -229,22 +235,6 @@ def _summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in summary.items() if isinstance(v, int | float)}
 
 
-@contextmanager
-def _sigterm_as_exception() -> Iterator[None]:
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated(f"signal {signum}")
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (some launchers): leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 class TrackedRun:
     """One MLflow run around one training run: create, params, buffered metrics, close.
 
@@ -285,7 +275,7 @@ class TrackedRun:
         self.run_id = run.info.run_id
         _log_params(self._client, self.run_id, self.cfg)
         self.sink = MetricBuffer(self._client, self.run_id)
-        self._signals = _sigterm_as_exception()
+        self._signals = sigterm_as_exception()
         self._signals.__enter__()
         return self
 
@@ -317,7 +307,7 @@ class TrackedRun:
         return False
 
     def _upload_artifacts(self) -> None:
-        from stability.run import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME
+        from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME
 
         out = Path(self.cfg.output_dir)
         for name in (CSV_NAME, CONFIG_NAME, CHECKPOINT_NAME):

@@ -19,12 +19,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from stability.bench.spec import ACCUM_VALUES, BenchSpec
-from stability.data import make_splits
-from stability.model import SequenceClassifier
-from stability.precision import resolve_device
-from stability.run import windows
-from stability.step import TrainStep
+from benchmarks.spec import ACCUM_VALUES, BenchSpec
+from stability.core.loop import windows
+from stability.core.precision import resolve_device
+from stability.core.step import TrainStep
+from stability.tasks.sign_sum import SequenceClassifier, make_splits
 
 FLAT_WITHIN = 0.05  # "flat": within 5% of the curve's best speedup (run-to-run noise here)
 
@@ -111,7 +110,7 @@ def grad_syncs(spec: BenchSpec, accum_values: Sequence[int] = ACCUM_VALUES) -> d
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    from stability.server import free_port
+    from stability.tracking.server import free_port
 
     if dist.is_initialized():
         raise RuntimeError("grad_syncs needs its own process group; one is already initialised")

@@ -2,7 +2,7 @@
 
 Same data (``make_splits``), same model and initialisation (``SequenceClassifier`` after
 ``torch.manual_seed``), same AdamW, same shuffling generator and micro-batch windows as
-``stability.run.train``; per optimizer step only ``loss.backward()``, ``clip_grad_norm_``
+``stability.core.loop.train``; per optimizer step only ``loss.backward()``, ``clip_grad_norm_``
 and ``opt.step()`` (with the GradScaler calls AMP needs for fp16). No finiteness checks, no
 norms read back, no records, no files. An epoch is the training pass plus the validation
 pass, exactly what ``EpochLog.seconds`` covers in the run loop.
@@ -17,13 +17,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from stability.bench.timing import StepClock
-from stability.config import RunConfig
-from stability.data import make_splits
-from stability.model import SequenceClassifier
-from stability.precision import AUTOCAST_DTYPES, resolve_device
+from benchmarks.timing import StepClock
+from stability.core.config import RunConfig
+from stability.core.precision import AUTOCAST_DTYPES, resolve_device
+from stability.tasks.sign_sum import SequenceClassifier, make_splits
 
-EVAL_BATCH = 1024  # as stability.run.evaluate
+EVAL_BATCH = 1024  # as stability.core.loop.evaluate
 
 
 class BareLoop:

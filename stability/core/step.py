@@ -20,15 +20,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from stability.clipping import (
+from stability.core.clipping import (
     clip_by_norm_,
     clip_by_value_,
     first_non_finite,
     grad_global_norm,
 )
-from stability.config import FaultConfig, StepConfig
-from stability.precision import autocast, fp16_underflow_fraction, make_scaler
-from stability.steplog import StepLog
+from stability.core.config import FaultConfig, StepConfig
+from stability.core.precision import autocast, fp16_underflow_fraction, make_scaler
+from stability.core.steplog import StepLog
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
 LOSS_SPIKE_FACTOR = 1e8

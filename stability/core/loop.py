@@ -24,14 +24,13 @@ import torch
 import yaml
 from torch import nn
 
-from stability import distributed
-from stability.config import RunConfig, StepConfig
-from stability.data import Split, make_splits
-from stability.model import SequenceClassifier
-from stability.monitor import Diagnostics, DivergedError, SkipRateMonitor
-from stability.precision import autocast, check_precision_supported, resolve_device
-from stability.step import MicroBatch, TrainStep
-from stability.steplog import CsvStepWriter, EpochLog, StepSink
+from stability.core import distributed
+from stability.core.config import RunConfig, StepConfig
+from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
+from stability.core.precision import autocast, check_precision_supported, resolve_device
+from stability.core.step import MicroBatch, TrainStep
+from stability.core.steplog import CsvStepWriter, EpochLog, StepSink
+from stability.tasks.sign_sum import SequenceClassifier, Split, make_splits
 
 log = logging.getLogger(__name__)
 

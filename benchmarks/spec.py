@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from stability.config import (
+from stability.core.config import (
     PRECISIONS,
     ClipConfig,
     ConfigError,

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stability.bench.bare import BareLoop
-from stability.bench.spec import BenchSpec
-from stability.bench.timing import Summary
-from stability.config import (
+from benchmarks import PROJECT_ROOT
+from benchmarks.bare import BareLoop
+from benchmarks.spec import BenchSpec
+from benchmarks.timing import Summary
+from stability.core.config import (
     ClipConfig,
     ConfigError,
     DataConfig,
@@ -31,7 +32,7 @@ from stability.config import (
     RunConfig,
     TrainConfig,
 )
-from stability.tracking import PROJECT_ROOT, client
+from stability.tracking.run import client
 
 BareKey = tuple[str, int, int, int, int, str, int]  # precision, accum, samples, len, batch, cell, h
 BARE_EPOCHS = 4  # per distinct bare configuration: one warm-up, three timed

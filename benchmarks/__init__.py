@@ -1,6 +1,8 @@
 """Benchmarks: what stability telemetry and tracking cost, how a study scales, accumulation.
 
-``experiments/benchmark.py`` is the entry point; this package holds its parts:
+``experiments/benchmark.py`` is the entry point (``cli``); this package holds its parts.
+Nothing under ``stability/`` imports it; results go to ``benchmarks/results/`` (git-ignored).
+
 
 - ``spec``: the validated benchmark settings and the ``RunConfig`` every variant trains.
 - ``bare``: the reference loop (plain PyTorch, written inline, no telemetry).
@@ -12,3 +14,7 @@
 - ``machine``: what the numbers were measured on.
 - ``writers``: JSON and Markdown output.
 """
+
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # experiments/sweep.py, conf/ live here

@@ -2,12 +2,12 @@
 
 Variants, all on the same ``RunConfig`` (one thread, clipping on):
 
-- ``bare``: ``stability.bench.bare.BareLoop``, the plain PyTorch reference.
-- ``instrumented``: ``stability.run.train`` with tracking off: ``TrainStep`` (finiteness
+- ``bare``: ``benchmarks.bare.BareLoop``, the plain PyTorch reference.
+- ``instrumented``: ``stability.core.loop.train`` with tracking off: ``TrainStep`` (finiteness
   checks, pre/post-clip norms), the loop's per-step telemetry (diagnostics, skip-rate monitor)
   and ``steps.csv`` flushed per row.
-- ``tracked_server``: ``stability.job.train_tracked`` (what a sweep worker runs) against a real
-  ``mlflow server``: every per-step metric at full resolution, buffered in process and sent
+- ``tracked_server``: ``stability.sweep.job.train_tracked`` (what a sweep worker runs) against a
+  real ``mlflow server``: every per-step metric at full resolution, buffered in process and sent
   with ``log_batch`` off the training thread, plus params, artifacts and the checkpoint.
 - ``tracked_sqlite``: the same against the embedded SQLite store (the default without a server).
 
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stability.bench.bare import bare_epochs
-from stability.bench.spec import BenchSpec
-from stability.bench.timing import (
+from benchmarks.bare import bare_epochs
+from benchmarks.spec import BenchSpec
+from benchmarks.timing import (
     Samples,
     StepClock,
     Summary,
@@ -41,8 +41,8 @@ from stability.bench.timing import (
     pooled,
     ratio,
 )
-from stability.config import PRECISIONS, RunConfig, TrackingConfig
-from stability.run import train
+from stability.core.config import PRECISIONS, RunConfig, TrackingConfig
+from stability.core.loop import train
 
 Progress = Callable[[str], None]
 
@@ -112,7 +112,7 @@ class TrackedSample:
 
 def tracked_run(spec: BenchSpec, cfg: RunConfig) -> TrackedSample:
     """``job.train_tracked(cfg)``, what a sweep worker runs, timed end to end."""
-    from stability.job import train_tracked  # imports MLflow lazily, like the job does
+    from stability.sweep.job import train_tracked  # imports MLflow lazily, like the job does
 
     clock = _clock(spec, cfg)
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -126,7 +126,7 @@ def prepare_experiment(uri: str, name: str, artifact_root: Path) -> None:
 
     On a SQLite store the artifacts go under ``artifact_root`` (not ``./mlruns``).
     """
-    from stability.tracking import client
+    from stability.tracking.run import client
 
     c = client(uri)
     if c.get_experiment_by_name(name) is None:
@@ -136,7 +136,7 @@ def prepare_experiment(uri: str, name: str, artifact_root: Path) -> None:
 
 def check_full_resolution(uri: str, experiment: str) -> dict[str, Any]:
     """Every tracked run holds one ``loss`` point per optimizer step (nothing dropped)."""
-    from stability.tracking import client
+    from stability.tracking.run import client
 
     c = client(uri)
     exp = c.get_experiment_by_name(experiment)

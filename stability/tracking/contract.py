@@ -1,0 +1,109 @@
+"""Every name this project writes into (or reads from) MLflow, in one place.
+
+``docs/TRACKING.md`` documents the same names; a test checks that every tag, metric and
+artifact name defined here appears there. Per-step metrics carry the name of their
+``steps.csv`` column, so one word means one quantity everywhere.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from stability.core import rundir
+from stability.core.steplog import SkipReason
+
+__all__ = ["STEP_METRICS", "EPOCH_METRICS", "Artifact", "Kind", "Outcome", "SkipReason", "Tag",
+           "search_filter"]
+
+
+class Kind(StrEnum):
+    """``stability.kind`` of a run: what sort of run it is."""
+
+    TRAIN = "train"  # one (config, seed) point
+    SWEEP = "sweep"  # a sweep's parent run; training runs nest under it
+    REPORT = "report"  # the review report of one sweep
+
+
+class Outcome(StrEnum):
+    """``stability.outcome``: how a run ended, finer than MLflow's status."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    DIVERGED = "diverged"  # the skip-rate monitor ended it
+    FAILED = "failed"  # an exception
+    KILLED = "killed"  # Ctrl-C, SIGTERM, scancel, or its process vanished
+
+    @property
+    def status(self) -> str:
+        """The MLflow run status this outcome ends with."""
+        return _STATUS[self]
+
+    @classmethod
+    def from_status(cls, status: str) -> Outcome:
+        """The outcome of a run that was closed without its outcome tag."""
+        return {"FINISHED": cls.FINISHED, "KILLED": cls.KILLED, "RUNNING": cls.RUNNING,
+                "SCHEDULED": cls.RUNNING}.get(status, cls.FAILED)
+
+
+_STATUS = {Outcome.RUNNING: "RUNNING", Outcome.FINISHED: "FINISHED", Outcome.DIVERGED: "FAILED",
+           Outcome.FAILED: "FAILED", Outcome.KILLED: "KILLED"}
+
+
+class Tag:
+    """Tag keys (``stability.*`` plus the MLflow system tags we set)."""
+
+    KIND = "stability.kind"
+    SWEEP_ID = "stability.sweep_id"
+    FINGERPRINT = "stability.fingerprint"
+    SEED = "stability.seed"
+    OVERRIDES = "stability.overrides"
+    GIT_COMMIT = "stability.git_commit"
+    OUTCOME = "stability.outcome"
+    REASON = "stability.reason"
+    GRID_SIZE = "stability.grid_size"
+    GRID_UNIQUE = "stability.grid_unique"
+    SWEEP_RUN_ID = "stability.sweep_run_id"
+    WINNER = "stability.winner"
+    WINNER_LABEL = "stability.winner_label"
+    SELECTION_RULE = "stability.selection_rule"
+    PARENT_RUN_ID = "mlflow.parentRunId"  # nests a training run under its sweep in the UI
+
+
+# Per optimizer step (MLflow step = optimizer step): the steps.csv column names.
+STEP_METRICS = ("loss", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "clipped", "skipped",
+                "scaler_scale", "skips_cumulative")
+# Per epoch (MLflow step = epoch): metric name -> ``EpochLog`` field.
+EPOCH_METRICS = {"train_loss": "train_loss", "val_loss": "val_loss", "val_acc": "val_acc",
+                 "epoch_clip_fraction": "clip_fraction", "max_grad_norm": "max_grad_norm",
+                 "epoch_skip_count": "skip_count"}
+WORLD_SIZE_PARAM = "world_size"  # logged only above 1 (data-parallel ranks)
+
+
+class Artifact:
+    """Artifact paths of a training run (relative to its artifact root and its output dir)."""
+
+    STEPS_CSV = rundir.CSV_NAME
+    CONFIG = rundir.CONFIG_NAME
+    CHECKPOINT = rundir.CHECKPOINT_NAME
+    ALL = rundir.ARTIFACTS
+
+
+def search_filter(kind: Kind, sweep_id: str | None = None, status: str | None = None) -> str:
+    """An MLflow ``filter_string`` for runs of ``kind`` (of one sweep, with one status).
+
+    Args:
+        kind: the run kind.
+        sweep_id: only runs of this sweep.
+        status: only runs with this MLflow status (``FINISHED``, ``RUNNING``...).
+    """
+    parts = [f"tags.`{Tag.KIND}` = '{kind}'"]
+    if sweep_id is not None:
+        parts.append(f"tags.`{Tag.SWEEP_ID}` = '{quote(sweep_id)}'")
+    if status is not None:
+        parts.append(f"attributes.status = '{status}'")
+    return " and ".join(parts)
+
+
+def quote(value: str) -> str:
+    """``value`` safe inside a single-quoted MLflow filter string."""
+    return value.replace("'", "\\'")
