@@ -42,8 +42,8 @@ class _Trainer:
         opt = torch.optim.AdamW(model.parameters(), lr=self.cfg.train.lr,
                                 weight_decay=self.cfg.train.weight_decay)
         self.net = wrap(model) if wrap else model
-        self.step = TrainStep(self.net, opt, nn.BCEWithLogitsLoss(),
-                              self.cfg.step_config(self.device))
+        self.step = TrainStep.for_run(self.cfg, self.net, opt, nn.BCEWithLogitsLoss(),
+                                      self.device)
         self.shuffle = torch.Generator().manual_seed(self.cfg.seed)
 
     def epoch(self) -> dict[str, Any]:

@@ -50,7 +50,7 @@ class BareLoop:
         )
         self.scaler = torch.amp.GradScaler(
             self.device, init_scale=cfg.precision.init_scale,
-            growth_interval=cfg.precision.growth_interval, enabled=cfg.precision.scaler,
+            growth_interval=cfg.precision.growth_interval, enabled=cfg.precision.name == "fp16",
         )
         self.last_val_loss = float("nan")
 

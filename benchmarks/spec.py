@@ -89,7 +89,7 @@ class BenchSpec:
             tracking: tracking settings; ``None`` disables tracking.
         """
         name = precision or self.precision
-        prec = PrecisionConfig(name=name, scaler=name == "fp16",
+        prec = PrecisionConfig(name=name,
                                growth_interval=FP16_GROWTH_INTERVAL if name == "fp16" else 2000)
         return RunConfig(
             seed=self.seed,

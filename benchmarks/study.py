@@ -126,7 +126,7 @@ def bare_config(key: BareKey, epochs: int) -> RunConfig:
         device="auto",
         data=DataConfig(num_samples=samples, seq_len=seq_len),
         model=ModelConfig(cell=cell, hidden_size=hidden),
-        precision=PrecisionConfig(name=precision, scaler=precision == "fp16"),
+        precision=PrecisionConfig(name=precision),
         clip=ClipConfig(enabled=True, max_norm=1.0),
         train=TrainConfig(epochs=epochs, batch_size=batch, accum_steps=accum, threads=1),
     )

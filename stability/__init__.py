@@ -1,7 +1,13 @@
 """stability: compare gradient clipping, accumulation and mixed precision on one task."""
 
 from stability.core.clipping import clip_global_l2_norm, has_non_finite_grad
-from stability.core.config import ConfigError, RunConfig, StepConfig, to_run_config
+from stability.core.config import (
+    ClipConfig,
+    ConfigError,
+    PrecisionConfig,
+    RunConfig,
+    to_run_config,
+)
 from stability.core.loop import RunResult, train
 from stability.core.monitor import DivergedError, SkipRateMonitor
 from stability.core.step import TrainStep
@@ -9,14 +15,16 @@ from stability.core.steplog import EpochLog, StepLog
 from stability.tasks.sign_sum import SequenceClassifier
 
 __all__ = [
+    "ClipConfig",
     "ConfigError",
     "DivergedError",
     "EpochLog",
+    "PrecisionConfig",
     "RunConfig",
     "RunResult",
     "SequenceClassifier",
     "SkipRateMonitor",
-    "StepConfig",
+
     "StepLog",
     "TrainStep",
     "clip_global_l2_norm",

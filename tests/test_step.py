@@ -13,7 +13,8 @@ from torch.nn import functional as F
 
 import stability.core.step
 from stability.core.clipping import grad_global_norm
-from stability.core.config import FaultConfig, ModelConfig, StepConfig
+from stability.core.config import ClipConfig, FaultConfig, ModelConfig, PrecisionConfig
+from stability.core.faults import FaultInjector
 from stability.core.step import TrainStep
 from stability.tasks.sign_sum import SequenceClassifier
 
@@ -43,10 +44,11 @@ def _make(
     torch.manual_seed(seed)
     model = SequenceClassifier(ModelConfig(hidden_size=8))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=1e-2)
-    cfg = StepConfig(precision=precision, clip_enabled=clip, max_norm=max_norm,
-                     accum_steps=accum, device="cpu", growth_interval=growth_interval)
-    return TrainStep(model, opt, loss_fn or nn.BCEWithLogitsLoss(), cfg,
-                     scheduler=scheduler(opt) if scheduler else None, fault=fault)
+    return TrainStep(model, opt, loss_fn or nn.BCEWithLogitsLoss(),
+                     precision=PrecisionConfig(name=precision, growth_interval=growth_interval),
+                     clip=ClipConfig(enabled=clip, max_norm=max_norm), accum_steps=accum,
+                     scheduler=scheduler(opt) if scheduler else None,
+                     hooks=[FaultInjector(fault)] if fault else [])
 
 
 def _norm(ts: TrainStep) -> float:
@@ -302,15 +304,33 @@ def test_fp16_scale_grows_after_growth_interval_and_restarts_after_skip() -> Non
     assert scales == [s, s, 2 * s, s, s, 2 * s]
 
 
+def _known_underflow_step(precision: str, max_norm: float | None = None) -> TrainStep:
+    """A linear model whose unscaled gradient is [1e-8, 1e-8, 1e-4, 1e-4]: half flushes in fp16.
+
+    loss = 1e-4 * (w . x) with x = [1e-4, 1e-4, 1, 1], so dL/dw = 1e-4 * x. fp16's smallest
+    subnormal is ~6e-8: 1e-8 flushes to zero, 1e-4 does not. Under the GradScaler every value
+    is representable while scaled (x 65536), so the share is measured on the unscaled values.
+    """
+    model = nn.Linear(4, 1, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    return TrainStep(model, opt, lambda out, _y: 1e-4 * out.float().sum(),
+                     precision=PrecisionConfig(name=precision),
+                     clip=ClipConfig(enabled=max_norm is not None, max_norm=max_norm or 1.0))
+
+
+KNOWN_X = torch.tensor([[1e-4, 1e-4, 1.0, 1.0]])
+
+
 def test_underflow_fraction_is_fp16_only_and_measured_before_clipping() -> None:
-    """fp16 underflow share is in [0, 1], sampled at step 1, independent of clipping."""
-    unclipped = _make("fp16").step([_batch()])
-    clipped = _make("fp16", clip=True, max_norm=1e-7).step([_batch()])
-    assert clipped.clipped
-    assert 0.0 <= unclipped.underflow_frac <= 1.0
-    assert clipped.underflow_frac == unclipped.underflow_frac
-    assert math.isnan(_make("fp32").step([_batch()]).underflow_frac)
-    assert math.isnan(_make("bf16").step([_batch()]).underflow_frac)
+    """fp16 underflow share of a gradient built to be half sub-fp16 is 0.5, clipped or not."""
+    unclipped = _known_underflow_step("fp16").step([(KNOWN_X, torch.zeros(1))])
+    clipped = _known_underflow_step("fp16", max_norm=1e-9).step([(KNOWN_X, torch.zeros(1))])
+    assert clipped.clipped and not unclipped.clipped
+    assert unclipped.underflow_frac == pytest.approx(0.5)
+    assert clipped.underflow_frac == pytest.approx(0.5)  # clipping would have made it 1.0
+    for precision in ("fp32", "bf16"):
+        log = _known_underflow_step(precision).step([(KNOWN_X, torch.zeros(1))])
+        assert math.isnan(log.underflow_frac)
 
 
 @pytest.mark.parametrize("n", [0, 3])
@@ -319,3 +339,12 @@ def test_window_size_outside_one_to_accum_steps_is_rejected(n: int) -> None:
     ts = _make(accum=2)
     with pytest.raises(ValueError, match="micro-batches"):
         ts.step([_batch(seed=i) for i in range(n)])
+
+
+def test_skips_cumulative_is_counted_once_by_the_step() -> None:
+    """Every StepLog carries the run's skips so far (the CSV and MLflow both read it)."""
+    ts = _make("fp16", fault=FaultConfig(inf_grad_at_step=2))
+    logs = [ts.step([_batch(seed=i)]) for i in range(4)]
+    assert [lg.skipped for lg in logs] == [False, True, False, False]
+    assert [lg.skips_cumulative for lg in logs] == [0, 1, 1, 1]
+    assert ts.skip_count == 1

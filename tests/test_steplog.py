@@ -22,10 +22,11 @@ FIRST_COLUMNS = ["step", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "loss", 
                  "skip_reason", "scaler_scale"]
 
 
-def _log(step: int, skipped: bool = False) -> StepLog:
+def _log(step: int, skipped: bool = False, skips: int = 0) -> StepLog:
     return StepLog(step=step, lr=1e-3, grad_l2_pre_clip=2.0, grad_l2_post_clip=1.0, loss=0.5,
                    skipped=skipped, skip_reason="nonfinite_grad" if skipped else "",
-                   scaler_scale=65536.0, clipped=not skipped, micro_batches=4, samples=256)
+                   scaler_scale=65536.0, clipped=not skipped, micro_batches=4, samples=256,
+                   skips_cumulative=skips)
 
 
 def _rows(path: Path) -> list[list[str]]:
@@ -49,7 +50,7 @@ def test_each_row_is_on_disk_before_the_next_step(tmp_path: Path) -> None:
     try:
         assert len(_rows(path)) == 1  # header flushed at creation
         for n in range(1, 4):
-            writer.on_step(_log(n, skipped=n == 2), epoch=1)
+            writer.on_step(_log(n, skipped=n == 2, skips=int(n >= 2)), epoch=1)
             rows = _rows(path)
             assert len(rows) == 1 + n
             assert path.read_text().endswith("\n")

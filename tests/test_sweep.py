@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import io
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -87,7 +86,7 @@ def test_clip_off_points_run_once_without_irrelevant_overrides() -> None:
 
 def test_gradscaler_knobs_only_distinguish_fp16_points() -> None:
     def point(name: str, growth: int) -> object:
-        cfg = RunConfig(precision=PrecisionConfig(name, scaler=name == "fp16",
+        cfg = RunConfig(precision=PrecisionConfig(name,
                                                   growth_interval=growth))
         return make_point([f"precision={name}", f"precision.growth_interval={growth}"], cfg)
 
@@ -96,19 +95,35 @@ def test_gradscaler_knobs_only_distinguish_fp16_points() -> None:
     assert point("bf16", 100).overrides == ("precision=bf16",)
 
 
-def test_chunks_and_progress() -> None:
+def test_chunks_split_points_into_batches_of_at_most_size() -> None:
     pts = dedupe([make_point([f"seed={s}"], RunConfig(seed=s)) for s in range(5)])
     assert [len(b) for b in chunks(pts, 2)] == [2, 2, 1]
     assert [len(b) for b in chunks(pts, 0)] == [5]
+
+
+def test_format_duration() -> None:
     assert format_duration(3725) == "1h02m05s" and format_duration(65) == "1m05s"
-    p = Progress(total=10, started=time.monotonic() - 20)
+    assert format_duration(7.4) == "7s"
+
+
+def test_progress_line_counts_failures_and_estimates_the_rest() -> None:
+    now = [100.0]
+    p = Progress(total=10, clock=lambda: now[0])
+    now[0] = 120.0
     assert "ETA unknown" in p.line()
     p.update(4, failed=1)
-    assert re.fullmatch(r"runs 4/10 done \(1 not finished\), 2\ds elapsed, ETA 3\ds", p.line())
-    # Later batches set the pace; the first one also paid for starting the workers.
-    p._first = (time.monotonic() - 30, 2)
+    assert p.line() == "runs 4/10 done (1 not finished), 20s elapsed, ETA 30s"
+
+
+def test_progress_eta_takes_the_pace_after_the_first_batch() -> None:
+    """The first batch also paid for starting the workers: later batches set the pace."""
+    now = [0.0]
+    p = Progress(total=10, clock=lambda: now[0])
+    now[0] = 20.0  # 2 runs, 20 s including worker start-up
     p.update(2)
-    assert p.eta() == pytest.approx(30 / 4 * 4, abs=1)
+    now[0] = 30.0  # 2 more runs in 10 s: 5 s a run
+    p.update(2)
+    assert p.eta() == pytest.approx(5.0 * 6)
 
 
 def test_default_study_grid_and_dedup() -> None:

@@ -170,57 +170,16 @@ class MonitorConfig:
 
 @dataclass(frozen=True)
 class PrecisionConfig:
-    """Mixed-precision policy. fp16 needs the GradScaler; nothing else may use it."""
+    """Mixed-precision policy. The GradScaler is enabled for fp16 alone (derived, not a key)."""
 
     name: str = "fp32"
-    scaler: bool = False
-    init_scale: float = 2.0**16
-    growth_interval: int = 2000
+    init_scale: float = 2.0**16  # GradScaler's starting scale (fp16 only)
+    growth_interval: int = 2000  # unskipped steps before the scale doubles (fp16 only)
 
     def __post_init__(self) -> None:
         _require(self.name in PRECISIONS, "precision", self.name, " | ".join(PRECISIONS))
-        if self.name == "fp16" and not self.scaler:
-            raise ConfigError(
-                "precision.scaler=false with precision=fp16 is invalid: fp16 autocast needs "
-                "loss scaling (allowed: precision.scaler=true)"
-            )
-        if self.name != "fp16" and self.scaler:
-            raise ConfigError(
-                f"precision.scaler=true with precision={self.name} is invalid: the GradScaler "
-                "is only for fp16 (allowed: precision.scaler=false)"
-            )
         _positive_float("precision.init_scale", self.init_scale)
         _positive_int("precision.growth_interval", self.growth_interval)
-
-
-@dataclass(frozen=True)
-class StepConfig:
-    """Everything ``TrainStep`` needs to know; validated on construction."""
-
-    precision: str = "fp32"
-    clip_enabled: bool = False
-    clip_method: str = "norm"
-    max_norm: float = 1.0
-    clip_value: float = 1.0
-    accum_steps: int = 1
-    device: str = "cpu"
-    init_scale: float = 2.0**16
-    growth_interval: int = 2000
-    underflow_every: int = 25
-
-    def __post_init__(self) -> None:
-        _require(self.precision in PRECISIONS, "precision", self.precision, " | ".join(PRECISIONS))
-        ClipConfig(self.clip_enabled, self.clip_method, self.max_norm, self.clip_value)
-        _positive_int("train.accum_steps", self.accum_steps)
-        _require(self.device in ("cpu", "cuda"), "device", self.device, "cpu | cuda")
-        _positive_float("precision.init_scale", self.init_scale)
-        _positive_int("precision.growth_interval", self.growth_interval)
-        _positive_int("monitor.underflow_every", self.underflow_every)
-
-    @property
-    def scaler_enabled(self) -> bool:
-        """One code path: the GradScaler exists always and is enabled only for fp16."""
-        return self.precision == "fp16"
 
 
 @dataclass(frozen=True)
@@ -259,21 +218,6 @@ class RunConfig:
         )
         _require(self.device in DEVICES, "device", self.device, " | ".join(DEVICES))
 
-    def step_config(self, device: str) -> StepConfig:
-        """The ``StepConfig`` for this run on a concrete device (``cpu`` or ``cuda``)."""
-        return StepConfig(
-            precision=self.precision.name,
-            clip_enabled=self.clip.enabled,
-            clip_method=self.clip.method,
-            max_norm=self.clip.max_norm,
-            clip_value=self.clip.clip_value,
-            accum_steps=self.train.accum_steps,
-            device=device,
-            init_scale=self.precision.init_scale,
-            growth_interval=self.precision.growth_interval,
-            underflow_every=self.monitor.underflow_every,
-        )
-
 
 _SECTIONS: dict[str, type] = {
     "data": DataConfig,
@@ -310,9 +254,9 @@ def to_run_config(cfg: Mapping[str, Any]) -> RunConfig:
     Raises:
         ConfigError: a value is out of range; the message names the key.
     """
-    sections = {
-        key: _build(cls, key, dict(cfg.get(key) or {})) for key, cls in _SECTIONS.items()
-    }
+    raw = {key: dict(cfg.get(key) or {}) for key in _SECTIONS}
+    raw["precision"].pop("scaler", None)  # config.yaml of runs recorded before it was derived
+    sections = {key: _build(cls, key, raw[key]) for key, cls in _SECTIONS.items()}
     return RunConfig(
         seed=cfg.get("seed", 0),
         device=cfg.get("device", "auto"),
@@ -365,6 +309,9 @@ def fingerprint(run: RunConfig, world_size: int = 1) -> str:
     """
     flat = canonical(run)
     flat.pop("seed")
+    # Until the GradScaler switch was derived from the precision it was a config key; hashing
+    # its value keeps every existing config's identity, so resume and de-dup still match.
+    flat["precision.scaler"] = run.precision.name == "fp16"
     if world_size > 1:
         flat["world_size"] = world_size
     blob = json.dumps(flat, sort_keys=True, default=str)

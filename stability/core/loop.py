@@ -25,7 +25,8 @@ import yaml
 from torch import nn
 
 from stability.core import distributed
-from stability.core.config import RunConfig, StepConfig
+from stability.core.config import RunConfig
+from stability.core.faults import FaultInjector
 from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
 from stability.core.precision import autocast, check_precision_supported, resolve_device
 from stability.core.step import MicroBatch, TrainStep
@@ -65,14 +66,15 @@ class RunResult:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, split: Split, config: StepConfig,
+def evaluate(model: nn.Module, split: Split, precision: str, device: str,
              batch_size: int = 1024, sharded: bool = False) -> tuple[float, float]:
     """Mean BCE loss and accuracy of ``model`` on ``split``, under the run's autocast policy.
 
     Args:
         model: the classifier.
         split: the data to evaluate on.
-        config: the step config (device and precision).
+        precision: the run's precision (``fp32`` | ``fp16`` | ``bf16``).
+        device: ``cpu`` or ``cuda``.
         batch_size: evaluation batch size.
         sharded: data-parallel: each rank evaluates every world_size-th sample (no padding)
             and the sums are all-reduced, so every rank returns the whole split's numbers.
@@ -87,16 +89,16 @@ def evaluate(model: nn.Module, split: Split, config: StepConfig,
     loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
     total, correct = 0.0, 0
     for i in range(0, len(split), batch_size):
-        x = split.x[i : i + batch_size].to(config.device)
-        y = split.y[i : i + batch_size].to(config.device)
-        with autocast(config):
+        x = split.x[i : i + batch_size].to(device)
+        y = split.y[i : i + batch_size].to(device)
+        with autocast(precision, device):
             logits = model(x).float()
         total += float(loss_fn(logits, y))
         correct += int(((logits > 0).float() == y).sum())
     model.train()
     count = len(split)
     if sharded:
-        total, correct, count = distributed.all_reduce_sum([total, correct, count], config.device)
+        total, correct, count = distributed.all_reduce_sum([total, correct, count], device)
     return total / count, correct / count
 
 
@@ -152,7 +154,6 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     main = rank == 0
     device = resolve_device(cfg.device)
     check_precision_supported(cfg.precision.name, device)
-    step_cfg = cfg.step_config(device)
     torch.set_num_threads(cfg.train.threads)
     out = Path(cfg.output_dir)
     if main:
@@ -165,7 +166,9 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr,
                                   weight_decay=cfg.train.weight_decay)
     net = distributed.wrap(model, device) if ddp else model
-    trainer = TrainStep(net, optimizer, nn.BCEWithLogitsLoss(), step_cfg, fault=cfg.fault)
+    faults = FaultInjector(cfg.fault)
+    trainer = TrainStep.for_run(cfg, net, optimizer, nn.BCEWithLogitsLoss(), device,
+                                hooks=[faults] if faults.active else [])
     # Same seed on every rank: the same permutation each epoch, of which each takes its share.
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
@@ -194,7 +197,7 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
                     losses.append(s.loss)
                     norms.append(s.grad_l2_pre_clip)
                 monitor.update(s.skipped)  # raises DivergedError
-            val_loss, val_acc = evaluate(model, splits.val, step_cfg, sharded=ddp)
+            val_loss, val_acc = evaluate(model, splits.val, cfg.precision.name, device, sharded=ddp)
             record = EpochLog(
                 epoch=epoch,
                 train_loss=sum(losses) / len(losses) if losses else math.nan,

@@ -1,4 +1,8 @@
-"""Mixed-precision policy: the autocast context and the GradScaler, from one ``StepConfig``."""
+"""Mixed-precision policy: the autocast context and the GradScaler, from the precision section.
+
+fp16 = autocast(float16) + GradScaler; bf16 = autocast(bfloat16), no scaling; fp32 = neither.
+One code path: the scaler always exists and is enabled for fp16 alone.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import contextlib
 
 import torch
 
-from stability.core.config import ConfigError, StepConfig
+from stability.core.config import ConfigError, PrecisionConfig
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
     "fp32": None,
@@ -37,21 +41,26 @@ def check_precision_supported(precision: str, device: str) -> None:
         )
 
 
-def autocast(config: StepConfig) -> contextlib.AbstractContextManager:
-    """The forward-pass context: ``torch.autocast`` for fp16/bf16, a no-op for fp32."""
-    dtype = AUTOCAST_DTYPES[config.precision]
+def autocast(precision: str, device: str) -> contextlib.AbstractContextManager:
+    """The forward-pass context: ``torch.autocast`` for fp16/bf16, a no-op for fp32.
+
+    Args:
+        precision: ``fp32`` | ``fp16`` | ``bf16``.
+        device: ``cpu`` or ``cuda``.
+    """
+    dtype = AUTOCAST_DTYPES[precision]
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=config.device, dtype=dtype)
+    return torch.autocast(device_type=device, dtype=dtype)
 
 
-def make_scaler(config: StepConfig) -> torch.amp.GradScaler:
+def make_scaler(precision: PrecisionConfig, device: str) -> torch.amp.GradScaler:
     """A GradScaler that is enabled for fp16 only (disabled, every call is a pass-through)."""
     return torch.amp.GradScaler(
-        config.device,
-        init_scale=config.init_scale,
-        growth_interval=config.growth_interval,
-        enabled=config.scaler_enabled,
+        device,
+        init_scale=precision.init_scale,
+        growth_interval=precision.growth_interval,
+        enabled=precision.name == "fp16",
     )
 
 

@@ -7,7 +7,8 @@ The order is the one AMP requires and every test pins:
     always:           scaler.update()  (skipped or not; a no-op unless fp16)
 
 The step never logs anything itself: it returns a ``StepLog`` and the run loop decides
-where records go.
+where records go. Data-parallel training changes only the forward/backward phase (every rank
+must take the same skip decision); that path is ``_backward_distributed``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -26,12 +29,34 @@ from stability.core.clipping import (
     first_non_finite,
     grad_global_norm,
 )
-from stability.core.config import FaultConfig, StepConfig
+from stability.core.config import ClipConfig, PrecisionConfig, RunConfig
 from stability.core.precision import autocast, fp16_underflow_fraction, make_scaler
-from stability.core.steplog import StepLog
+from stability.core.steplog import SkipReason, StepLog
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
-LOSS_SPIKE_FACTOR = 1e8
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class StepHook(Protocol):
+    """Something the run loop installs into the step, e.g. fault injection (``core.faults``)."""
+
+    def on_micro_batch(self, step: int, x: torch.Tensor,
+                       y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the micro-batch to train on (called before each forward)."""
+        ...
+
+    def on_gradients(self, step: int, params: Sequence[nn.Parameter]) -> None:
+        """Called once per window after the last backward, before ``unscale_``."""
+        ...
+
+
+@dataclass(frozen=True)
+class _Forward:
+    """What the forward/backward phase of one window produced."""
+
+    ok: bool  # every micro-batch loss was finite (on every rank): the gradients exist
+    loss: torch.Tensor | float  # mean over the window; a float when it was agreed over ranks
+    samples: int  # samples in the window (over all ranks once they agreed)
 
 
 def _is_ddp(model: nn.Module) -> bool:
@@ -44,45 +69,191 @@ class TrainStep:
     Args:
         model: the module (optionally wrapped in ``DistributedDataParallel``).
         optimizer: its optimizer.
-        loss_fn: ``loss_fn(logits, targets) -> scalar`` (mean over the micro-batch).
-        config: the validated ``StepConfig``.
+        loss_fn: ``loss_fn(output, targets) -> scalar`` (mean over the micro-batch).
+        precision: the validated precision section (fp16 alone enables the GradScaler).
+        clip: the validated clipping section.
+        accum_steps: the most micro-batches a window may hold.
+        device: ``cpu`` or ``cuda`` (concrete, not ``auto``).
+        underflow_every: sample the fp16 underflow share every N optimizer steps.
         scheduler: optional LR scheduler, advanced only on steps actually taken.
-        fault: optional fault injection (1-based optimizer-step indices).
-        sync_every_micro_batch: under DDP, all-reduce after every micro-batch instead of only
-            after the window's last one (no ``no_sync``); for measuring what no_sync saves.
+        hooks: installed by the run loop (fault injection); none in normal training.
     """
 
     def __init__(
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        config: StepConfig,
+        loss_fn: LossFn,
+        *,
+        precision: PrecisionConfig,
+        clip: ClipConfig,
+        accum_steps: int = 1,
+        device: str = "cpu",
+        underflow_every: int = 25,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-        fault: FaultConfig | None = None,
-        sync_every_micro_batch: bool = False,
+        hooks: Sequence[StepHook] = (),
     ) -> None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device={device!r} is invalid: allowed values are cpu | cuda")
+        if not (isinstance(accum_steps, int) and accum_steps >= 1):
+            raise ValueError(f"accum_steps={accum_steps!r} is invalid: allowed values are an "
+                             "integer >= 1")
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
-        self.config = config
+        self.precision = precision
+        self.clip = clip
+        self.accum_steps = accum_steps
+        self.device = device
+        self.underflow_every = underflow_every
         self.scheduler = scheduler
-        self.fault = fault or FaultConfig()
-        self.sync_every_micro_batch = sync_every_micro_batch
-        self.scaler = make_scaler(config)
+        self.hooks = tuple(hooks)
+        self.scaler = make_scaler(precision, device)
         # scale() of a zero creates the scale tensor on the device now, so that even a skip
         # on the very first micro-batch can back the scale off.
-        self.scaler.scale(torch.zeros((), device=config.device))
+        self.scaler.scale(torch.zeros((), device=device))
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.step_count = 0  # optimizer steps attempted (taken or skipped)
+        self.skip_count = 0  # of which skipped
         self.grad_syncs = 0  # backward passes that all-reduce (outside no_sync)
         self._distributed = _is_ddp(model) and dist.is_available() and dist.is_initialized()
 
+    @classmethod
+    def for_run(cls, cfg: RunConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
+                loss_fn: LossFn, device: str, hooks: Sequence[StepHook] = ()) -> TrainStep:
+        """The step a run of ``cfg`` trains with, on a concrete ``device``."""
+        return cls(model, optimizer, loss_fn, precision=cfg.precision, clip=cfg.clip,
+                   accum_steps=cfg.train.accum_steps, device=device,
+                   underflow_every=cfg.monitor.underflow_every, hooks=hooks)
+
+    def step(self, micro_batches: Sequence[MicroBatch]) -> StepLog:
+        """Run one optimizer step over ``micro_batches`` (1..accum_steps of them).
+
+        Returns:
+            The ``StepLog`` of this step (``skipped`` with a reason if it was not taken).
+        """
+        n = len(micro_batches)
+        if not 1 <= n <= self.accum_steps:
+            raise ValueError(f"a window holds 1..{self.accum_steps} micro-batches, got {n}")
+        self.step_count += 1
+        step = self.step_count
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+        self.optimizer.zero_grad(set_to_none=True)
+
+        # 1. Forward/backward per micro-batch. A non-finite loss skips the step before any
+        #    backward: its gradients would poison the whole window.
+        if self._distributed:
+            fwd = self._backward_distributed(micro_batches, step)
+        else:
+            fwd = self._backward_local(micro_batches, step)
+        if not fwd.ok:
+            self._skip_without_backward()
+            return self._log(step=step, lr=lr, loss=float(fwd.loss),
+                             skip=SkipReason.NONFINITE_LOSS, scale=scale, micro_batches=n,
+                             samples=fwd.samples)
+        for hook in self.hooks:
+            hook.on_gradients(step, self.params)
+
+        # 2. Unscale once, then measure: the pre-clip norm is computed on every run (clip on or
+        #    off), and a non-finite norm is exactly "some gradient element is inf/nan".
+        self.scaler.unscale_(self.optimizer)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        pre = grad_global_norm(grads)
+        finite = bool(torch.isfinite(pre))
+
+        # The fp16 underflow share describes the raw unscaled gradients, so it is sampled
+        # before clipping (clipped gradients are smaller and would inflate it).
+        underflow = math.nan
+        if finite and self.scaler.is_enabled() and (step == 1 or step % self.underflow_every == 0):
+            underflow = fp16_underflow_fraction(grads)
+
+        # 3. Clip once per window, only on finite gradients (clipping inf yields nan).
+        post = pre
+        if finite and self.clip.enabled:
+            if self.clip.method == "norm":
+                post = clip_by_norm_(grads, pre, self.clip.max_norm)
+            else:
+                post = clip_by_value_(grads, self.clip.clip_value)
+
+        # 4. Step only on finite gradients; with fp16, scaler.step re-checks the same
+        #    found_inf that unscale_ recorded. update() always runs: it halves on overflow.
+        nonfinite_param = ""
+        if finite:
+            self.scaler.step(self.optimizer)
+            if self.scheduler is not None:
+                self.scheduler.step()
+        else:
+            named = getattr(self.model, "module", self.model).named_parameters()
+            nonfinite_param = first_non_finite(named)
+        self.scaler.update()
+
+        # One host read for everything logged (a device sync on CUDA).
+        loss_t = fwd.loss if isinstance(fwd.loss, torch.Tensor) else torch.zeros(())
+        pre_f, post_f, loss_f = torch.stack([pre, post, loss_t.to(pre.device)]).tolist()
+        if not isinstance(fwd.loss, torch.Tensor):
+            loss_f = fwd.loss  # the mean over all ranks, not just this one's
+        return self._log(
+            step=step, lr=lr, pre=pre_f, post=post_f, loss=loss_f,
+            skip=SkipReason.NONE if finite else SkipReason.NONFINITE_GRAD, scale=scale,
+            clipped=finite and self.clip.enabled and post_f < pre_f, micro_batches=n,
+            samples=fwd.samples, underflow=underflow, nonfinite_param=nonfinite_param,
+        )
+
+    def _forward(self, step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for hook in self.hooks:
+            x, y = hook.on_micro_batch(step, x, y)
+        with autocast(self.precision.name, self.device):
+            return self.loss_fn(self.model(x), y)
+
+    def _backward_local(self, window: Sequence[MicroBatch], step: int) -> _Forward:
+        n = len(window)
+        samples = sum(int(y.shape[0]) for _, y in window)
+        loss_sum = torch.zeros((), device=self.device)
+        for x, y in window:
+            loss = self._forward(step, x, y)
+            # One host read of the scalar (a sync on CUDA either way): ~0.5 us on CPU against
+            # ~10 us for bool(torch.isfinite(...)), which dispatches an op and a conversion.
+            value = loss.item()
+            if not math.isfinite(value):
+                return _Forward(False, value, samples)
+            loss_sum += loss.detach().float()
+            # Divided by the number of micro-batches actually in this window, so a short last
+            # window is a true mean too.
+            self.scaler.scale(loss / n).backward()
+        return _Forward(True, loss_sum / n, samples)
+
+    def _backward_distributed(self, window: Sequence[MicroBatch], step: int) -> _Forward:
+        """The forward/backward phase under DDP: every rank takes the same skip decision.
+
+        A rank whose loss is non-finite keeps running the forwards (no backward) so that every
+        rank meets the same collectives; before the backward that all-reduces, all ranks agree
+        (``_agree``). Earlier micro-batches run under ``no_sync()``: one gradient all-reduce
+        per optimizer step.
+        """
+        n = len(window)
+        samples = sum(int(y.shape[0]) for _, y in window)
+        loss_sum = torch.zeros((), device=self.device)
+        local_ok, agreed_loss = True, math.nan
+        for i, (x, y) in enumerate(window):
+            syncs = i == n - 1
+            with self._sync_context(syncs):
+                loss = self._forward(step, x, y)
+                local_ok = local_ok and math.isfinite(loss.item())
+                loss_sum += loss.detach().float()
+                if syncs:
+                    ok, agreed_loss, samples = self._agree(local_ok, loss_sum / (i + 1), samples)
+                    if not ok:
+                        self._complete_armed_reduction()
+                        return _Forward(False, agreed_loss, samples)
+                if local_ok:
+                    self.scaler.scale(loss / n).backward()
+                    self.grad_syncs += int(syncs)
+        return _Forward(True, agreed_loss, samples)
+
     def _sync_context(self, syncs: bool) -> contextlib.AbstractContextManager:
         # Only the window's last backward should all-reduce; earlier ones accumulate locally.
-        if _is_ddp(self.model) and not syncs:
-            return self.model.no_sync()
-        return contextlib.nullcontext()
+        return contextlib.nullcontext() if syncs else self.model.no_sync()
 
     def _agree(self, local_ok: bool, local_loss: torch.Tensor,
                samples: int) -> tuple[bool, float, int]:
@@ -97,7 +268,7 @@ class TrainStep:
             ``(all finite, mean loss over ranks, samples over ranks)``.
         """
         head = torch.tensor([float(not local_ok), float(samples)], dtype=torch.float64,
-                            device=self.config.device)
+                            device=self.device)
         t = torch.cat([head, local_loss.detach().double().reshape(1)])
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         bad, total_samples, loss_sum = t.tolist()
@@ -122,111 +293,15 @@ class TrainStep:
             self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
             self.scaler._growth_tracker.zero_()  # no public API for this; see docstring above
 
-    def step(self, micro_batches: Sequence[MicroBatch]) -> StepLog:
-        """Run one optimizer step over ``micro_batches`` (1..accum_steps of them).
-
-        Returns:
-            The ``StepLog`` of this step (``skipped`` with a reason if it was not taken).
-        """
-        n = len(micro_batches)
-        if not 1 <= n <= self.config.accum_steps:
-            raise ValueError(f"a window holds 1..{self.config.accum_steps} micro-batches, got {n}")
-        self.step_count += 1
-        step = self.step_count
-        lr = float(self.optimizer.param_groups[0]["lr"])
-        scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-        spike = self.fault.loss_spike_at_step == step
-        samples = sum(int(y.shape[0]) for _, y in micro_batches)
-        self.optimizer.zero_grad(set_to_none=True)
-
-        # 1. Forward/backward per micro-batch. Each loss is divided by the number of
-        #    micro-batches actually in this window, so a short last window is a true mean too.
-        #    Distributed, a rank whose loss is non-finite keeps running the forwards (no
-        #    backward) so that every rank meets the same collectives, and all ranks agree on
-        #    the skip before the backward that all-reduces.
-        loss_sum = torch.zeros((), device=self.config.device)
-        local_ok = True
-        agreed_loss: float | None = None
-        logged_samples = samples  # over all ranks once they have agreed
-        for i, (x, y) in enumerate(micro_batches):
-            if spike:
-                y = y * LOSS_SPIKE_FACTOR
-            syncs = i == n - 1 or self.sync_every_micro_batch
-            with self._sync_context(syncs):
-                with autocast(self.config):
-                    loss = self.loss_fn(self.model(x), y)
-                # One host read of the scalar (a sync on CUDA either way): ~0.5 us on CPU against
-                # ~10 us for bool(torch.isfinite(...)), which dispatches an op and a conversion.
-                local_ok = local_ok and math.isfinite(loss.item())
-                loss_sum += loss.detach().float()
-                if not self._distributed and not local_ok:
-                    self._skip_without_backward()
-                    return self._log(step, lr, math.nan, math.nan, float(loss.detach()), True,
-                                     "nonfinite_loss", scale, False, n, samples)
-                if self._distributed and syncs:
-                    ok, agreed_loss, logged_samples = self._agree(local_ok, loss_sum / (i + 1),
-                                                                  samples)
-                    if not ok:
-                        self._complete_armed_reduction()
-                        self._skip_without_backward()
-                        return self._log(step, lr, math.nan, math.nan, agreed_loss, True,
-                                         "nonfinite_loss", scale, False, n, logged_samples)
-                if local_ok:
-                    self.scaler.scale(loss / n).backward()
-                    self.grad_syncs += int(_is_ddp(self.model) and syncs)
-        if self.fault.inf_grad_at_step == step:
-            next(p for p in self.params if p.grad is not None).grad.view(-1)[0] = math.inf
-
-        # 2. Unscale once, then measure: the pre-clip norm is computed on every run (clip on or
-        #    off), and a non-finite norm is exactly "some gradient element is inf/nan".
-        self.scaler.unscale_(self.optimizer)
-        grads = [p.grad for p in self.params if p.grad is not None]
-        pre = grad_global_norm(grads)
-        finite = bool(torch.isfinite(pre))
-
-        # The fp16 underflow share describes the raw unscaled gradients, so it is sampled
-        # before clipping (clipped gradients are smaller and would inflate it).
-        underflow = math.nan
-        if finite and self.config.scaler_enabled and (
-            step == 1 or step % self.config.underflow_every == 0
-        ):
-            underflow = fp16_underflow_fraction(grads)
-
-        # 3. Clip once per window, only on finite gradients (clipping inf yields nan).
-        post = pre
-        if finite and self.config.clip_enabled:
-            if self.config.clip_method == "norm":
-                post = clip_by_norm_(grads, pre, self.config.max_norm)
-            else:
-                post = clip_by_value_(grads, self.config.clip_value)
-
-        # 4. Step only on finite gradients; with fp16, scaler.step re-checks the same
-        #    found_inf that unscale_ recorded. update() always runs: it halves on overflow.
-        nonfinite_param = ""
-        if finite:
-            self.scaler.step(self.optimizer)
-            if self.scheduler is not None:
-                self.scheduler.step()
-        else:
-            named = getattr(self.model, "module", self.model).named_parameters()
-            nonfinite_param = first_non_finite(named)
-        self.scaler.update()
-
-        pre_f, post_f, loss_f = torch.stack([pre, post, loss_sum / n]).tolist()
-        if agreed_loss is not None:
-            loss_f = agreed_loss  # the mean over all ranks, not just this one's
-        clipped = finite and self.config.clip_enabled and post_f < pre_f
-        return self._log(step, lr, pre_f, post_f, loss_f, not finite,
-                         "" if finite else "nonfinite_grad", scale, clipped, n, logged_samples,
-                         underflow, nonfinite_param)
-
-    @staticmethod
-    def _log(step: int, lr: float, pre: float, post: float, loss: float, skipped: bool,
-             reason: str, scale: float, clipped: bool, n: int, samples: int,
-             underflow: float = math.nan, nonfinite_param: str = "") -> StepLog:
+    def _log(self, *, step: int, lr: float, loss: float, skip: SkipReason, scale: float,
+             micro_batches: int, samples: int, pre: float = math.nan, post: float = math.nan,
+             clipped: bool = False, underflow: float = math.nan,
+             nonfinite_param: str = "") -> StepLog:
+        skipped = skip is not SkipReason.NONE
+        self.skip_count += skipped
         return StepLog(
             step=step, lr=lr, grad_l2_pre_clip=pre, grad_l2_post_clip=post, loss=loss,
-            skipped=skipped, skip_reason=reason, scaler_scale=scale, clipped=clipped,
-            micro_batches=n, samples=samples, underflow_frac=underflow,
-            nonfinite_param=nonfinite_param,
+            skipped=skipped, skip_reason=skip, scaler_scale=scale, clipped=clipped,
+            micro_batches=micro_batches, samples=samples, skips_cumulative=self.skip_count,
+            underflow_frac=underflow, nonfinite_param=nonfinite_param,
         )

@@ -104,7 +104,7 @@ def evaluate_winner(c: Any, runs: pd.DataFrame, winner: str, workdir: Path,
             splits[key] = open_test_split(cfg.data, winner=winner)
         model = SequenceClassifier(cfg.model)
         model.load_state_dict(state)
-        loss, acc = evaluate_split(model.to(dev), splits[key], cfg.step_config(dev))
+        loss, acc = evaluate_split(model.to(dev), splits[key], cfg.precision.name, dev)
         results.append(_record(c, row, rid, seed, loss, acc))
     ok = [r for r in results if math.isfinite(r.test_loss)]
     sizes = {len(s) for s in splits.values()}

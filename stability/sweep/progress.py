@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -28,19 +30,24 @@ class Progress:
     total: int
     done: int = 0
     failed: int = 0
-    started: float = field(default_factory=time.monotonic)
-    _first: tuple[float, int] | None = None  # (time, runs done) when the first batch ended
+    clock: Callable[[], float] = time.monotonic  # seconds; injectable for tests
+    started: float = field(default=math.nan)  # clock() at creation unless given
+    _first: tuple[float, int] | None = field(default=None, repr=False)  # end of the first batch
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.started):
+            self.started = self.clock()
 
     def update(self, done: int, failed: int = 0) -> None:
         """Record ``done`` more completed runs, ``failed`` of which did not finish."""
         self.done += done
         self.failed += failed
         if self._first is None:
-            self._first = (time.monotonic(), self.done)
+            self._first = (self.clock(), self.done)
 
     def elapsed(self) -> float:
         """Seconds since the sweep started launching."""
-        return time.monotonic() - self.started
+        return self.clock() - self.started
 
     def eta(self) -> float | None:
         """Estimated seconds left (None before the first run completes)."""
@@ -48,7 +55,7 @@ class Progress:
             return None
         t_first, done_first = self._first
         if self.done > done_first:
-            return (time.monotonic() - t_first) / (self.done - done_first) * (
+            return (self.clock() - t_first) / (self.done - done_first) * (
                 self.total - self.done)
         return self.elapsed() / self.done * (self.total - self.done)
 

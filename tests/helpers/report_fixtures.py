@@ -50,7 +50,7 @@ def run_config(spec: Spec, seed: int, out: Path, sweep_id: str = "", parent: str
         "data": {"num_samples": 300},
         "model": {"hidden_size": 8},
         "train": {"epochs": EPOCHS, "accum_steps": spec.accum},
-        "precision": {"name": spec.precision, "scaler": spec.precision == "fp16",
+        "precision": {"name": spec.precision,
                       "growth_interval": 100 if spec.precision == "fp16" else 2000},
         "clip": {"enabled": spec.clip is not None, "max_norm": spec.clip or 1.0},
         "tracking": {"sweep_id": sweep_id, "parent_run_id": parent},
@@ -70,7 +70,8 @@ def _steps_csv(path: Path, spec: Spec, seed: int) -> list[StepLog]:
                     grad_l2_post_clip=min(norm, spec.clip) if clipped else norm,
                     loss=0.69 - 0.01 * step, skipped=skipped,
                     skip_reason="nonfinite_grad" if skipped else "", scaler_scale=scale,
-                    clipped=clipped, micro_batches=spec.accum, samples=64 * spec.accum)
+                    clipped=clipped, micro_batches=spec.accum, samples=64 * spec.accum,
+                    skips_cumulative=min(step, spec.skips))
         writer.on_step(s, epoch=(step - 1) // STEPS_PER_EPOCH + 1)
         logs.append(s)
         if skipped and spec.precision == "fp16":
