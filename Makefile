@@ -34,7 +34,7 @@ test-fast: setup-dev
 	$(BIN)/python -m pytest -m "not slow"
 
 ui:
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000 --workers 1
+	$(BIN)/python -m stability.tracking.server --store sqlite:///$(CURDIR)/mlflow.db --port 5000
 
 report: setup
 	$(BIN)/python experiments/report.py

@@ -48,6 +48,44 @@ class MlflowServer:
                 continue
 
 
+def server_command(store_uri: str, port: int, extra: list[str] | None = None) -> list[str]:
+    """``mlflow server`` on 127.0.0.1 with one worker, for ``store_uri`` (the UI and the tests)."""
+    return [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+            "--backend-store-uri", store_uri, "--workers", "1", *(extra or [])]
+
+
+def server_env() -> dict[str, str]:
+    """The server's environment: no client URI, and MLflow's job runner off.
+
+    The job runner (huey consumers for GenAI jobs) starts ~10 busy processes we never use.
+    """
+    return os.environ | {"MLFLOW_TRACKING_URI": "", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
+def serve_ui(store_uri: str, port: int = 5000) -> None:
+    """Replace this process with the MLflow UI on ``store_uri`` (``make ui``; Ctrl-C stops it).
+
+    A SQLite store's artifacts are where its experiments say (``mlruns/`` beside the file), so
+    no artifact flags are needed.
+    """
+    print(f"MLflow UI for {store_uri}: http://127.0.0.1:{port}", flush=True)
+    cmd = server_command(store_uri, port)
+    os.execvpe(cmd[0], cmd, server_env())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m stability.tracking.server [--store URI] [--port N]``: the MLflow UI."""
+    import argparse
+
+    from stability.tracking.run import default_store_uri
+
+    p = argparse.ArgumentParser(description=serve_ui.__doc__.split("\n")[0])
+    p.add_argument("--store", default=None, help="tracking store (default: ./mlflow.db)")
+    p.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default 5000)")
+    args = p.parse_args(argv)
+    serve_ui(args.store or default_store_uri(), args.port)
+
+
 def start_server(
     root: str | Path, port: int | None = None, timeout_s: float = 90.0
 ) -> MlflowServer:
@@ -68,17 +106,10 @@ def start_server(
     root.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log_path = root / "server.log"
-    cmd = [
-        sys.executable, "-m", "mlflow", "server",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-        "--artifacts-destination", str(root / "artifacts"),
-        "--serve-artifacts", "--workers", "1",
-    ]
-    # The job runner (huey consumers for GenAI jobs) starts ~10 busy processes we never use.
-    env = os.environ | {"MLFLOW_TRACKING_URI": "", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(cmd, stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    cmd = server_command(f"sqlite:///{root / 'mlflow.db'}", port,
+                         ["--artifacts-destination", str(root / "artifacts"), "--serve-artifacts"])
+    proc = subprocess.Popen(cmd, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
+                            env=server_env(), start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -92,3 +123,7 @@ def start_server(
             time.sleep(0.25)
     MlflowServer(uri, proc, root).stop()
     raise RuntimeError(f"mlflow server did not start:\n{log_path.read_text()[-3000:]}")
+
+
+if __name__ == "__main__":
+    main()
