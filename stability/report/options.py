@@ -38,6 +38,10 @@ class ReportConfig:
         device: where the winner's checkpoints are evaluated on the test split.
         confidence: level of every confidence interval.
         alpha: significance level of the paired tests.
+        power: power at which the minimum detectable difference is reported.
+        min_effect: the difference (loss units) whose required seed count is reported; None
+            means ``min_effect_sd`` times the winner's seed SD.
+        min_effect_sd: see ``min_effect``.
         register: register the winning checkpoint in the Model Registry.
         model_name: registered model name.
         plots: draw the figures.
@@ -51,6 +55,9 @@ class ReportConfig:
     device: str = "auto"
     confidence: float = 0.95
     alpha: float = 0.05
+    power: float = 0.8
+    min_effect: float | None = None
+    min_effect_sd: float = 1.0
     register: bool = True
     model_name: str = "stability-winner"
     plots: bool = True
@@ -66,8 +73,14 @@ class ReportConfig:
         _check(isinstance(self.output_dir, str) and bool(self.output_dir), "output_dir",
                self.output_dir, "a folder path")
         _check(self.device in DEVICES, "device", self.device, " | ".join(DEVICES))
-        for key, value in (("confidence", self.confidence), ("alpha", self.alpha)):
+        for key, value in (("confidence", self.confidence), ("alpha", self.alpha),
+                           ("power", self.power)):
             _check(isinstance(value, float) and 0 < value < 1, key, value, "a number in (0, 1)")
+        _check(self.min_effect is None or (isinstance(self.min_effect, float)
+                                           and self.min_effect > 0), "min_effect",
+               self.min_effect, "null (a multiple of the winner's seed SD) or a number > 0")
+        _check(isinstance(self.min_effect_sd, float) and self.min_effect_sd > 0,
+               "min_effect_sd", self.min_effect_sd, "a number > 0")
         _check(isinstance(self.register, bool), "registry.enabled", self.register, "true | false")
         _check(isinstance(self.model_name, str) and bool(self.model_name), "registry.model_name",
                self.model_name, "a non-empty model name")
@@ -85,6 +98,9 @@ _KEYS = {
     "device": "device",
     "confidence": "confidence",
     "alpha": "alpha",
+    "power": "power",
+    "min_effect": "min_effect",
+    "min_effect_sd": "min_effect_sd",
     "registry.enabled": "register",
     "registry.model_name": "model_name",
     "plots": "plots",
@@ -117,7 +133,7 @@ def to_report_config(cfg: Mapping[str, Any]) -> ReportConfig:
         raise ReportError(f"unknown key {unknown[0]}: allowed keys are {', '.join(_KEYS)}")
     values = {_KEYS[k]: v for k, v in flat.items()}
     # YAML writes 0.95 as a float but a user may type confidence=1 on the command line.
-    for key in ("confidence", "alpha"):
+    for key in ("confidence", "alpha", "power", "min_effect", "min_effect_sd"):
         if isinstance(values.get(key), int) and not isinstance(values[key], bool):
             values[key] = float(values[key])
     if values.get("sweep_id") is not None:

@@ -132,8 +132,9 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     runs = fetch.fetch_runs(c, sweep)
     runs["val_acc_at_best"] = fetch.val_acc_at_best(c, runs, cfg.history_workers)
     configs = select.aggregate(runs, cfg.confidence)
-    configs = compare.versus_winner(runs, configs, cfg.confidence, cfg.alpha)
-    comparisons = compare.comparisons(runs, configs, cfg.confidence, cfg.alpha)
+    configs = compare.versus_winner(runs, configs, cfg.confidence, cfg.alpha, cfg.power)
+    comparisons = compare.comparisons(runs, configs, cfg.confidence, cfg.alpha, cfg.power,
+                                      cfg.min_effect, cfg.min_effect_sd)
     winner = configs.iloc[0]
     log.info("winner %s (%s) of %d configs", winner["label"], winner["fingerprint"], len(configs))
 

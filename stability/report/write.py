@@ -27,7 +27,8 @@ SUMMARY_COLUMNS = [
     "flag", "loss_mean", "loss_std", "loss_ci_low", "loss_ci_high", "acc_mean", "acc_std",
     "acc_ci_low", "acc_ci_high", "clip_fraction_mean", "clip_fraction_std", "skip_count_mean",
     "skip_count_std", "underflow_mean", "wall_time_s_mean", "n_paired", "diff_vs_winner",
-    "p_vs_winner", "p_wilcoxon_vs_winner", "within_ci", "within_noise", "seed_list",
+    "p_vs_winner", "p_wilcoxon_vs_winner", "mdd_vs_winner", "within_ci", "within_noise",
+    "seed_list",
 ]
 
 
@@ -131,10 +132,19 @@ def _answer(ctx: ReportContext) -> list[str]:
 def _comparison_table(ctx: ReportContext) -> str:
     rows = [[c.question, c.reference, c.other, str(c.result.n), signed(c.result.mean_diff),
              _signed_ci(c.result.low, c.result.high), _p(c.result.p_t), _p(c.p_holm),
-             _p(c.result.p_wilcoxon), str(c.other_unfinished)] for c in ctx.comparisons]
+             _p(c.result.p_wilcoxon), fmt(c.power.mdd), _seeds(c.power.seeds_for_effect),
+             str(c.other_unfinished)] for c in ctx.comparisons]
+    power = ctx.comparisons[0].power if ctx.comparisons else None
+    effect = fmt(power.effect) if power else "—"
+    level = f"{power.power:.0%}" if power else ""
     return _table(["question", "reference", "other", "paired seeds", "mean diff (other − ref)",
                    f"{ctx.confidence:.0%} CI", "paired t p", "Holm p", "Wilcoxon p",
+                   f"detectable at {level} power", f"seeds to detect {effect}",
                    "other's unfinished seeds"], rows)
+
+
+def _seeds(n: float) -> str:
+    return "—" if math.isnan(n) else ("> 10000" if math.isinf(n) else str(int(n)))
 
 
 def _config_table(configs: pd.DataFrame) -> str:
@@ -146,11 +156,12 @@ def _config_table(configs: pd.DataFrame) -> str:
             _ci(c["loss_ci_low"], c["loss_ci_high"]), _pm(c["acc_mean"], c["acc_std"], 3),
             fmt(c["clip_fraction_mean"], 3), fmt(c["skip_count_mean"], 1),
             fmt(c["underflow_mean"], 4), fmt(c["wall_time_s_mean"], 1),
-            signed(c["diff_vs_winner"]), _p(c["p_vs_winner"]), c["flag"] or "",
+            signed(c["diff_vs_winner"]), _p(c["p_vs_winner"]), fmt(c["mdd_vs_winner"]),
+            c["flag"] or "",
         ])
     return _table(["rank", "config", "finished", "unfinished", "best val loss", "CI",
                    "val acc", "clip frac", "skips", "fp16 underflow", "wall s",
-                   "diff vs winner", "p vs winner", "flag"], rows)
+                   "diff vs winner", "p vs winner", "detectable vs winner", "flag"], rows)
 
 
 def _test_table(t: WinnerTestResult) -> str:
@@ -181,7 +192,11 @@ def render(ctx: ReportContext) -> str:
         f"finished ({ctx.confidence:.0%} t interval). The decision uses the paired t-test with "
         f"Holm's correction over this table at α = {ctx.alpha}; the Wilcoxon signed-rank test "
         f"is a distribution-free check. With {n} seeds the exact two-sided Wilcoxon p-value "
-        f"cannot go below {wilcoxon_min_p(n):.4g}, which is why it is not the decision.", "",
+        f"cannot go below {wilcoxon_min_p(n):.4g}, which is why it is not the decision. "
+        "`detectable` is the minimum detectable difference: the mean difference the paired t-test "
+        "on these seeds would find with the stated power, from the observed SD of the per-seed "
+        "differences (noncentral t; docs/report.md). A non-significant result says nothing "
+        "about differences smaller than that.", "",
         "## Test evaluation (winner only)", "", _test_table(ctx.test), "",
         f"Evaluated on `{ctx.test.device}` under each run's own precision from its "
         "`checkpoints/best.pt` artifact (the best-validation epoch).", "",
