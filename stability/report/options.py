@@ -12,6 +12,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from stability.core.config import ConfigError
+from stability.report.advice import ClipAdviceConfig
+from stability.report.health import Thresholds
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -46,6 +48,8 @@ class ReportConfig:
         model_name: registered model name.
         plots: draw the figures.
         history_workers: parallel requests when fetching metric histories and artifacts.
+        verdict: thresholds of the per-config stability verdict (``verdict.*`` keys).
+        advice: the max_norm recommendation (``advice.target_share``).
     """
 
     tracking_uri: str | None = None
@@ -62,6 +66,8 @@ class ReportConfig:
     model_name: str = "stability-winner"
     plots: bool = True
     history_workers: int = 8
+    verdict: Thresholds = Thresholds()
+    advice: ClipAdviceConfig = ClipAdviceConfig()
 
     def __post_init__(self) -> None:
         _check(self.tracking_uri is None or isinstance(self.tracking_uri, str), "tracking.uri",
@@ -87,6 +93,27 @@ class ReportConfig:
         _check(isinstance(self.plots, bool), "plots", self.plots, "true | false")
         _check(isinstance(self.history_workers, int) and self.history_workers >= 1,
                "history_workers", self.history_workers, "an integer >= 1")
+        _check_thresholds(self.verdict)
+        share = self.advice.target_share
+        _check(isinstance(share, float) and 0 < share < 1, "advice.target_share", share,
+               "a share of steps in (0, 1), e.g. 0.05")
+
+
+def _check_thresholds(t: Thresholds) -> None:
+    for key in ("skip_rate_marginal", "skip_rate_unstable", "backoff_rate_marginal",
+                "clip_saturation"):
+        value = getattr(t, key)
+        _check(isinstance(value, float) and 0 <= value <= 1, f"verdict.{key}", value,
+               "a number in [0, 1]")
+    _check(t.skip_rate_marginal <= t.skip_rate_unstable, "verdict.skip_rate_marginal",
+           t.skip_rate_marginal, "a number <= verdict.skip_rate_unstable")
+    for key in ("scale_floor", "spike_factor"):
+        value = getattr(t, key)
+        _check(isinstance(value, float) and value > 0, f"verdict.{key}", value, "a number > 0")
+    for key in ("net_backoffs_unstable", "spike_window", "spike_min_history", "spikes_unstable"):
+        value = getattr(t, key)
+        _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+               f"verdict.{key}", value, "an integer >= 1")
 
 
 # Hydra keys (conf/report.yaml) -> ReportConfig fields; nested sections use dotted keys.
@@ -106,6 +133,8 @@ _KEYS = {
     "plots": "plots",
     "history_workers": "history_workers",
 }
+# Sections that become their own frozen dataclass (every field is a key: ``verdict.spike_factor``).
+_SECTIONS: dict[str, type] = {"verdict": Thresholds, "advice": ClipAdviceConfig}
 
 
 def to_report_config(cfg: Mapping[str, Any]) -> ReportConfig:
@@ -128,10 +157,19 @@ def to_report_config(cfg: Mapping[str, Any]) -> ReportConfig:
             flat.update({f"{key}.{k}": v for k, v in value.items()})
         else:
             flat[key] = value
-    unknown = sorted(set(flat) - set(_KEYS))
+    sections = {name: {f.name for f in fields(kind)} for name, kind in _SECTIONS.items()}
+    known = set(_KEYS) | {f"{name}.{k}" for name, keys in sections.items() for k in keys}
+    unknown = sorted(set(flat) - known)
     if unknown:
-        raise ReportError(f"unknown key {unknown[0]}: allowed keys are {', '.join(_KEYS)}")
-    values = {_KEYS[k]: v for k, v in flat.items()}
+        raise ReportError(f"unknown key {unknown[0]}: allowed keys are {', '.join(sorted(known))}")
+    values: dict[str, Any] = {_KEYS[k]: v for k, v in flat.items() if k in _KEYS}
+    for name, kind in _SECTIONS.items():
+        given = {k.split(".", 1)[1]: v for k, v in flat.items() if k.startswith(f"{name}.")}
+        for f in fields(kind):  # a YAML 10 where a float is expected is still a number
+            if f.type == "float" and isinstance(given.get(f.name), int) \
+                    and not isinstance(given[f.name], bool):
+                given[f.name] = float(given[f.name])
+        values[name] = kind(**given)
     # YAML writes 0.95 as a float but a user may type confidence=1 on the command line.
     for key in ("confidence", "alpha", "power", "min_effect", "min_effect_sd"):
         if isinstance(values.get(key), int) and not isinstance(values[key], bool):

@@ -16,6 +16,7 @@ from typing import Any
 from stability.report.evaluate import WinnerTestResult
 from stability.report.fetch import Sweep
 from stability.report.select import SELECTION_RULE
+from stability.tracking.contract import Tag
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,15 @@ def start_report_run(c: Any, sweep: Sweep, winner: Mapping[str, Any], git_commit
     }
     run = c.create_run(sweep.experiment_id, tags=tags, run_name=f"report {sweep.sweep_id}")
     return str(run.info.run_id)
+
+
+def tag_findings(c: Any, run_id: str, configs: Any, recs: list[Any]) -> None:
+    """The winner's stability verdict and the max_norm recommendation, as report-run tags."""
+    tags = {Tag.WINNER_STABILITY: str(configs.iloc[0].get("stability", ""))}
+    if recs:
+        tags[Tag.MAX_NORM_RECOMMENDATION] = "; ".join(r.tag() for r in recs)[:MAX_TAG]
+    for key, value in tags.items():
+        c.set_tag(run_id, key, value)
 
 
 def summary_metrics(test: WinnerTestResult) -> dict[str, float]:

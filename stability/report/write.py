@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from stability.report.advice import Recommendation, nearest_swept
 from stability.report.compare import Comparison, signed, simpler_within_noise
 from stability.report.evaluate import WinnerTestResult
 from stability.report.fetch import Sweep
+from stability.report.health import summary_sentence
 from stability.report.plots import Figure
 from stability.report.select import SELECTION_RULE
 from stability.report.stats import wilcoxon_min_p
@@ -28,7 +30,7 @@ SUMMARY_COLUMNS = [
     "acc_ci_low", "acc_ci_high", "clip_fraction_mean", "clip_fraction_std", "skip_count_mean",
     "skip_count_std", "underflow_mean", "wall_time_s_mean", "n_paired", "diff_vs_winner",
     "p_vs_winner", "p_wilcoxon_vs_winner", "mdd_vs_winner", "within_ci", "within_noise",
-    "seed_list",
+    "stability", "stability_reason", "seed_list",
 ]
 
 
@@ -51,6 +53,7 @@ class ReportContext:
     elapsed_s: float
     generated_at: str
     git_commit: str
+    advice: Sequence[Recommendation] = ()
 
 
 def fmt(x: float, digits: int = 4) -> str:
@@ -113,7 +116,14 @@ def _answer(ctx: ReportContext) -> list[str]:
     if w["precision"] == "fp32" and not w["clip_enabled"] and w["accum_steps"] == 1:
         lines.append("- The winner is the baseline itself (fp32, clip off, accum 1): no setting "
                      "beat plain training on validation loss.")
+    if "stability" in ctx.configs:
+        lines.append(f"- Stability: {summary_sentence(ctx.configs)}")
     lines += [f"- {c.question}: {c.verdict}" for c in ctx.comparisons]
+    for r in ctx.advice:
+        near = nearest_swept(r)
+        lines.append(f"- Recommended clipping threshold (from the clip-off runs' pre-clip norms), "
+                     f"{r.sentence()}" + (f"; nearest swept value {near:g}"
+                                          if near == near else "") + ".")
     simpler = simpler_within_noise(ctx.configs)
     if simpler is not None:
         lines.append(
@@ -151,7 +161,8 @@ def _config_table(configs: pd.DataFrame) -> str:
     rows = []
     for _, c in configs.iterrows():
         rows.append([
-            str(c["rank"]), f"`{c['label']}`", f"{c['seeds_finished']}/{c['seeds']}",
+            str(c["rank"]), f"`{c['label']}`", str(c.get("stability", "—")),
+            f"{c['seeds_finished']}/{c['seeds']}",
             str(c["seeds_diverged"] + c["seeds_failed"]), _pm(c["loss_mean"], c["loss_std"]),
             _ci(c["loss_ci_low"], c["loss_ci_high"]), _pm(c["acc_mean"], c["acc_std"], 3),
             fmt(c["clip_fraction_mean"], 3), fmt(c["skip_count_mean"], 1),
@@ -159,7 +170,7 @@ def _config_table(configs: pd.DataFrame) -> str:
             signed(c["diff_vs_winner"]), _p(c["p_vs_winner"]), fmt(c["mdd_vs_winner"]),
             c["flag"] or "",
         ])
-    return _table(["rank", "config", "finished", "unfinished", "best val loss", "CI",
+    return _table(["rank", "config", "stability", "finished", "unfinished", "best val loss", "CI",
                    "val acc", "clip frac", "skips", "fp16 underflow", "wall s",
                    "diff vs winner", "p vs winner", "detectable vs winner", "flag"], rows)
 
@@ -203,6 +214,12 @@ def render(ctx: ReportContext) -> str:
         "## All configs, ranked", "", _config_table(configs), "",
         "`unfinished` seeds count as +inf in `best val loss`; `val acc` is at each seed's best "
         "epoch, over finished seeds; `p vs winner` is the unadjusted paired t-test.", "",
+        "## Stability verdicts", "",
+        *([f"- `{r['label']}`: **{r['stability']}**: {r['stability_reason']}"
+           for _, r in configs.iterrows() if r.get("stability", "stable") != "stable"]
+          or ["- every config is stable."]), "",
+        "Judged per seed from `steps.csv` and the run's outcome, worst seed wins; thresholds are "
+        "`verdict.*` in `conf/report.yaml` (docs/report.md).", "",
         "## Flags", "",
         *([f"- `{r['label']}`: {r['flag']}" for _, r in flagged.iterrows()]
           or ["- none: every config has every seed, all finished."]), "",
