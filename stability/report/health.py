@@ -167,5 +167,7 @@ def summary_sentence(configs: pd.DataFrame) -> str:
             groups.append(f"{len(g)} {precision} config{'s are' if len(g) > 1 else ' is'} "
                           f"{verdict} (most often: {first_reason})")
     stable = int((configs.iloc[1:]["stability"] == "stable").sum())
-    tail = "; ".join(groups) if groups else "every other config is stable"
-    return f"{text[0].upper()}{text[1:]}; {tail}; {stable} of {len(configs) - 1} others stable."
+    others = len(configs) - 1
+    tail = (f"{'; '.join(groups)}; {stable} of {others} others stable" if groups
+            else f"so are the other {others} configs" if others else "it is the only config")
+    return f"{text[0].upper()}{text[1:]}; {tail}."

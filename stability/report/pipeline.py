@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from stability.report import advice, compare, fetch, health, plots, publish, select
-from stability.report.evaluate import evaluate_winner
+from stability.report.evaluate import evaluate_winner, load_winner
 from stability.report.options import ReportConfig, ReportError
 from stability.report.write import ReportContext, render, write_summary
 from stability.tracking.run import check_reachable, client, git_commit, resolve_tracking_uri
@@ -169,7 +169,8 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                                    cfg.device, cfg.history_workers)
             version, created = "", False
             if cfg.register:
-                version, created = _register(c, cfg, sweep, runs, winner, test, report_run, notes)
+                version, created = _register(c, uri, cfg, sweep, runs, winner, test, report_run,
+                                             cache / "model", notes)
             figures = draw(c, runs, configs, steps, recs, folder / "plots",
                            cfg.history_workers, notes) if cfg.plots else []
         elapsed = time.perf_counter() - t0
@@ -190,15 +191,18 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                          report_run, version, created, time.perf_counter() - t0)
 
 
-def _register(c: Any, cfg: ReportConfig, sweep: fetch.Sweep, runs: pd.DataFrame,
-              winner: pd.Series, test: Any, report_run: str, notes: list[str]) -> tuple[str, bool]:
+def _register(c: Any, uri: str, cfg: ReportConfig, sweep: fetch.Sweep, runs: pd.DataFrame,
+              winner: pd.Series, test: Any, report_run: str, workdir: Path,
+              notes: list[str]) -> tuple[str, bool]:
     mine = runs[(runs["fingerprint"] == winner["fingerprint"]) & (runs["outcome"] == "finished")]
     if mine.empty:
         notes.append("no finished run of the winner: nothing registered")
         return "", False
     best = mine.sort_values(["best_val_loss", "seed"]).iloc[0]  # chosen on validation
     try:
-        return publish.register_winner(c, cfg.model_name, sweep, winner, best, test, report_run)
+        loadable = load_winner(c, str(best["run_id"]), workdir)
+        return publish.register_winner(c, uri, cfg.model_name, sweep, winner, best, test,
+                                       report_run, loadable)
     except Exception as err:  # the report stands without a registry entry
         log.exception("model registration failed")
         notes.append(f"Model Registry: {type(err).__name__}: {err}")
