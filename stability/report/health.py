@@ -169,5 +169,6 @@ def summary_sentence(configs: pd.DataFrame) -> str:
     stable = int((configs.iloc[1:]["stability"] == "stable").sum())
     others = len(configs) - 1
     tail = (f"{'; '.join(groups)}; {stable} of {others} others stable" if groups
-            else f"so are the other {others} configs" if others else "it is the only config")
+            else f"so {'is the other config' if others == 1 else f'are the other {others} configs'}"
+            if others else "it is the only config")
     return f"{text[0].upper()}{text[1:]}; {tail}."

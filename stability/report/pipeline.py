@@ -21,8 +21,10 @@ import pandas as pd
 
 from stability.report import advice, compare, fetch, health, plots, publish, select
 from stability.report.evaluate import evaluate_winner, load_winner
+from stability.report.html import to_html
 from stability.report.options import ReportConfig, ReportError
-from stability.report.write import ReportContext, render, write_summary
+from stability.report.write import ReportContext, answer_markdown, render, write_summary
+from stability.tracking.contract import Artifact
 from stability.tracking.run import check_reachable, client, git_commit, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
@@ -178,17 +180,26 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
         ctx = ReportContext(sweep, uri, runs, configs, comparisons, test, figures, notes,
                             cfg.confidence, cfg.alpha, report_run, version, elapsed,
                             datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit, recs)
-        (folder / "report.md").write_text(render(ctx))
+        markdown = render(ctx)
+        (folder / Artifact.REPORT_MD).write_text(markdown)
+        (folder / Artifact.REPORT_HTML).write_text(
+            to_html(markdown, folder, f"Training-stability report: sweep {sweep.sweep_id}"))
         metrics = publish.summary_metrics(test) | {
             "winner_best_val_loss_mean": float(winner["loss_mean"]),
             "configs": float(len(configs)), "training_runs": float(len(runs)),
             "report_elapsed_s": time.perf_counter() - t0}
         publish.finish_report_run(c, report_run, folder, metrics)
+        publish.annotate_parent(c, sweep, report_run, configs.iloc[0], answer_markdown(ctx),
+                                _model_uri(cfg, version))
     except BaseException as err:
         publish.fail_report_run(c, report_run, err)
         raise
     return ReportOutcome(folder, sweep.sweep_id, str(winner["fingerprint"]), str(winner["label"]),
                          report_run, version, created, time.perf_counter() - t0)
+
+
+def _model_uri(cfg: ReportConfig, version: str) -> str:
+    return f"models:/{cfg.model_name}@{publish.CHAMPION}" if version else ""
 
 
 def _register(c: Any, uri: str, cfg: ReportConfig, sweep: fetch.Sweep, runs: pd.DataFrame,

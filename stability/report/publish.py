@@ -48,6 +48,32 @@ def tag_findings(c: Any, run_id: str, configs: Any, recs: list[Any]) -> None:
         c.set_tag(run_id, key, value)
 
 
+def annotate_parent(c: Any, sweep: Sweep, report_run_id: str, winner: Mapping[str, Any],
+                    answer: str, model_uri: str) -> None:
+    """Put the answer on the sweep's parent run, where a user browsing the UI lands first.
+
+    ``mlflow.note.content`` is the run's description (markdown on its UI page): the answer
+    and links to the report run and its ``report.html``; tags name the winner. Best effort:
+    the report is already complete and logged when this runs.
+    """
+    if not sweep.parent_run_id:
+        return
+    run = f"#/experiments/{sweep.experiment_id}/runs/{report_run_id}"
+    links = (f"[Report run]({run}) · [report.html]({run}/artifactPath/{Artifact.REPORT_HTML})"
+             + (f" · model `{model_uri}`" if model_uri else ""))
+    note = f"## Stability report\n\n{links}\n\n{answer}"
+    if len(note) > MAX_TAG:
+        note = note[:MAX_TAG - 60].rsplit("\n", 1)[0] + "\n\n…(cut: see the report run)"
+    tags = {Tag.NOTE: note, Tag.REPORT_RUN_ID: report_run_id,
+            Tag.WINNER: str(winner["fingerprint"]), Tag.WINNER_LABEL: str(winner["label"]),
+            Tag.WINNER_STABILITY: str(winner.get("stability", ""))}
+    try:
+        for key, value in tags.items():
+            c.set_tag(sweep.parent_run_id, key, value)
+    except Exception:  # the report run holds everything; the parent's note is a convenience
+        log.exception("could not annotate the sweep's parent run %s", sweep.parent_run_id)
+
+
 def summary_metrics(test: WinnerTestResult) -> dict[str, float]:
     """The winner's test loss/accuracy mean and std, as logged on the report run."""
     return {"test_loss_mean": test.loss.mean, "test_loss_std": test.loss.std,
@@ -113,6 +139,7 @@ def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: Mapping[s
             log.info("model %s version %s already holds this winner; not registering again",
                      name, v.version)
             c.set_registered_model_alias(name, CHAMPION, v.version)
+            c.set_tag(report_run_id, Tag.MODEL_URI, f"models:/{name}@{CHAMPION}")
             return str(v.version), False
     try:
         c.create_registered_model(name, description="Winning config of a stability sweep "
@@ -141,6 +168,7 @@ def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: Mapping[s
                                                                     seed_test),
                                 model_id=info.model_id)
     c.set_registered_model_alias(name, CHAMPION, mv.version)
+    c.set_tag(report_run_id, Tag.MODEL_URI, f"models:/{name}@{CHAMPION}")
     return str(mv.version), True
 
 

@@ -139,6 +139,11 @@ def _answer(ctx: ReportContext) -> list[str]:
     return lines
 
 
+def answer_markdown(ctx: ReportContext) -> str:
+    """The report's answer section (markdown), as it opens report.md."""
+    return "\n".join(_answer(ctx))
+
+
 def _comparison_table(ctx: ReportContext) -> str:
     rows = [[c.question, c.reference, c.other, str(c.result.n), signed(c.result.mean_diff),
              _signed_ci(c.result.low, c.result.high), _p(c.result.p_t), _p(c.p_holm),
