@@ -135,6 +135,31 @@ def test_report_folder_and_mlflow_report_run_hold_the_report(reported):
     assert {"report.md", "summary.csv"} <= files and f"plots/{'heatmap.png'}" in plots
 
 
+def test_v2_outputs_verdicts_html_max_norm_tag_and_the_parent_run_note(reported):
+    out, c, s = reported["first"], reported["c"], reported["summary"]
+    assert s.loc[fp_of(WINNER), "stability"] == "stable"
+    assert s.loc[fp_of(LUCKY), "stability"] == "unstable"  # a diverged seed, 2/6 steps skipped
+    assert "diverged" in s.loc[fp_of(LUCKY), "stability_reason"]
+    files = {a.path for a in c.list_artifacts(out.report_run_id)}
+    assert "report.html" in files
+    page = (out.folder / "report.html").read_text()
+    assert "Train with <code>bf16 clip=1 acc=2</code>" in page and "data:image/png;base64," in page
+    md = (out.folder / "report.md").read_text()
+    assert "- Stability: The winner is stable;" in md and "max_norm_advice.png" in md
+    tags = c.get_run(out.report_run_id).data.tags
+    assert tags["stability.winner_stability"] == "stable"
+    # Clip-off runs at accum 1 (baseline, flaky fp16): one recommendation.
+    assert tags["stability.max_norm_recommendation"].startswith("acc=1:")
+    assert tags["stability.model_uri"] == f"models:/{MODEL}@champion"
+    parent = c.get_run(c.get_run(out.report_run_id).data.tags["stability.sweep_run_id"]).data.tags
+    assert parent["stability.report_run_id"] in {out.report_run_id,
+                                                 reported["second"].report_run_id}
+    assert parent["stability.winner"] == fp_of(WINNER)
+    note = parent["mlflow.note.content"]
+    assert "**Train with `bf16 clip=1 acc=2`**" in note
+    assert f"runs/{parent['stability.report_run_id']}/artifactPath/report.html" in note
+
+
 def test_a_second_report_registers_no_second_version_and_logs_no_duplicates(reported):
     first, second, c = reported["first"], reported["second"], reported["c"]
     assert first.model_created and not second.model_created

@@ -216,3 +216,11 @@ def test_the_default_effect_is_the_winners_seed_sd():
     configs = versus_winner(runs, aggregate(runs))
     [c, *_] = comparisons(runs, configs, min_effect_sd=2.0)
     assert c.power.effect == pytest.approx(2.0 * configs.iloc[0]["loss_std"])
+
+
+def test_wall_time_is_the_median_over_seeds_so_a_cold_start_does_not_skew_it():
+    runs = runs_table([("a", "fp32", False, 1.0, 1, {0: 0.3, 1: 0.3, 2: 0.3})])
+    runs["wall_time_s"] = [22.9, 0.2, 0.3]  # the worker's first run paid the cold start
+    row = aggregate(runs).iloc[0]
+    assert row["wall_time_s_median"] == pytest.approx(0.3)
+    assert row["wall_time_s_max"] == pytest.approx(22.9)

@@ -28,7 +28,8 @@ SUMMARY_COLUMNS = [
     "accum_steps", "seeds", "seeds_finished", "seeds_diverged", "seeds_failed", "seeds_missing",
     "flag", "loss_mean", "loss_std", "loss_ci_low", "loss_ci_high", "acc_mean", "acc_std",
     "acc_ci_low", "acc_ci_high", "clip_fraction_mean", "clip_fraction_std", "skip_count_mean",
-    "skip_count_std", "underflow_mean", "wall_time_s_mean", "n_paired", "diff_vs_winner",
+    "skip_count_std", "underflow_mean", "wall_time_s_mean",
+    "wall_time_s_median", "wall_time_s_max", "n_paired", "diff_vs_winner",
     "p_vs_winner", "p_wilcoxon_vs_winner", "mdd_vs_winner", "within_ci", "within_noise",
     "stability", "stability_reason", "seed_list",
 ]
@@ -171,13 +172,18 @@ def _config_table(configs: pd.DataFrame) -> str:
             str(c["seeds_diverged"] + c["seeds_failed"]), _pm(c["loss_mean"], c["loss_std"]),
             _ci(c["loss_ci_low"], c["loss_ci_high"]), _pm(c["acc_mean"], c["acc_std"], 3),
             fmt(c["clip_fraction_mean"], 3), fmt(c["skip_count_mean"], 1),
-            fmt(c["underflow_mean"], 4), fmt(c["wall_time_s_mean"], 1),
+            fmt(c["underflow_mean"], 4), _wall(c),
             signed(c["diff_vs_winner"]), _p(c["p_vs_winner"]), fmt(c["mdd_vs_winner"]),
             c["flag"] or "",
         ])
     return _table(["rank", "config", "stability", "finished", "unfinished", "best val loss", "CI",
-                   "val acc", "clip frac", "skips", "fp16 underflow", "wall s",
+                   "val acc", "clip frac", "skips", "fp16 underflow", "wall s (median, max)",
                    "diff vs winner", "p vs winner", "detectable vs winner", "flag"], rows)
+
+
+def _wall(c: pd.Series) -> str:
+    median, top = c.get("wall_time_s_median", math.nan), c.get("wall_time_s_max", math.nan)
+    return "—" if math.isnan(median) else f"{median:.1f} ({top:.1f})"
 
 
 def _test_table(t: WinnerTestResult) -> str:
@@ -218,7 +224,9 @@ def render(ctx: ReportContext) -> str:
         "`checkpoints/best.pt` artifact (the best-validation epoch).", "",
         "## All configs, ranked", "", _config_table(configs), "",
         "`unfinished` seeds count as +inf in `best val loss`; `val acc` is at each seed's best "
-        "epoch, over finished seeds; `p vs winner` is the unadjusted paired t-test.", "",
+        "epoch, over finished seeds; `p vs winner` is the unadjusted paired t-test; `wall s` is "
+        "the median run time over seeds (a worker's first run also pays its cold start: imports, "
+        "first kernels) with the slowest seed in brackets.", "",
         "## Stability verdicts", "",
         *([f"- `{r['label']}`: **{r['stability']}**: {r['stability_reason']}"
            for _, r in configs.iterrows() if r.get("stability", "stable") != "stable"]
