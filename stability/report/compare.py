@@ -159,8 +159,8 @@ def unseen(c: Comparison) -> str:
     """"with N seeds a difference smaller than X would go unseen", and the seeds an effect needs."""
     s, n = c.power, c.result.n
     if math.isnan(s.mdd):
-        return (f"with {n} seeds whose differences do not vary the test's power cannot be "
-                "estimated")
+        return (f"the {n} per-seed differences are all equal (e.g. identical runs), so the "
+                "smallest detectable difference cannot be estimated")
     text = (f"with {n} seeds a difference smaller than {abs_num(s.mdd)} would go unseen "
             f"({s.power:.0%} power, α = {s.alpha:g})")
     if math.isfinite(s.seeds_for_effect):

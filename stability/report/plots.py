@@ -248,8 +248,8 @@ def heatmap(configs: pd.DataFrame, folder: Path) -> Figure | None:
         ax.set(title=p, xlabel="train.accum_steps")
     axes[0][0].set_ylabel("clipping")
     fig.colorbar(image, ax=axes[0].tolist(), label=f"mean best validation loss ({LOSS_UNIT})")
-    fig.suptitle("Mean best validation loss by clipping x accumulation (red box: winner; "
-                 "cells name a marginal/unstable verdict)")
+    fig.suptitle("Mean best validation loss by clipping x accumulation\n(red box: winner; "
+                 "a cell's second line: its verdict when not stable)", fontsize=10)
     folder.mkdir(parents=True, exist_ok=True)
     fig.savefig(folder / "heatmap.png", dpi=DPI)  # constrained layout: no tight_layout
     plt.close(fig)
@@ -284,7 +284,7 @@ def max_norm_advice(recs: Sequence, folder: Path) -> Figure | None:
                         rotation=90, va="top", ha="right", fontsize=7, color="dimgray")
         ax.set(title=f"accum_steps={r.accum_steps} ({len(r.per_seed)} seeds, {r.steps} steps)",
                xlabel="pre-clip global gradient L2 norm (log axis)", ylabel="optimizer steps")
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="best")  # away from the bars
         ax.grid(alpha=0.3)
     fig.suptitle("Where to clip: gradient norms of the clip-off runs, recommended max_norm in red "
                  "(grey: swept values, % of these steps each would clip)", fontsize=10)
