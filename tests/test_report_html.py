@@ -55,3 +55,15 @@ def test_the_page_is_self_contained_with_the_answer_first(tmp_path):
 def test_inline_markup_escapes_html_and_leaves_code_alone():
     assert inline("<b>") == "&lt;b&gt;"
     assert inline("`**x**`") == "<code>**x**</code>"
+
+
+def test_the_report_names_in_the_contract_are_documented():
+    from pathlib import Path
+
+    from stability.tracking.contract import Artifact, Tag
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "TRACKING.md").read_text()
+    names = [Tag.NOTE, Tag.REPORT_RUN_ID, Tag.WINNER_STABILITY, Tag.MAX_NORM_RECOMMENDATION,
+             Tag.MODEL_URI, Artifact.REPORT_MD, Artifact.REPORT_HTML, Artifact.SUMMARY_CSV]
+    assert [n for n in names if f"`{n}`" not in doc] == []
+    assert f"named\n  `{Artifact.MODEL}`" in doc or f"named `{Artifact.MODEL}`" in doc

@@ -16,7 +16,7 @@ from typing import Any
 from stability.report.evaluate import LoadableWinner, WinnerTestResult
 from stability.report.fetch import Sweep
 from stability.report.select import SELECTION_RULE
-from stability.tracking.contract import Artifact, Tag
+from stability.tracking.contract import Artifact, Kind, Tag
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +27,13 @@ CHAMPION = "champion"  # registry alias of the newest winner
 def start_report_run(c: Any, sweep: Sweep, winner: Mapping[str, Any], git_commit: str) -> str:
     """Create the report run in the sweep's experiment; returns its id."""
     tags = {
-        "stability.kind": "report",
-        "stability.sweep_id": sweep.sweep_id,
-        "stability.sweep_run_id": sweep.parent_run_id or "",
-        "stability.winner": str(winner["fingerprint"]),
-        "stability.winner_label": str(winner["label"]),
-        "stability.selection_rule": SELECTION_RULE[:MAX_TAG],
-        "stability.git_commit": git_commit,
+        Tag.KIND: Kind.REPORT.value,
+        Tag.SWEEP_ID: sweep.sweep_id,
+        Tag.SWEEP_RUN_ID: sweep.parent_run_id or "",
+        Tag.WINNER: str(winner["fingerprint"]),
+        Tag.WINNER_LABEL: str(winner["label"]),
+        Tag.SELECTION_RULE: SELECTION_RULE[:MAX_TAG],
+        Tag.GIT_COMMIT: git_commit,
     }
     run = c.create_run(sweep.experiment_id, tags=tags, run_name=f"report {sweep.sweep_id}")
     return str(run.info.run_id)
@@ -95,7 +95,7 @@ def finish_report_run(c: Any, run_id: str, folder: Path, metrics: Mapping[str, f
 def fail_report_run(c: Any, run_id: str, err: BaseException) -> None:
     """End the report run FAILED with the reason (best effort: the original error matters)."""
     try:
-        c.set_tag(run_id, "stability.reason", f"{type(err).__name__}: {err}"[:MAX_TAG])
+        c.set_tag(run_id, Tag.REASON, f"{type(err).__name__}: {err}"[:MAX_TAG])
         c.set_terminated(run_id, status="FAILED")
     except Exception:  # the tracking server may be the reason; keep the first error
         log.exception("could not close report run %s", run_id)
