@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from stability.report.advice import Recommendation, nearest_swept
-from stability.report.compare import Comparison, signed, simpler_within_noise
+from stability.report.compare import Comparison, abs_num, signed, simpler_within_noise
 from stability.report.evaluate import WinnerTestResult
 from stability.report.fetch import Sweep
 from stability.report.health import summary_sentence
@@ -148,15 +148,19 @@ def answer_markdown(ctx: ReportContext) -> str:
 def _comparison_table(ctx: ReportContext) -> str:
     rows = [[c.question, c.reference, c.other, str(c.result.n), signed(c.result.mean_diff),
              _signed_ci(c.result.low, c.result.high), _p(c.result.p_t), _p(c.p_holm),
-             _p(c.result.p_wilcoxon), fmt(c.power.mdd), _seeds(c.power.seeds_for_effect),
+             _p(c.result.p_wilcoxon), _size(c.power.mdd), _seeds(c.power.seeds_for_effect),
              str(c.other_unfinished)] for c in ctx.comparisons]
     power = ctx.comparisons[0].power if ctx.comparisons else None
-    effect = fmt(power.effect) if power else "—"
+    effect = _size(power.effect) if power else "—"
     level = f"{power.power:.0%}" if power else ""
     return _table(["question", "reference", "other", "paired seeds", "mean diff (other − ref)",
                    f"{ctx.confidence:.0%} CI", "paired t p", "Holm p", "Wilcoxon p",
                    f"detectable at {level} power", f"seeds to detect {effect}",
                    "other's unfinished seeds"], rows)
+
+
+def _size(x: float) -> str:
+    return "—" if math.isnan(x) else abs_num(x)
 
 
 def _seeds(n: float) -> str:
@@ -173,7 +177,7 @@ def _config_table(configs: pd.DataFrame) -> str:
             _ci(c["loss_ci_low"], c["loss_ci_high"]), _pm(c["acc_mean"], c["acc_std"], 3),
             fmt(c["clip_fraction_mean"], 3), fmt(c["skip_count_mean"], 1),
             fmt(c["underflow_mean"], 4), _wall(c),
-            signed(c["diff_vs_winner"]), _p(c["p_vs_winner"]), fmt(c["mdd_vs_winner"]),
+            signed(c["diff_vs_winner"]), _p(c["p_vs_winner"]), _size(c["mdd_vs_winner"]),
             c["flag"] or "",
         ])
     return _table(["rank", "config", "stability", "finished", "unfinished", "best val loss", "CI",
