@@ -108,3 +108,14 @@ def test_thresholds_come_from_the_config_and_bad_ones_name_the_key():
         to_report_config({"verdict": {"skip_rate_unstable": 2.0}})
     with pytest.raises(ReportError, match="unknown key verdict.colour"):
         to_report_config({"verdict": {"colour": 1}})
+
+
+def test_fp16_skips_while_the_scaler_settles_do_not_count():
+    settling = fp16([2.0**16 / 2 ** min(i, 3) for i in range(200)])  # halves 3x at the start
+    settling.loc[[0, 1, 2], ["skipped", "loss"]] = (1, math.inf)
+    assert verdict(settling) == (Verdict.STABLE, set())
+    late = settling.copy()
+    late.loc[[50, 90, 130], ["skipped", "loss"]] = (1, math.inf)  # 3 of 180 after settling
+    assert verdict(late) == (Verdict.MARGINAL, {"skips"})
+    fp32 = steps(skipped=(0, 1, 2, 3))  # no scaler: an early skip is a real non-finite gradient
+    assert verdict(fp32) == (Verdict.MARGINAL, {"skips"})

@@ -44,6 +44,7 @@ class Thresholds:
     spike_min_history: int = 10
     spikes_unstable: int = 3
     clip_saturation: float = 0.95
+    settle_steps: int = 20
 
 
 @dataclass(frozen=True)
@@ -83,13 +84,17 @@ def run_signs(steps: pd.DataFrame | None, outcome: str, clip_enabled: bool,
     if outcome == Outcome.DIVERGED:
         signs.append(Sign("diverged", Verdict.UNSTABLE, 1.0))
     if steps is not None and len(steps):
-        n = len(steps)
-        skip_rate = float(steps["skipped"].astype(float).mean())
-        clip_rate = float(steps["clipped"].astype(float).mean())
         scale = pd.to_numeric(steps["scaler_scale"], errors="coerce").to_numpy(dtype=float)
+        # GradScaler starts at 2^16 on purpose and halves (skipping the step) until the scale
+        # fits: those first steps are the scaler working, not instability.
+        scaled = bool(np.isfinite(scale).all() and scale.max() > 1.0)
+        settle = min(t.settle_steps, len(steps) // 2) if scaled else 0
+        skip_rate = float(steps["skipped"].iloc[settle:].astype(float).mean())
+        clip_rate = float(steps["clipped"].astype(float).mean())
         spikes = loss_spikes(steps["loss"], t)
+        scale = scale[settle:]
     else:  # no steps.csv: what the summary says (backoffs and spikes cannot be judged)
-        n = float(summary.get("optimizer_steps", math.nan))
+        n = float(summary.get("optimizer_steps", math.nan))  # (settling cannot be told apart)
         skip_rate = float(summary.get("skip_count", math.nan)) / n if n else math.nan
         clip_rate = float(summary.get("clip_fraction", math.nan))
         scale, spikes = np.array([]), 0

@@ -110,6 +110,8 @@ def _check_thresholds(t: Thresholds) -> None:
     for key in ("scale_floor", "spike_factor"):
         value = getattr(t, key)
         _check(isinstance(value, float) and value > 0, f"verdict.{key}", value, "a number > 0")
+    _check(isinstance(t.settle_steps, int) and not isinstance(t.settle_steps, bool)
+           and t.settle_steps >= 0, "verdict.settle_steps", t.settle_steps, "an integer >= 0")
     for key in ("net_backoffs_unstable", "spike_window", "spike_min_history", "spikes_unstable"):
         value = getattr(t, key)
         _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
