@@ -6,15 +6,20 @@ BIN     := $(VENV)/bin
 # torch first, pinned to the local CPU wheel: anything that resolves torch later finds it satisfied
 TORCH   := torch==2.13.0
 
+# Installs happen once: a stamp file in the venv, redone only when pyproject.toml changes.
+STAMP   := $(VENV)/.installed
 .PHONY: setup setup-dev run test test-fast ui report lint
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-setup: $(BIN)/python
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e .
+	@touch $@
+
+setup: $(STAMP)
 
 setup-dev: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
@@ -23,7 +28,7 @@ setup-dev: $(BIN)/python
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 		echo "chromium not installed: the UI test will fail (apt-get install chromium)"; }
 
-run: setup
+run: $(STAMP)
 	$(BIN)/python experiments/sweep.py -m
 
 test: setup-dev
@@ -36,7 +41,7 @@ test-fast: setup-dev
 ui:
 	$(BIN)/python -m stability.tracking.server --store sqlite:///$(CURDIR)/mlflow.db --port 5000
 
-report: setup
+report: $(STAMP)
 	$(BIN)/python experiments/report.py
 
 lint: setup-dev

@@ -2,6 +2,10 @@
 
     python experiments/report.py
     python experiments/report.py sweep_id=<id> experiment=<name> tracking.uri=http://host:5000
+
+Exit codes: 0 report written; 2 a user mistake (bad key or value, unknown experiment or sweep,
+an experiment with no sweep, tracking server unreachable); 3 the sweep exists but no training
+run finished (every seed diverged or failed): nothing to recommend, nothing written.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from stability.core.config import ConfigError
 from stability.report import build_report, to_report_config
+from stability.report.pipeline import NothingToReport
 from stability.tracking.run import TrackingError
 
 
@@ -23,6 +28,9 @@ def main(cfg: DictConfig) -> None:
     t0 = time.perf_counter()
     try:
         out = build_report(to_report_config(OmegaConf.to_container(cfg, resolve=True)))
+    except NothingToReport as err:  # not a mistake, an answer: one line, its own exit code
+        print(f"answer: {err}", file=sys.stderr)
+        raise SystemExit(3) from None
     except (ConfigError, TrackingError) as err:  # a user mistake: one line, no traceback
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -49,3 +49,21 @@ def test_bad_arguments_fail_with_a_clear_message(server_with_sweep, tmp_path, ar
     assert f"error: {expected}" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
     assert not (tmp_path / "reports").exists()  # nothing written for a rejected request
+
+
+def test_a_sweep_whose_runs_all_diverged_gets_a_one_line_answer_and_exit_3(mlflow_server,
+                                                                           tmp_path):
+    make_sweep(mlflow_server.uri, "cli-all-diverged", "dead",
+               [Spec("fp16", None, 1, {0: "diverged", 1: "diverged"}),
+                Spec("fp32", 1.0, 1, {0: "failed"})], tmp_path / "sweep")
+    done = report(f"tracking.uri={mlflow_server.uri}", "experiment=cli-all-diverged",
+                  cwd=tmp_path)
+    assert done.returncode == 3, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("answer: ")]
+    assert lines == ["answer: nothing to recommend: none of the 3 training runs of sweep 'dead' "
+                     "finished (2 diverged, 1 failed)"]
+    assert "Traceback" not in done.stderr + done.stdout
+    assert not (tmp_path / "reports").exists()
+    c = MlflowClient(mlflow_server.uri)
+    exp_id = c.get_experiment_by_name("cli-all-diverged").experiment_id
+    assert not c.search_runs([exp_id], "tags.`stability.kind` = 'report'")  # no report run

@@ -6,7 +6,11 @@ twice; the tests read what the two reports left in MLflow and on disk.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -118,6 +122,31 @@ def test_report_folder_and_mlflow_report_run_hold_the_report(reported):
     assert {"report.md", "summary.csv"} <= files and f"plots/{'heatmap.png'}" in plots
 
 
+def test_v2_outputs_verdicts_html_max_norm_tag_and_the_parent_run_note(reported):
+    out, c, s = reported["first"], reported["c"], reported["summary"]
+    assert s.loc[fp_of(WINNER), "stability"] == "stable"
+    assert s.loc[fp_of(LUCKY), "stability"] == "unstable"  # a diverged seed, 2/6 steps skipped
+    assert "diverged" in s.loc[fp_of(LUCKY), "stability_reason"]
+    files = {a.path for a in c.list_artifacts(out.report_run_id)}
+    assert "report.html" in files
+    page = (out.folder / "report.html").read_text()
+    assert "Train with <code>bf16 clip=1 acc=2</code>" in page and "data:image/png;base64," in page
+    md = (out.folder / "report.md").read_text()
+    assert "- Stability: The winner is stable;" in md and "max_norm_advice.png" in md
+    tags = c.get_run(out.report_run_id).data.tags
+    assert tags["stability.winner_stability"] == "stable"
+    # Clip-off runs at accum 1 (baseline, flaky fp16): one recommendation.
+    assert tags["stability.max_norm_recommendation"].startswith("acc=1:")
+    assert tags["stability.model_uri"] == f"models:/{MODEL}@champion"
+    parent = c.get_run(c.get_run(out.report_run_id).data.tags["stability.sweep_run_id"]).data.tags
+    assert parent["stability.report_run_id"] in {out.report_run_id,
+                                                 reported["second"].report_run_id}
+    assert parent["stability.winner"] == fp_of(WINNER)
+    note = parent["mlflow.note.content"]
+    assert "**Train with `bf16 clip=1 acc=2`**" in note
+    assert f"runs/{parent['stability.report_run_id']}/artifactPath/report.html" in note
+
+
 def test_a_second_report_registers_no_second_version_and_logs_no_duplicates(reported):
     first, second, c = reported["first"], reported["second"], reported["c"]
     assert first.model_created and not second.model_created
@@ -138,6 +167,31 @@ def test_a_second_report_registers_no_second_version_and_logs_no_duplicates(repo
     assert md.count("already logged") == 3
 
 
+def test_the_winner_loads_as_an_mlflow_model_and_champion_moves_to_the_newest(reported,
+                                                                           mlflow_server,
+                                                                           tmp_path):
+    c, first = reported["c"], reported["first"]
+    v = c.get_model_version(MODEL, first.model_version)
+    assert c.get_model_version_by_alias(MODEL, "champion").version == first.model_version
+    for text in ("bf16 clip=1 acc=2", SWEEP, "seed 0", SELECTION_RULE, "Test (sealed split"):
+        assert text in v.description
+    predicted = predict_in_fresh_process(mlflow_server.uri, f"models:/{MODEL}@champion", tmp_path)
+    assert predicted["n"] == 5
+    assert v.source.startswith("models:/m-")  # registered from the logged model
+    model = c.get_logged_model(v.model_id or v.source.removeprefix("models:/"))
+    assert model.source_run_id == first.report_run_id  # logged by the report run
+    # A newer sweep with another winner: a new version, and the alias follows it.
+    make_sweep(mlflow_server.uri, "report-newer", "known-2",
+               [Spec("fp32", 2.0, 1, {0: 0.2, 1: 0.21}), Spec("fp32", None, 1, {0: 0.3, 1: 0.3})],
+               tmp_path)
+    newer = build_report(ReportConfig(tracking_uri=mlflow_server.uri, experiment="report-newer",
+                                      output_dir=str(tmp_path / "reports"), model_name=MODEL,
+                                      device="cpu", plots=False))
+    assert newer.sweep_id == "known-2" and newer.model_created
+    assert c.get_model_version_by_alias(MODEL, "champion").version == newer.model_version
+    assert newer.model_version != first.model_version
+
+
 def test_latest_sweep_is_the_default(mlflow_server, tmp_path):
     specs = [Spec("fp32", None, 1, {0: 0.5})]
     make_sweep(mlflow_server.uri, "report-latest", "older", specs, tmp_path)
@@ -156,6 +210,26 @@ def test_report_and_registry_work_on_the_sqlite_store(tmp_path):
     assert out.winner == fp_of(WINNER) and out.model_created
     c = MlflowClient(uri)
     [version] = c.search_model_versions(f"name='{MODEL}'")
-    local = Path(c.download_artifacts(version.run_id, "checkpoints", str(tmp_path / "dl")))
-    assert (local / "best.pt").is_file()
-    assert version.source.endswith("/checkpoints")
+    assert version.source.startswith("models:/m-")  # a logged MLflow Model, not a folder
+    assert c.get_model_version_by_alias(MODEL, "champion").version == version.version
+    predicted = predict_in_fresh_process(uri, f"models:/{MODEL}@champion", tmp_path)
+    assert predicted["n"] == 5 and predicted["stability_imported"] is False
+
+
+def predict_in_fresh_process(uri: str, model_uri: str, cwd: Path) -> dict:
+    """Load ``model_uri`` with ``mlflow.pyfunc`` in a new interpreter and predict its example."""
+    code = (
+        "import json, sys, mlflow, numpy as np\n"
+        f"m = mlflow.pyfunc.load_model({model_uri!r})\n"
+        "x = m.input_example\n"
+        "y = np.asarray(m.predict(x))\n"
+        "print(json.dumps({'n': int(len(y)), 'shape': list(x.shape), "
+        "'finite': bool(np.isfinite(y).all()), "
+        "'stability_imported': any(k.startswith('stability') for k in sys.modules)}))\n")
+    env = os.environ | {"MLFLOW_TRACKING_URI": uri}
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["finite"] and out["shape"][1:] == [30, 1]
+    return out

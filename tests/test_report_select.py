@@ -17,6 +17,7 @@ from stability.report.select import (
     effective_loss,
     representative_seed,
 )
+from stability.report.stats import min_detectable, seeds_needed
 
 
 def runs_table(configs: list[tuple[str, str, bool, float, int, dict[int, float | str]]]
@@ -182,3 +183,44 @@ def test_a_simpler_config_within_noise_is_named_and_a_reversed_pair_is_one_holm_
     worse = runs_table([("a", "fp32", False, 1.0, 1, five_seeds(0.3, [0.0, 0.01, -0.01, 0, 0])),
                         ("b", "fp16", True, 1.0, 1, five_seeds(0.3, [0.001, 0.01, -0.01, 0, 0]))])
     assert simpler_within_noise(versus_winner(worse, aggregate(worse))) is None
+
+
+def test_a_non_significant_verdict_says_what_difference_would_go_unseen():
+    noise = [0.01, -0.02, 0.015, -0.005, 0.0]
+    runs = runs_table([
+        ("base", "fp32", False, 1.0, 1, five_seeds(0.40, [0.0, 0.004, -0.004, 0.002, -0.002])),
+        ("clip", "fp32", True, 1.0, 1, five_seeds(0.40, noise)),
+    ])
+    configs = versus_winner(runs, aggregate(runs), alpha=0.05, power=0.8)
+    clip = next(c for c in comparisons(runs, configs, alpha=0.05, power=0.8, min_effect=0.005)
+                if c.kind == "Clipping")
+    diffs = [n - b for n, b in zip(noise, [0.0, 0.004, -0.004, 0.002, -0.002], strict=True)]
+    sd = float(pd.Series(diffs).std(ddof=1))
+    expected = min_detectable(sd, 5, 0.05, 0.8)
+    assert clip.power.mdd == pytest.approx(expected)
+    assert expected > abs(clip.result.mean_diff)  # why nothing was found: too few seeds
+    assert (f"no significant difference; with 5 seeds a difference smaller than {expected:.4f} "
+            "would go unseen (80% power, α = 0.05)") in clip.verdict
+    assert clip.power.seeds_for_effect == seeds_needed(0.005, sd, 0.05, 0.8)
+    assert f"detecting 0.0050 would take {int(clip.power.seeds_for_effect)} seeds" in clip.verdict
+    other = configs.set_index("fingerprint").loc[
+        "clip" if configs.iloc[0]["fingerprint"] == "base" else "base"]
+    assert other["mdd_vs_winner"] == pytest.approx(expected)
+
+
+def test_the_default_effect_is_the_winners_seed_sd():
+    runs = runs_table([
+        ("a", "fp32", False, 1.0, 1, five_seeds(0.30, [0.0, 0.01, -0.01, 0.005, -0.005])),
+        ("b", "fp32", True, 1.0, 1, five_seeds(0.31, [0.004, -0.006, 0.0, -0.01, 0.01])),
+    ])
+    configs = versus_winner(runs, aggregate(runs))
+    [c, *_] = comparisons(runs, configs, min_effect_sd=2.0)
+    assert c.power.effect == pytest.approx(2.0 * configs.iloc[0]["loss_std"])
+
+
+def test_wall_time_is_the_median_over_seeds_so_a_cold_start_does_not_skew_it():
+    runs = runs_table([("a", "fp32", False, 1.0, 1, {0: 0.3, 1: 0.3, 2: 0.3})])
+    runs["wall_time_s"] = [22.9, 0.2, 0.3]  # the worker's first run paid the cold start
+    row = aggregate(runs).iloc[0]
+    assert row["wall_time_s_median"] == pytest.approx(0.3)
+    assert row["wall_time_s_max"] == pytest.approx(22.9)

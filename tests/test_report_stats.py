@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from stability.report.stats import holm, mean_ci, paired, wilcoxon_min_p
+from stability.report.stats import (
+    holm,
+    mean_ci,
+    min_detectable,
+    paired,
+    paired_power,
+    seeds_needed,
+    wilcoxon_min_p,
+)
 
 
 def test_mean_ci_is_the_t_interval():
@@ -77,3 +85,39 @@ def test_holm_adjustment():
     assert adjusted[0] == pytest.approx(0.5) and math.isnan(adjusted[1])
     assert adjusted[2] == pytest.approx(0.02)
     assert holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])  # 2 x 0.8 capped at 1, then monotone
+
+
+@pytest.mark.parametrize(("n", "alpha", "power"), [(3, 0.05, 0.8), (5, 0.05, 0.8),
+                                                   (10, 0.05, 0.8), (5, 0.01, 0.9)])
+def test_min_detectable_difference_matches_statsmodels(n, alpha, power):
+    from statsmodels.stats.power import TTestPower
+
+    sd = 0.013
+    expected = TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power,
+                                        alternative="two-sided") * sd
+    assert min_detectable(sd, n, alpha, power) == pytest.approx(expected, rel=1e-6)
+    assert paired_power(expected, sd, n, alpha) == pytest.approx(power, abs=1e-6)
+
+
+def test_seeds_needed_is_the_smallest_n_with_the_power():
+    from statsmodels.stats.power import TTestPower
+
+    sd, effect = 0.02, 0.01  # half an SD
+    n = seeds_needed(effect, sd, 0.05, 0.8)
+    exact = TTestPower().solve_power(effect_size=effect / sd, nobs=None, alpha=0.05, power=0.8)
+    assert n == math.ceil(exact)
+    assert paired_power(effect, sd, int(n), 0.05) >= 0.8 > paired_power(effect, sd, int(n) - 1)
+    assert seeds_needed(100 * sd, sd) == 2  # a huge effect needs the minimum of two pairs
+    assert seeds_needed(1e-4 * sd, sd) == math.inf  # beyond 10000 seeds
+
+
+def test_power_is_undefined_without_spread_or_pairs():
+    assert math.isnan(min_detectable(0.0, 5))
+    assert math.isnan(min_detectable(0.01, 1))
+    assert math.isnan(seeds_needed(0.01, 0.0))
+
+
+def test_paired_reports_the_sd_of_the_differences():
+    ref = {0: 0.40, 1: 0.41, 2: 0.43}
+    other = {0: 0.42, 1: 0.42, 2: 0.47}
+    assert paired(ref, other).sd == pytest.approx(np.std([0.02, 0.01, 0.04], ddof=1))

@@ -81,7 +81,9 @@ def test_real_sweep_then_report(mlflow_server, tmp_path):
     assert diverged["seeds_diverged"] == 2 and diverged["rank"] == len(summary)
     skipped = summary[summary["fingerprint"] == fps["fp16 accum"]].iloc[0]
     assert skipped["skip_count_mean"] >= 1  # the injected inf gradient was really skipped
-    assert len(list((folder / "plots").glob("*.png"))) == 6
+    assert len(list((folder / "plots").glob("*.png"))) == 7  # v2 adds max_norm_advice.png
+    assert diverged["stability"] == "unstable" and "diverged" in diverged["stability_reason"]
+    assert (folder / "report.html").is_file()
 
     reports = c.search_runs([exp_id], "tags.`stability.kind` = 'report'")
     assert len(reports) == 1 and reports[0].info.status == "FINISHED"

@@ -5,6 +5,11 @@ off, accum 1) and than the best config of each precision, and did clipping or ac
 make any difference at all? Each is a paired t-test on the per-seed differences of best
 validation loss over the seeds both configs finished (the Wilcoxon signed-rank p is the
 check); the decision uses Holm-adjusted p-values over the comparisons in the table.
+
+A "no" is only as good as the test's power: every comparison carries the smallest difference
+its seeds could have detected (80% power by default, noncentral t; see ``stats.min_detectable``)
+and the seeds a named effect would need, so "no significant difference" says how small a
+difference could still hide behind it.
 """
 
 from __future__ import annotations
@@ -16,7 +21,39 @@ import numpy as np
 import pandas as pd
 
 from stability.report.select import PRECISION_ORDER, baseline, best_of, per_seed
-from stability.report.stats import Paired, holm, paired
+from stability.report.stats import Paired, holm, min_detectable, paired, seeds_needed
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """What a paired comparison could have detected.
+
+    Attributes:
+        power: the power the numbers below are for (e.g. 0.8).
+        alpha: the significance level they assume (unadjusted).
+        mdd: minimum detectable difference with the seeds both configs finished.
+        effect: the named effect (``report.min_effect``, or a multiple of the winner's SD).
+        seeds_for_effect: paired seeds needed to detect ``effect`` with ``power``.
+    """
+
+    power: float = 0.8
+    alpha: float = 0.05
+    mdd: float = math.nan
+    effect: float = math.nan
+    seeds_for_effect: float = math.nan
+
+
+def sensitivity(result: Paired, effect: float, alpha: float, power: float) -> Sensitivity:
+    """Minimum detectable difference and seeds needed, from the SD of the paired differences."""
+    return Sensitivity(power, alpha, min_detectable(result.sd, result.n, alpha, power), effect,
+                       seeds_needed(effect, result.sd, alpha, power))
+
+
+def named_effect(configs: pd.DataFrame, min_effect: float | None, min_effect_sd: float) -> float:
+    """``min_effect`` if set, else ``min_effect_sd`` times the winner's seed SD of the loss."""
+    if min_effect is not None:
+        return float(min_effect)
+    return float(min_effect_sd * configs.iloc[0]["loss_std"])
 
 
 @dataclass(frozen=True)
@@ -34,6 +71,7 @@ class Comparison:
     p_holm: float = math.nan
     verdict: str = ""
     confidence: float = 0.95
+    power: Sensitivity = Sensitivity()
 
 
 def _label(configs: pd.DataFrame, fp: str) -> str:
@@ -70,21 +108,28 @@ def _questions(configs: pd.DataFrame) -> list[tuple[str, str, str, str]]:
 
 
 def comparisons(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0.95,
-                alpha: float = 0.05) -> list[Comparison]:
-    """The review's paired comparisons with Holm-adjusted p-values and verdicts.
+                alpha: float = 0.05, power: float = 0.8, min_effect: float | None = None,
+                min_effect_sd: float = 1.0) -> list[Comparison]:
+    """The review's paired comparisons with Holm-adjusted p-values, power and verdicts.
 
     Args:
         runs: one row per training run.
         configs: ``select.aggregate(runs)`` (ranked; row 0 is the winner).
         confidence: level of the intervals on the mean difference.
         alpha: significance level for the verdicts.
+        power: power of the minimum detectable difference.
+        min_effect: the effect whose seed count is reported (loss units); None uses
+            ``min_effect_sd`` times the winner's seed SD.
+        min_effect_sd: see ``min_effect``.
     """
     out = []
+    effect = named_effect(configs, min_effect, min_effect_sd)
     for question, kind, ref, other in _questions(configs):
         result = paired(per_seed(runs, ref), per_seed(runs, other), confidence)
         out.append(Comparison(question, kind, _label(configs, ref), _label(configs, other), ref,
                               other, _unfinished(configs, other), result,
-                              confidence=confidence))
+                              confidence=confidence,
+                              power=sensitivity(result, effect, alpha, power)))
     # A pair asked twice, in either direction (the winner vs the baseline and clip-on vs
     # clip-off can be the same two configs), is one test for Holm.
     unique = {frozenset((c.reference_fp, c.other_fp)): c.result.p_t for c in out}
@@ -110,6 +155,26 @@ def _numbers(c: Comparison) -> str:
             f"(Holm {c.p_holm:.3g}), Wilcoxon p={r.p_wilcoxon:.3g}")
 
 
+def unseen(c: Comparison) -> str:
+    """"with N seeds a difference smaller than X would go unseen", and the seeds an effect needs."""
+    s, n = c.power, c.result.n
+    if math.isnan(s.mdd):
+        return (f"the {n} per-seed differences are all equal (e.g. identical runs), so the "
+                "smallest detectable difference cannot be estimated")
+    text = (f"with {n} seeds a difference smaller than {abs_num(s.mdd)} would go unseen "
+            f"({s.power:.0%} power, α = {s.alpha:g})")
+    if math.isfinite(s.seeds_for_effect):
+        text += f"; detecting {abs_num(s.effect)} would take {int(s.seeds_for_effect)} seeds"
+    elif s.seeds_for_effect == math.inf:
+        text += f"; detecting {abs_num(s.effect)} would take more than 10000 seeds"
+    return text
+
+
+def abs_num(x: float) -> str:
+    """A positive size with enough digits for small losses."""
+    return f"{x:.2e}" if 0 < abs(x) < 5e-4 else f"{x:.4f}"
+
+
 def verdict(c: Comparison, alpha: float) -> str:
     """One plain sentence a reviewer can act on."""
     r = c.result
@@ -121,26 +186,27 @@ def verdict(c: Comparison, alpha: float) -> str:
     significant = c.p_holm < alpha
     if c.kind == "winner":
         if not significant:
-            return (f"No significant difference: {c.other} is within the winner's seed noise "
-                    f"({_numbers(c)}).{lost}")
+            return (f"No significant difference; {unseen(c)}. {c.other} is within the "
+                    f"winner's seed noise ({_numbers(c)}).{lost}")
         if r.mean_diff > 0:
             return f"The winner is significantly better than {c.other} ({_numbers(c)}).{lost}"
         return (f"On the seeds both finished {c.other} is significantly lower ({_numbers(c)}), "
                 f"but it ranks below the winner.{lost}")
     if not significant:
-        return f"{c.kind} made no difference on this task ({c.other} vs {c.reference}: " \
-               f"{_numbers(c)}).{lost}"
+        return (f"{c.kind} made no difference on this task: no significant difference; "
+                f"{unseen(c)} ({c.other} vs {c.reference}: {_numbers(c)}).{lost}")
     effect = "helped" if r.mean_diff < 0 else "hurt"
     return f"{c.kind} {effect}: {c.other} vs {c.reference}, {_numbers(c)}.{lost}"
 
 
 def versus_winner(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0.95,
-                  alpha: float = 0.05) -> pd.DataFrame:
+                  alpha: float = 0.05, power: float = 0.8) -> pd.DataFrame:
     """``configs`` plus each config's paired comparison with the winner and its noise flags.
 
     Adds ``n_paired``, ``diff_vs_winner``, ``p_vs_winner`` (paired t, unadjusted),
     ``p_wilcoxon_vs_winner``, ``within_ci`` (mean inside the winner's CI) and ``within_noise``
-    (paired t not significant at ``alpha``). Configs with an infinite mean are never within
+    (paired t not significant at ``alpha``) and ``mdd_vs_winner`` (the smallest difference
+    those paired seeds detect with ``power``). Configs with an infinite mean are never within
     noise: by the +inf rule they cannot win.
     """
     win = configs.iloc[0]
@@ -151,13 +217,15 @@ def versus_winner(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float =
         diff_vs_winner=[r.mean_diff for r in results],
         p_vs_winner=[r.p_t for r in results],
         p_wilcoxon_vs_winner=[r.p_wilcoxon for r in results],
+        mdd_vs_winner=[min_detectable(r.sd, r.n, alpha, power) for r in results],
     )
     finite = np.isfinite(out["loss_mean"])
     out["within_ci"] = finite & out["loss_mean"].between(win["loss_ci_low"], win["loss_ci_high"])
     out["within_noise"] = finite & (out["p_vs_winner"] >= alpha)
     # The winner is not its own competitor.
     out.loc[0, ["within_ci", "within_noise"]] = False
-    out.loc[0, ["diff_vs_winner", "p_vs_winner", "p_wilcoxon_vs_winner"]] = math.nan
+    out.loc[0, ["diff_vs_winner", "p_vs_winner", "p_wilcoxon_vs_winner",
+                "mdd_vs_winner"]] = math.nan
     return out
 
 

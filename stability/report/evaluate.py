@@ -26,11 +26,44 @@ from stability.core.loop import evaluate as evaluate_split
 from stability.core.precision import check_precision_supported, resolve_device
 from stability.report.fetch import download, parallel
 from stability.report.stats import MeanCI, mean_ci
-from stability.tasks.sign_sum import SequenceClassifier, Split, open_test_split
+from stability.tasks.sign_sum import SequenceClassifier, Split, make_splits, open_test_split
 
 log = logging.getLogger(__name__)
 
 MISMATCH_TOL = 1e-6  # a re-evaluation differing from the logged value by more is reported
+EXAMPLE_ROWS = 5  # validation sequences in the logged model's input example
+
+
+def rebuild_model(cfg: RunConfig, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The task's model for ``cfg`` with a checkpoint's weights (the one place that knows how).
+
+    A task plugin that rebuilds its own model from config replaces this body.
+    """
+    model = SequenceClassifier(cfg.model)
+    model.load_state_dict(state)
+    return model
+
+
+@dataclass(frozen=True)
+class LoadableWinner:
+    """What the Model Registry needs: the rebuilt model, its config and a validation example."""
+
+    run_id: str
+    cfg: RunConfig
+    model: torch.nn.Module
+    example: Any  # numpy array, the first EXAMPLE_ROWS validation inputs
+    config_text: str  # the run's config.yaml, logged beside the model
+
+
+def load_winner(c: Any, run_id: str, dest: Path) -> LoadableWinner:
+    """Rebuild one winning run's model (fp32, eval mode, CPU) with a validation input example.
+
+    The example comes from the validation split: the test split stays sealed.
+    """
+    cfg, state = _load(c, run_id, dest)
+    model = rebuild_model(cfg, state).float().eval()
+    example = make_splits(cfg.data).val.x[:EXAMPLE_ROWS].numpy()
+    return LoadableWinner(run_id, cfg, model, example, (dest / CONFIG_NAME).read_text())
 
 
 @dataclass(frozen=True)
@@ -102,8 +135,7 @@ def evaluate_winner(c: Any, runs: pd.DataFrame, winner: str, workdir: Path,
         key = repr(cfg.data)
         if key not in splits:  # one data config per fingerprint: the split opens once
             splits[key] = open_test_split(cfg.data, winner=winner)
-        model = SequenceClassifier(cfg.model)
-        model.load_state_dict(state)
+        model = rebuild_model(cfg, state)
         loss, acc = evaluate_split(model.to(dev), splits[key], cfg.precision.name, dev)
         results.append(_record(c, row, rid, seed, loss, acc))
     ok = [r for r in results if math.isfinite(r.test_loss)]

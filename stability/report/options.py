@@ -12,6 +12,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from stability.core.config import ConfigError
+from stability.report.advice import ClipAdviceConfig
+from stability.report.health import Thresholds
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -38,10 +40,16 @@ class ReportConfig:
         device: where the winner's checkpoints are evaluated on the test split.
         confidence: level of every confidence interval.
         alpha: significance level of the paired tests.
+        power: power at which the minimum detectable difference is reported.
+        min_effect: the difference (loss units) whose required seed count is reported; None
+            means ``min_effect_sd`` times the winner's seed SD.
+        min_effect_sd: see ``min_effect``.
         register: register the winning checkpoint in the Model Registry.
         model_name: registered model name.
         plots: draw the figures.
         history_workers: parallel requests when fetching metric histories and artifacts.
+        verdict: thresholds of the per-config stability verdict (``verdict.*`` keys).
+        advice: the max_norm recommendation (``advice.target_share``).
     """
 
     tracking_uri: str | None = None
@@ -51,10 +59,15 @@ class ReportConfig:
     device: str = "auto"
     confidence: float = 0.95
     alpha: float = 0.05
+    power: float = 0.8
+    min_effect: float | None = None
+    min_effect_sd: float = 1.0
     register: bool = True
     model_name: str = "stability-winner"
     plots: bool = True
     history_workers: int = 8
+    verdict: Thresholds = Thresholds()
+    advice: ClipAdviceConfig = ClipAdviceConfig()
 
     def __post_init__(self) -> None:
         _check(self.tracking_uri is None or isinstance(self.tracking_uri, str), "tracking.uri",
@@ -66,14 +79,43 @@ class ReportConfig:
         _check(isinstance(self.output_dir, str) and bool(self.output_dir), "output_dir",
                self.output_dir, "a folder path")
         _check(self.device in DEVICES, "device", self.device, " | ".join(DEVICES))
-        for key, value in (("confidence", self.confidence), ("alpha", self.alpha)):
+        for key, value in (("confidence", self.confidence), ("alpha", self.alpha),
+                           ("power", self.power)):
             _check(isinstance(value, float) and 0 < value < 1, key, value, "a number in (0, 1)")
+        _check(self.min_effect is None or (isinstance(self.min_effect, float)
+                                           and self.min_effect > 0), "min_effect",
+               self.min_effect, "null (a multiple of the winner's seed SD) or a number > 0")
+        _check(isinstance(self.min_effect_sd, float) and self.min_effect_sd > 0,
+               "min_effect_sd", self.min_effect_sd, "a number > 0")
         _check(isinstance(self.register, bool), "registry.enabled", self.register, "true | false")
         _check(isinstance(self.model_name, str) and bool(self.model_name), "registry.model_name",
                self.model_name, "a non-empty model name")
         _check(isinstance(self.plots, bool), "plots", self.plots, "true | false")
         _check(isinstance(self.history_workers, int) and self.history_workers >= 1,
                "history_workers", self.history_workers, "an integer >= 1")
+        _check_thresholds(self.verdict)
+        share = self.advice.target_share
+        _check(isinstance(share, float) and 0 < share < 1, "advice.target_share", share,
+               "a share of steps in (0, 1), e.g. 0.05")
+
+
+def _check_thresholds(t: Thresholds) -> None:
+    for key in ("skip_rate_marginal", "skip_rate_unstable", "backoff_rate_marginal",
+                "clip_saturation"):
+        value = getattr(t, key)
+        _check(isinstance(value, float) and 0 <= value <= 1, f"verdict.{key}", value,
+               "a number in [0, 1]")
+    _check(t.skip_rate_marginal <= t.skip_rate_unstable, "verdict.skip_rate_marginal",
+           t.skip_rate_marginal, "a number <= verdict.skip_rate_unstable")
+    for key in ("scale_floor", "spike_factor"):
+        value = getattr(t, key)
+        _check(isinstance(value, float) and value > 0, f"verdict.{key}", value, "a number > 0")
+    _check(isinstance(t.settle_steps, int) and not isinstance(t.settle_steps, bool)
+           and t.settle_steps >= 0, "verdict.settle_steps", t.settle_steps, "an integer >= 0")
+    for key in ("net_backoffs_unstable", "spike_window", "spike_min_history", "spikes_unstable"):
+        value = getattr(t, key)
+        _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+               f"verdict.{key}", value, "an integer >= 1")
 
 
 # Hydra keys (conf/report.yaml) -> ReportConfig fields; nested sections use dotted keys.
@@ -85,11 +127,16 @@ _KEYS = {
     "device": "device",
     "confidence": "confidence",
     "alpha": "alpha",
+    "power": "power",
+    "min_effect": "min_effect",
+    "min_effect_sd": "min_effect_sd",
     "registry.enabled": "register",
     "registry.model_name": "model_name",
     "plots": "plots",
     "history_workers": "history_workers",
 }
+# Sections that become their own frozen dataclass (every field is a key: ``verdict.spike_factor``).
+_SECTIONS: dict[str, type] = {"verdict": Thresholds, "advice": ClipAdviceConfig}
 
 
 def to_report_config(cfg: Mapping[str, Any]) -> ReportConfig:
@@ -112,12 +159,21 @@ def to_report_config(cfg: Mapping[str, Any]) -> ReportConfig:
             flat.update({f"{key}.{k}": v for k, v in value.items()})
         else:
             flat[key] = value
-    unknown = sorted(set(flat) - set(_KEYS))
+    sections = {name: {f.name for f in fields(kind)} for name, kind in _SECTIONS.items()}
+    known = set(_KEYS) | {f"{name}.{k}" for name, keys in sections.items() for k in keys}
+    unknown = sorted(set(flat) - known)
     if unknown:
-        raise ReportError(f"unknown key {unknown[0]}: allowed keys are {', '.join(_KEYS)}")
-    values = {_KEYS[k]: v for k, v in flat.items()}
+        raise ReportError(f"unknown key {unknown[0]}: allowed keys are {', '.join(sorted(known))}")
+    values: dict[str, Any] = {_KEYS[k]: v for k, v in flat.items() if k in _KEYS}
+    for name, kind in _SECTIONS.items():
+        given = {k.split(".", 1)[1]: v for k, v in flat.items() if k.startswith(f"{name}.")}
+        for f in fields(kind):  # a YAML 10 where a float is expected is still a number
+            if f.type == "float" and isinstance(given.get(f.name), int) \
+                    and not isinstance(given[f.name], bool):
+                given[f.name] = float(given[f.name])
+        values[name] = kind(**given)
     # YAML writes 0.95 as a float but a user may type confidence=1 on the command line.
-    for key in ("confidence", "alpha"):
+    for key in ("confidence", "alpha", "power", "min_effect", "min_effect_sd"):
         if isinstance(values.get(key), int) and not isinstance(values[key], bool):
             values[key] = float(values[key])
     if values.get("sweep_id") is not None:

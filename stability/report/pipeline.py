@@ -19,15 +19,26 @@ from typing import Any
 
 import pandas as pd
 
-from stability.report import compare, fetch, plots, publish, select
-from stability.report.evaluate import evaluate_winner
-from stability.report.options import ReportConfig
-from stability.report.write import ReportContext, render, write_summary
+from stability.report import advice, compare, fetch, health, plots, publish, select
+from stability.report.evaluate import evaluate_winner, load_winner
+from stability.report.html import to_html
+from stability.report.options import ReportConfig, ReportError
+from stability.report.write import ReportContext, answer_markdown, render, write_summary
+from stability.tracking.contract import Artifact
 from stability.tracking.run import check_reachable, client, git_commit, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
 ROLE_COLORS = ("tab:red", "tab:blue", "tab:purple", "tab:olive", "tab:cyan")
+
+
+class NothingToReport(ReportError):
+    """The sweep exists but no run finished: there is no winner (exit code 3, not 2)."""
+
+
+def _outcomes(runs: pd.DataFrame) -> str:
+    counts = runs["outcome"].value_counts()
+    return ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
 
 
 @dataclass(frozen=True)
@@ -61,9 +72,10 @@ def _series(configs: pd.DataFrame, role: str, fp: str, color: str) -> plots.Seri
     return plots.Series(role, str(row["label"]), color, float(row["max_norm"]))
 
 
-def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, folder: Path, cache: Path,
-         workers: int, notes: list[str]) -> list[plots.Figure]:
-    """Fetch only what is plotted (a few steps.csv, val_loss of a few configs) and draw."""
+def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.DataFrame],
+         recs: list[advice.Recommendation], folder: Path, workers: int,
+         notes: list[str]) -> list[plots.Figure]:
+    """Draw from the fetched steps tables; fetch only val_loss histories of a few configs."""
     roles = _roles(configs)
     series = {fp: _series(configs, role, fp, ROLE_COLORS[i % len(ROLE_COLORS)])
               for i, (role, fp) in enumerate(roles)}
@@ -79,7 +91,6 @@ def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, folder: Path, cache:
         rep.setdefault(fp, select.representative_seed(runs, fp))
         series.setdefault(fp, _series(configs, "most skips fp16", fp, "tab:orange"))
     rep_ids = {fp: r["run_id"] for fp, r in rep.items() if r is not None}
-    steps = fetch.steps_tables(c, rep_ids.values(), cache, workers)
     finished = runs[runs["fingerprint"].isin([fp for _, fp in roles])
                     & (runs["outcome"] == "finished")]
     histories = fetch.metric_histories(c, finished["run_id"], "val_loss", workers)
@@ -103,6 +114,7 @@ def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, folder: Path, cache:
              if rep_ids.get(fp) in steps], folder)),
         ("skipped steps", lambda: plots.skipped_steps(configs, folder)),
         ("heatmap", lambda: plots.heatmap(configs, folder)),
+        ("max_norm advice", lambda: plots.max_norm_advice(recs, folder)),
     ]
     figures = []
     for name, job in jobs:
@@ -132,8 +144,13 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     runs = fetch.fetch_runs(c, sweep)
     runs["val_acc_at_best"] = fetch.val_acc_at_best(c, runs, cfg.history_workers)
     configs = select.aggregate(runs, cfg.confidence)
-    configs = compare.versus_winner(runs, configs, cfg.confidence, cfg.alpha)
-    comparisons = compare.comparisons(runs, configs, cfg.confidence, cfg.alpha)
+    if not (runs["outcome"] == "finished").any():
+        raise NothingToReport(
+            f"nothing to recommend: none of the {len(runs)} training runs of sweep "
+            f"{sweep.sweep_id!r} finished ({_outcomes(runs)})")
+    configs = compare.versus_winner(runs, configs, cfg.confidence, cfg.alpha, cfg.power)
+    comparisons = compare.comparisons(runs, configs, cfg.confidence, cfg.alpha, cfg.power,
+                                      cfg.min_effect, cfg.min_effect_sd)
     winner = configs.iloc[0]
     log.info("winner %s (%s) of %d configs", winner["label"], winner["fingerprint"], len(configs))
 
@@ -145,24 +162,35 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     try:
         with tempfile.TemporaryDirectory(prefix="stability-report-") as tmp:
             cache = Path(tmp)
+            judged = runs[runs["outcome"].isin(["finished", "diverged"])]
+            steps = fetch.steps_tables(c, judged["run_id"], cache / "steps", cfg.history_workers)
+            configs = health.judge(runs, configs, steps, cfg.verdict)
+            recs = advice.recommend(runs, configs, steps, cfg.advice)
+            publish.tag_findings(c, report_run, configs, recs)
             test = evaluate_winner(c, runs, str(winner["fingerprint"]), cache / "winner",
                                    cfg.device, cfg.history_workers)
             version, created = "", False
             if cfg.register:
-                version, created = _register(c, cfg, sweep, runs, winner, test, report_run, notes)
-            figures = draw(c, runs, configs, folder / "plots", cache / "steps",
+                version, created = _register(c, uri, cfg, sweep, runs, winner, test, report_run,
+                                             cache / "model", notes)
+            figures = draw(c, runs, configs, steps, recs, folder / "plots",
                            cfg.history_workers, notes) if cfg.plots else []
         elapsed = time.perf_counter() - t0
         write_summary(configs, folder / "summary.csv")
         ctx = ReportContext(sweep, uri, runs, configs, comparisons, test, figures, notes,
                             cfg.confidence, cfg.alpha, report_run, version, elapsed,
-                            datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit)
-        (folder / "report.md").write_text(render(ctx))
+                            datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit, recs)
+        markdown = render(ctx)
+        (folder / Artifact.REPORT_MD).write_text(markdown)
+        (folder / Artifact.REPORT_HTML).write_text(
+            to_html(markdown, folder, f"Training-stability report: sweep {sweep.sweep_id}"))
         metrics = publish.summary_metrics(test) | {
             "winner_best_val_loss_mean": float(winner["loss_mean"]),
             "configs": float(len(configs)), "training_runs": float(len(runs)),
             "report_elapsed_s": time.perf_counter() - t0}
         publish.finish_report_run(c, report_run, folder, metrics)
+        publish.annotate_parent(c, sweep, report_run, configs.iloc[0], answer_markdown(ctx),
+                                _model_uri(cfg, version))
     except BaseException as err:
         publish.fail_report_run(c, report_run, err)
         raise
@@ -170,15 +198,22 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                          report_run, version, created, time.perf_counter() - t0)
 
 
-def _register(c: Any, cfg: ReportConfig, sweep: fetch.Sweep, runs: pd.DataFrame,
-              winner: pd.Series, test: Any, report_run: str, notes: list[str]) -> tuple[str, bool]:
+def _model_uri(cfg: ReportConfig, version: str) -> str:
+    return f"models:/{cfg.model_name}@{publish.CHAMPION}" if version else ""
+
+
+def _register(c: Any, uri: str, cfg: ReportConfig, sweep: fetch.Sweep, runs: pd.DataFrame,
+              winner: pd.Series, test: Any, report_run: str, workdir: Path,
+              notes: list[str]) -> tuple[str, bool]:
     mine = runs[(runs["fingerprint"] == winner["fingerprint"]) & (runs["outcome"] == "finished")]
     if mine.empty:
         notes.append("no finished run of the winner: nothing registered")
         return "", False
     best = mine.sort_values(["best_val_loss", "seed"]).iloc[0]  # chosen on validation
     try:
-        return publish.register_winner(c, cfg.model_name, sweep, winner, best, test, report_run)
+        loadable = load_winner(c, str(best["run_id"]), workdir)
+        return publish.register_winner(c, uri, cfg.model_name, sweep, winner, best, test,
+                                       report_run, loadable)
     except Exception as err:  # the report stands without a registry entry
         log.exception("model registration failed")
         notes.append(f"Model Registry: {type(err).__name__}: {err}")

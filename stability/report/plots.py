@@ -225,16 +225,20 @@ def heatmap(configs: pd.DataFrame, folder: Path) -> Figure | None:
     winner = configs.iloc[0]["fingerprint"]
     for ax, p in zip(axes[0], precisions, strict=True):
         grid = np.full((len(rows), len(cols)), np.nan)
+        verdicts: dict[tuple[int, int], str] = {}
         for _, c in norm[norm["precision"] == p].sort_values("rank", ascending=False).iterrows():
             r = 0 if not c["clip_enabled"] else rows.index(f"{c['max_norm']:g}")
             k = cols.index(c["accum_steps"])
             grid[r, k] = c["loss_mean"]  # best-ranked last: wins a shared cell
+            verdicts[(r, k)] = str(c.get("stability", "stable"))
             if c["fingerprint"] == winner:
                 ax.add_patch(plt.Rectangle((k - 0.5, r - 0.5), 1, 1, fill=False, ec="red", lw=2.5))
         image = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis_r", vmin=vmin, vmax=vmax,
                           aspect="auto")
         for (r, k), v in np.ndenumerate(grid):
             text = "diverged" if v == math.inf else ("n/a" if np.isnan(v) else f"{v:.3f}")
+            if verdicts.get((r, k), "stable") not in ("stable", "not judged"):
+                text += f"\n{verdicts[(r, k)]}"  # the verdict sits on the number it qualifies
             dark = np.isfinite(v) and vmax > vmin and (v - vmin) / (vmax - vmin) > 0.6
             ax.text(k, r, text, ha="center", va="center", fontsize=7,
                     color="gray" if not np.isfinite(v) else ("white" if dark else "black"))
@@ -244,10 +248,49 @@ def heatmap(configs: pd.DataFrame, folder: Path) -> Figure | None:
         ax.set(title=p, xlabel="train.accum_steps")
     axes[0][0].set_ylabel("clipping")
     fig.colorbar(image, ax=axes[0].tolist(), label=f"mean best validation loss ({LOSS_UNIT})")
-    fig.suptitle("Mean best validation loss by clipping x accumulation (red box: winner)")
+    fig.suptitle("Mean best validation loss by clipping x accumulation\n(red box: winner; "
+                 "a cell's second line: its verdict when not stable)", fontsize=10)
     folder.mkdir(parents=True, exist_ok=True)
     fig.savefig(folder / "heatmap.png", dpi=DPI)  # constrained layout: no tight_layout
     plt.close(fig)
     return Figure("heatmap.png", "Best validation loss heatmap",
                   "Mean over seeds of each config's best validation loss; 'diverged' marks a "
-                  "config with a seed that did not finish (+inf), 'n/a' a cell not in the sweep.")
+                  "config with a seed that did not finish (+inf), 'n/a' a cell not in the sweep; "
+                  "'marginal' / 'unstable' is the config's stability verdict.")
+
+
+def max_norm_advice(recs: Sequence, folder: Path) -> Figure | None:
+    """Pre-clip norm distribution of the clip-off runs with the recommended max_norm, per accum.
+
+    ``recs`` are ``advice.Recommendation``; one panel per accumulation setting.
+    """
+    recs = [r for r in recs if len(r.norms)]
+    if not recs:
+        return None
+    fig, axes = plt.subplots(1, len(recs), figsize=(4.6 * len(recs) + 0.6, 4), squeeze=False)
+    for ax, r in zip(axes[0], recs, strict=True):
+        lo, hi = max(r.norms.min(), 1e-12), r.norms.max()
+        bins = np.geomspace(lo, hi * 1.0001, 40) if hi > lo else 20
+        ax.hist(r.norms, bins=bins, color="tab:blue", alpha=0.7)
+        if hi > lo:
+            ax.set_xscale("log")
+        ax.axvspan(r.low, r.high, color="tab:red", alpha=0.15, label="spread over seeds")
+        ax.axvline(r.max_norm, color="tab:red", lw=2,
+                   label=f"recommended {r.max_norm:.3g} (clips {r.target_share:.0%})")
+        for i, (m, share) in enumerate(sorted(r.swept_share.items())):
+            ax.axvline(m, color="gray", ls=":", lw=1.2,
+                       label="swept max_norm values" if i == 0 else None)
+            ax.annotate(f"{m:g}: {share:.0%}", (m, 1), xycoords=("data", "axes fraction"),
+                        rotation=90, va="top", ha="right", fontsize=7, color="dimgray")
+        ax.set(title=f"accum_steps={r.accum_steps} ({len(r.per_seed)} seeds, {r.steps} steps)",
+               xlabel="pre-clip global gradient L2 norm (log axis)", ylabel="optimizer steps")
+        ax.legend(fontsize=7, loc="best")  # away from the bars
+        ax.grid(alpha=0.3)
+    fig.suptitle("Where to clip: gradient norms of the clip-off runs, recommended max_norm in red "
+                 "(grey: swept values, % of these steps each would clip)", fontsize=10)
+    name = _save(fig, folder, "max_norm_advice.png")
+    return Figure(name, "Recommended max_norm",
+                  "Distribution of pre-clip gradient norms of every finished clip-off run (all "
+                  "seeds and precisions of an accumulation setting, skipped steps left out). The "
+                  "red line is the max_norm that clips the target share of steps (median over "
+                  "seeds), the band its range over seeds.")

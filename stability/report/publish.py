@@ -9,32 +9,70 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from stability.report.evaluate import WinnerTestResult
+from stability.report.evaluate import LoadableWinner, WinnerTestResult
 from stability.report.fetch import Sweep
 from stability.report.select import SELECTION_RULE
+from stability.tracking.contract import Artifact, Kind, Tag
 
 log = logging.getLogger(__name__)
 
 MAX_TAG = 5000  # MLflow's tag value limit
+CHAMPION = "champion"  # registry alias of the newest winner
 
 
 def start_report_run(c: Any, sweep: Sweep, winner: Mapping[str, Any], git_commit: str) -> str:
     """Create the report run in the sweep's experiment; returns its id."""
     tags = {
-        "stability.kind": "report",
-        "stability.sweep_id": sweep.sweep_id,
-        "stability.sweep_run_id": sweep.parent_run_id or "",
-        "stability.winner": str(winner["fingerprint"]),
-        "stability.winner_label": str(winner["label"]),
-        "stability.selection_rule": SELECTION_RULE[:MAX_TAG],
-        "stability.git_commit": git_commit,
+        Tag.KIND: Kind.REPORT.value,
+        Tag.SWEEP_ID: sweep.sweep_id,
+        Tag.SWEEP_RUN_ID: sweep.parent_run_id or "",
+        Tag.WINNER: str(winner["fingerprint"]),
+        Tag.WINNER_LABEL: str(winner["label"]),
+        Tag.SELECTION_RULE: SELECTION_RULE[:MAX_TAG],
+        Tag.GIT_COMMIT: git_commit,
     }
     run = c.create_run(sweep.experiment_id, tags=tags, run_name=f"report {sweep.sweep_id}")
     return str(run.info.run_id)
+
+
+def tag_findings(c: Any, run_id: str, configs: Any, recs: list[Any]) -> None:
+    """The winner's stability verdict and the max_norm recommendation, as report-run tags."""
+    tags = {Tag.WINNER_STABILITY: str(configs.iloc[0].get("stability", ""))}
+    if recs:
+        tags[Tag.MAX_NORM_RECOMMENDATION] = "; ".join(r.tag() for r in recs)[:MAX_TAG]
+    for key, value in tags.items():
+        c.set_tag(run_id, key, value)
+
+
+def annotate_parent(c: Any, sweep: Sweep, report_run_id: str, winner: Mapping[str, Any],
+                    answer: str, model_uri: str) -> None:
+    """Put the answer on the sweep's parent run, where a user browsing the UI lands first.
+
+    ``mlflow.note.content`` is the run's description (markdown on its UI page): the answer
+    and links to the report run and its ``report.html``; tags name the winner. Best effort:
+    the report is already complete and logged when this runs.
+    """
+    if not sweep.parent_run_id:
+        return
+    run = f"#/experiments/{sweep.experiment_id}/runs/{report_run_id}"
+    links = (f"[Report run]({run}) · [report.html]({run}/artifactPath/{Artifact.REPORT_HTML})"
+             + (f" · model `{model_uri}`" if model_uri else ""))
+    note = f"## Stability report\n\n{links}\n\n{answer}"
+    if len(note) > MAX_TAG:
+        note = note[:MAX_TAG - 60].rsplit("\n", 1)[0] + "\n\n…(cut: see the report run)"
+    tags = {Tag.NOTE: note, Tag.REPORT_RUN_ID: report_run_id,
+            Tag.WINNER: str(winner["fingerprint"]), Tag.WINNER_LABEL: str(winner["label"]),
+            Tag.WINNER_STABILITY: str(winner.get("stability", ""))}
+    try:
+        for key, value in tags.items():
+            c.set_tag(sweep.parent_run_id, key, value)
+    except Exception:  # the report run holds everything; the parent's note is a convenience
+        log.exception("could not annotate the sweep's parent run %s", sweep.parent_run_id)
 
 
 def summary_metrics(test: WinnerTestResult) -> dict[str, float]:
@@ -58,7 +96,7 @@ def finish_report_run(c: Any, run_id: str, folder: Path, metrics: Mapping[str, f
 def fail_report_run(c: Any, run_id: str, err: BaseException) -> None:
     """End the report run FAILED with the reason (best effort: the original error matters)."""
     try:
-        c.set_tag(run_id, "stability.reason", f"{type(err).__name__}: {err}"[:MAX_TAG])
+        c.set_tag(run_id, Tag.REASON, f"{type(err).__name__}: {err}"[:MAX_TAG])
         c.set_terminated(run_id, status="FAILED")
     except Exception:  # the tracking server may be the reason; keep the first error
         log.exception("could not close report run %s", run_id)
@@ -68,20 +106,28 @@ def _versions(c: Any, name: str) -> list[Any]:
     return list(c.search_model_versions(f"name='{name}'"))
 
 
-def register_winner(c: Any, name: str, sweep: Sweep, winner: Mapping[str, Any],
-                    run: Mapping[str, Any], test: WinnerTestResult,
-                    report_run_id: str) -> tuple[str, bool]:
-    """Register the winner's checkpoint as a new model version, once per (sweep, winner).
+def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: Mapping[str, Any],
+                    run: Mapping[str, Any], test: WinnerTestResult, report_run_id: str,
+                    loadable: LoadableWinner) -> tuple[str, bool]:
+    """Log the winner as an MLflow Model, register it once per (sweep, winner), alias champion.
+
+    The model is logged with ``mlflow.pytorch.log_model`` into the report run (``name="model"``,
+    pt2 format: a traced graph that loads without this package's code), with a signature and an
+    input example from the validation split and the run's ``config.yaml``; the registered
+    version points at that logged model and names the training run whose weights it holds.
+    The alias ``champion`` moves to this version (aliases, not the deprecated stages).
 
     Args:
         c: the MLflow client.
+        uri: its tracking URI (``log_model`` resolves the global one).
         name: the registered model name.
         sweep: the sweep.
         winner: the winner's row of the ranked config table.
         run: the training run whose checkpoint is registered (the winner's seed with the
             lowest best validation loss: chosen on validation, never on test).
         test: the winner's test evaluation (its numbers become version tags).
-        report_run_id: the report run that registered it.
+        report_run_id: the report run that registers it.
+        loadable: that run's rebuilt model and input example (``evaluate.load_winner``).
 
     Returns:
         ``(version, created)``; ``created`` is False when an existing version was reused.
@@ -93,10 +139,14 @@ def register_winner(c: Any, name: str, sweep: Sweep, winner: Mapping[str, Any],
         if v.tags.get("sweep_id") == sweep.sweep_id and v.tags.get("winner") == fp:
             log.info("model %s version %s already holds this winner; not registering again",
                      name, v.version)
+            c.set_registered_model_alias(name, CHAMPION, v.version)
+            c.set_tag(report_run_id, Tag.MODEL_URI, f"models:/{name}@{CHAMPION}")
             return str(v.version), False
     try:
         c.create_registered_model(name, description="Winning config of a stability sweep "
-                                  "(selected on validation loss; see its report run).")
+                                  "(selected on validation loss; see its report run). "
+                                  f"Load the newest with mlflow.pyfunc.load_model("
+                                  f"'models:/{name}@{CHAMPION}').")
     except MlflowException as err:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
@@ -113,9 +163,49 @@ def register_winner(c: Any, name: str, sweep: Sweep, winner: Mapping[str, Any],
     }
     if seed_test is not None and math.isfinite(seed_test.test_loss):
         tags |= {"test_loss": f"{seed_test.test_loss:.6g}", "test_acc": f"{seed_test.test_acc:.6g}"}
-    mv = c.create_model_version(
-        name, source=f"{run['artifact_uri']}/checkpoints", run_id=str(run["run_id"]), tags=tags,
-        description=f"state_dict of SequenceClassifier ({winner['label']}), checkpoints/best.pt "
-                    f"of seed {run['seed']} of sweep {sweep.sweep_id}",
-    )
+    info = _log_model(uri, report_run_id, loadable)
+    mv = c.create_model_version(name, source=info.model_uri, run_id=str(run["run_id"]),
+                                tags=tags, description=_description(sweep, winner, run, test,
+                                                                    seed_test),
+                                model_id=info.model_id)
+    c.set_registered_model_alias(name, CHAMPION, mv.version)
+    c.set_tag(report_run_id, Tag.MODEL_URI, f"models:/{name}@{CHAMPION}")
     return str(mv.version), True
+
+
+def _log_model(uri: str, run_id: str, w: LoadableWinner) -> Any:
+    import mlflow
+    import torch
+    from mlflow.models import infer_signature
+
+    mlflow.set_tracking_uri(uri)
+    with torch.no_grad():
+        out = w.model(torch.from_numpy(w.example)).numpy()
+    torch_version = torch.__version__.split("+")[0]  # the local build tag is not on PyPI
+    with warnings.catch_warnings():
+        # torch.export notes that nn.RNN re-assigns its flat weight list while tracing; the
+        # exported graph still holds every weight (the pyfunc test predicts with it).
+        warnings.filterwarnings("ignore", message="The tensor attributes self.rnn._flat_weights")
+        return mlflow.pytorch.log_model(
+            w.model, name=Artifact.MODEL, run_id=run_id,
+            signature=infer_signature(w.example, out), input_example=w.example,
+            serialization_format="pt2",
+            # explicit: inferring requirements would import the model in a subprocess
+            pip_requirements=[f"torch=={torch_version}", f"mlflow=={mlflow.__version__}"],
+            metadata={"config_yaml": w.config_text, "training_run_id": w.run_id})
+
+
+def _description(sweep: Sweep, winner: Mapping[str, Any], run: Mapping[str, Any],
+                 test: WinnerTestResult, seed_test: Any) -> str:
+    seed_line = (f"; this seed: test loss {seed_test.test_loss:.4f}, test accuracy "
+                 f"{seed_test.test_acc:.4f}" if seed_test is not None
+                 and math.isfinite(seed_test.test_loss) else "")
+    return (
+        f"Config `{winner['label']}` (fingerprint {winner['fingerprint']}), seed {run['seed']} "
+        f"(training run {run['run_id']}, best validation loss {run['best_val_loss']:.4f}) of "
+        f"sweep {sweep.sweep_id}.\n\nSelection rule: {SELECTION_RULE}.\n\nTest (sealed split, "
+        f"{test.test_size} sequences, opened once after selection): loss {test.loss.mean:.4f} ± "
+        f"{test.loss.std:.4f}, accuracy {test.acc.mean:.4f} ± {test.acc.std:.4f} over "
+        f"{test.loss.n} seeds (mean ± std){seed_line}.\n\nInput: float32 sequences (batch, "
+        "seq_len, 1); output: one logit per sequence (sigmoid > 0.5 = positive sum)."
+    )

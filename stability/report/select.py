@@ -125,6 +125,12 @@ def aggregate(runs: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
                             ("underflow", "fp16_underflow_fraction"),
                             ("wall_time_s", "wall_time_s")):
             row |= _mean_std(prefix, g.get(col))
+        # A worker's first run also pays its cold start (imports, first kernels): the median
+        # over seeds is the typical run, the mean is not.
+        wall = pd.to_numeric(g.get("wall_time_s"), errors="coerce").dropna() \
+            if "wall_time_s" in g else pd.Series(dtype=float)
+        row["wall_time_s_median"] = float(wall.median()) if len(wall) else math.nan
+        row["wall_time_s_max"] = float(wall.max()) if len(wall) else math.nan
         rows.append(row)
     return rank(pd.DataFrame(rows))
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class Paired:
     high: float
     p_t: float  # two-sided paired t-test
     p_wilcoxon: float  # two-sided Wilcoxon signed-rank (exact for small n), the check
+    sd: float = math.nan  # sample SD of the per-seed differences (what the power scales with)
 
 
 def paired(reference: Mapping[int, float], other: Mapping[int, float],
@@ -84,13 +85,13 @@ def paired(reference: Mapping[int, float], other: Mapping[int, float],
     if n < 2:
         return Paired(n, seeds, ci.mean, math.nan, math.nan, math.nan, math.nan)
     if np.all(d == 0):  # identical results: no evidence of any difference
-        return Paired(n, seeds, 0.0, 0.0, 0.0, 1.0, 1.0)
+        return Paired(n, seeds, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # constant differences: t is infinite
         p_t = float(stats.ttest_1samp(d, 0.0).pvalue)
     if math.isnan(p_t):  # zero spread with a non-zero mean: every seed moved the same way
         p_t = 0.0
-    return Paired(n, seeds, ci.mean, ci.low, ci.high, p_t, wilcoxon_p(d))
+    return Paired(n, seeds, ci.mean, ci.low, ci.high, p_t, wilcoxon_p(d), ci.std)
 
 
 def wilcoxon_p(d: np.ndarray) -> float:
@@ -120,3 +121,55 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p[i]))
         adjusted[i] = running
     return adjusted.tolist()
+
+
+def paired_power(effect: float, sd: float, n: int, alpha: float = 0.05) -> float:
+    """Power of the two-sided paired t-test on ``n`` pairs to detect a mean difference ``effect``.
+
+    Under a true mean difference ``effect`` the t statistic follows a noncentral t with
+    ``n - 1`` degrees of freedom and noncentrality ``effect / (sd / sqrt(n))``; the power is
+    the probability that it lands beyond either critical value ``+-t(1 - alpha/2, n - 1)``.
+    """
+    if n < 2 or not (sd > 0) or not math.isfinite(sd):
+        return math.nan
+    df, nc = n - 1, abs(effect) / (sd / math.sqrt(n))
+    crit = float(stats.t.ppf(1 - alpha / 2, df))
+    upper = float(stats.nct.sf(crit, df, nc))
+    lower = float(stats.nct.cdf(-crit, df, nc))  # the wrong-sign tail: tiny, and scipy
+    return upper + (0.0 if math.isnan(lower) else lower)  # underflows it to NaN for large nc
+
+
+def min_detectable(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest mean difference the paired t-test on ``n`` pairs detects with ``power``.
+
+    Solves ``paired_power(d, sd, n, alpha) = power`` for ``d`` (the power grows with ``d``).
+    NaN with fewer than two pairs or no spread to scale by.
+    """
+    if n < 2 or not (sd > 0) or not math.isfinite(sd):
+        return math.nan
+    hi = sd
+    while paired_power(hi, sd, n, alpha) < power:
+        hi *= 2
+    return float(optimize.brentq(lambda d: paired_power(d, sd, n, alpha) - power, 0.0, hi,
+                                 xtol=1e-12 * sd))
+
+
+def seeds_needed(effect: float, sd: float, alpha: float = 0.05, power: float = 0.8,
+                 limit: int = 10_000) -> float:
+    """The fewest paired seeds (>= 2) at which the paired t-test detects ``effect`` with ``power``.
+
+    NaN when it is undefined (no spread, no effect); ``inf`` beyond ``limit`` seeds.
+    """
+    if not (sd > 0) or not math.isfinite(sd) or not (abs(effect) > 0):
+        return math.nan
+    n = 2
+    while paired_power(effect, sd, n, alpha) < power:
+        n = n + 1 if n < 64 else n * 2  # past 64 seeds the exact count matters less
+        if n > limit:
+            return math.inf
+    if n > 64:  # bisect back down to the exact count inside the last doubling
+        lo = n // 2
+        while lo + 1 < n:
+            mid = (lo + n) // 2
+            lo, n = (mid, n) if paired_power(effect, sd, mid, alpha) < power else (lo, mid)
+    return float(n)

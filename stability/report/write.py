@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from stability.report.compare import Comparison, signed, simpler_within_noise
+from stability.report.advice import Recommendation, nearest_swept
+from stability.report.compare import Comparison, abs_num, signed, simpler_within_noise
 from stability.report.evaluate import WinnerTestResult
 from stability.report.fetch import Sweep
+from stability.report.health import summary_sentence
 from stability.report.plots import Figure
 from stability.report.select import SELECTION_RULE
 from stability.report.stats import wilcoxon_min_p
@@ -26,8 +28,10 @@ SUMMARY_COLUMNS = [
     "accum_steps", "seeds", "seeds_finished", "seeds_diverged", "seeds_failed", "seeds_missing",
     "flag", "loss_mean", "loss_std", "loss_ci_low", "loss_ci_high", "acc_mean", "acc_std",
     "acc_ci_low", "acc_ci_high", "clip_fraction_mean", "clip_fraction_std", "skip_count_mean",
-    "skip_count_std", "underflow_mean", "wall_time_s_mean", "n_paired", "diff_vs_winner",
-    "p_vs_winner", "p_wilcoxon_vs_winner", "within_ci", "within_noise", "seed_list",
+    "skip_count_std", "underflow_mean", "wall_time_s_mean",
+    "wall_time_s_median", "wall_time_s_max", "n_paired", "diff_vs_winner",
+    "p_vs_winner", "p_wilcoxon_vs_winner", "mdd_vs_winner", "within_ci", "within_noise",
+    "stability", "stability_reason", "seed_list",
 ]
 
 
@@ -50,6 +54,7 @@ class ReportContext:
     elapsed_s: float
     generated_at: str
     git_commit: str
+    advice: Sequence[Recommendation] = ()
 
 
 def fmt(x: float, digits: int = 4) -> str:
@@ -112,7 +117,14 @@ def _answer(ctx: ReportContext) -> list[str]:
     if w["precision"] == "fp32" and not w["clip_enabled"] and w["accum_steps"] == 1:
         lines.append("- The winner is the baseline itself (fp32, clip off, accum 1): no setting "
                      "beat plain training on validation loss.")
+    if "stability" in ctx.configs:
+        lines.append(f"- Stability: {summary_sentence(ctx.configs)}")
     lines += [f"- {c.question}: {c.verdict}" for c in ctx.comparisons]
+    for r in ctx.advice:
+        near = nearest_swept(r)
+        lines.append(f"- Recommended clipping threshold (from the clip-off runs' pre-clip norms), "
+                     f"{r.sentence()}" + (f"; nearest swept value {near:g}"
+                                          if near == near else "") + ".")
     simpler = simpler_within_noise(ctx.configs)
     if simpler is not None:
         lines.append(
@@ -128,29 +140,54 @@ def _answer(ctx: ReportContext) -> list[str]:
     return lines
 
 
+def answer_markdown(ctx: ReportContext) -> str:
+    """The report's answer section (markdown), as it opens report.md."""
+    return "\n".join(_answer(ctx))
+
+
 def _comparison_table(ctx: ReportContext) -> str:
     rows = [[c.question, c.reference, c.other, str(c.result.n), signed(c.result.mean_diff),
              _signed_ci(c.result.low, c.result.high), _p(c.result.p_t), _p(c.p_holm),
-             _p(c.result.p_wilcoxon), str(c.other_unfinished)] for c in ctx.comparisons]
+             _p(c.result.p_wilcoxon), _size(c.power.mdd), _seeds(c.power.seeds_for_effect),
+             str(c.other_unfinished)] for c in ctx.comparisons]
+    power = ctx.comparisons[0].power if ctx.comparisons else None
+    effect = _size(power.effect) if power else "—"
+    level = f"{power.power:.0%}" if power else ""
     return _table(["question", "reference", "other", "paired seeds", "mean diff (other − ref)",
                    f"{ctx.confidence:.0%} CI", "paired t p", "Holm p", "Wilcoxon p",
+                   f"detectable at {level} power", f"seeds to detect {effect}",
                    "other's unfinished seeds"], rows)
+
+
+def _size(x: float) -> str:
+    return "—" if math.isnan(x) else abs_num(x)
+
+
+def _seeds(n: float) -> str:
+    return "—" if math.isnan(n) else ("> 10000" if math.isinf(n) else str(int(n)))
 
 
 def _config_table(configs: pd.DataFrame) -> str:
     rows = []
     for _, c in configs.iterrows():
         rows.append([
-            str(c["rank"]), f"`{c['label']}`", f"{c['seeds_finished']}/{c['seeds']}",
+            str(c["rank"]), f"`{c['label']}`", str(c.get("stability", "—")),
+            f"{c['seeds_finished']}/{c['seeds']}",
             str(c["seeds_diverged"] + c["seeds_failed"]), _pm(c["loss_mean"], c["loss_std"]),
             _ci(c["loss_ci_low"], c["loss_ci_high"]), _pm(c["acc_mean"], c["acc_std"], 3),
             fmt(c["clip_fraction_mean"], 3), fmt(c["skip_count_mean"], 1),
-            fmt(c["underflow_mean"], 4), fmt(c["wall_time_s_mean"], 1),
-            signed(c["diff_vs_winner"]), _p(c["p_vs_winner"]), c["flag"] or "",
+            fmt(c["underflow_mean"], 4), _wall(c),
+            signed(c["diff_vs_winner"]), _p(c["p_vs_winner"]), _size(c["mdd_vs_winner"]),
+            c["flag"] or "",
         ])
-    return _table(["rank", "config", "finished", "unfinished", "best val loss", "CI",
-                   "val acc", "clip frac", "skips", "fp16 underflow", "wall s",
-                   "diff vs winner", "p vs winner", "flag"], rows)
+    return _table(["rank", "config", "stability", "finished", "unfinished", "best val loss", "CI",
+                   "val acc", "clip frac", "skips", "fp16 underflow", "wall s (median, max)",
+                   "diff vs winner", "p vs winner", "detectable vs winner", "flag"], rows)
+
+
+def _wall(c: pd.Series) -> str:
+    median, top = c.get("wall_time_s_median", math.nan), c.get("wall_time_s_max", math.nan)
+    return "—" if math.isnan(median) else f"{median:.1f} ({top:.1f})"
 
 
 def _test_table(t: WinnerTestResult) -> str:
@@ -181,13 +218,25 @@ def render(ctx: ReportContext) -> str:
         f"finished ({ctx.confidence:.0%} t interval). The decision uses the paired t-test with "
         f"Holm's correction over this table at α = {ctx.alpha}; the Wilcoxon signed-rank test "
         f"is a distribution-free check. With {n} seeds the exact two-sided Wilcoxon p-value "
-        f"cannot go below {wilcoxon_min_p(n):.4g}, which is why it is not the decision.", "",
+        f"cannot go below {wilcoxon_min_p(n):.4g}, which is why it is not the decision. "
+        "`detectable` is the minimum detectable difference: the mean difference the paired t-test "
+        "on these seeds would find with the stated power, from the observed SD of the per-seed "
+        "differences (noncentral t; docs/report.md). A non-significant result says nothing "
+        "about differences smaller than that.", "",
         "## Test evaluation (winner only)", "", _test_table(ctx.test), "",
         f"Evaluated on `{ctx.test.device}` under each run's own precision from its "
         "`checkpoints/best.pt` artifact (the best-validation epoch).", "",
         "## All configs, ranked", "", _config_table(configs), "",
         "`unfinished` seeds count as +inf in `best val loss`; `val acc` is at each seed's best "
-        "epoch, over finished seeds; `p vs winner` is the unadjusted paired t-test.", "",
+        "epoch, over finished seeds; `p vs winner` is the unadjusted paired t-test; `wall s` is "
+        "the median run time over seeds (a worker's first run also pays its cold start: imports, "
+        "first kernels) with the slowest seed in brackets.", "",
+        "## Stability verdicts", "",
+        *([f"- `{r['label']}`: **{r['stability']}**: {r['stability_reason']}"
+           for _, r in configs.iterrows() if r.get("stability", "stable") != "stable"]
+          or ["- every config is stable."]), "",
+        "Judged per seed from `steps.csv` and the run's outcome, worst seed wins; thresholds are "
+        "`verdict.*` in `conf/report.yaml` (docs/report.md).", "",
         "## Flags", "",
         *([f"- `{r['label']}`: {r['flag']}" for _, r in flagged.iterrows()]
           or ["- none: every config has every seed, all finished."]), "",

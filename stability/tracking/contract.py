@@ -67,6 +67,11 @@ class Tag:
     WINNER_LABEL = "stability.winner_label"
     SELECTION_RULE = "stability.selection_rule"
     PARENT_RUN_ID = "mlflow.parentRunId"  # nests a training run under its sweep in the UI
+    NOTE = "mlflow.note.content"  # a run's description, rendered as markdown on its UI page
+    REPORT_RUN_ID = "stability.report_run_id"  # on the sweep's parent: its latest report run
+    WINNER_STABILITY = "stability.winner_stability"  # stable | marginal | unstable
+    MAX_NORM_RECOMMENDATION = "stability.max_norm_recommendation"  # per accum, from clip-off runs
+    MODEL_URI = "stability.model_uri"  # models:/<name>@champion of the registered winner
 
 
 # Per optimizer step (MLflow step = optimizer step): the steps.csv column names.
@@ -86,6 +91,10 @@ class Artifact:
     CONFIG = rundir.CONFIG_NAME
     CHECKPOINT = rundir.CHECKPOINT_NAME
     ALL = rundir.ARTIFACTS
+    REPORT_MD = "report.md"  # report run: the review report
+    REPORT_HTML = "report.html"  # report run: the same, self-contained (figures embedded)
+    SUMMARY_CSV = "summary.csv"  # report run: one row per config, ranked
+    MODEL = "model"  # name of the winner's logged MLflow Model
 
 
 def search_filter(kind: Kind, sweep_id: str | None = None, status: str | None = None) -> str:

@@ -1,0 +1,179 @@
+"""A stability verdict per config (stable / marginal / unstable, with the reason) from telemetry.
+
+Everything is read from what the runs already log: each run's ``steps.csv`` (loss, skipped,
+scaler_scale, clipped per optimizer step) and its outcome (a monitor abort is ``diverged``).
+A run is judged on five signs; a config takes the worst verdict of its seeds and lists every
+sign that fired with how many seeds showed it. Thresholds live in ``conf/report.yaml``
+(``verdict:``), each with the reason for its default.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+import pandas as pd
+
+from stability.tracking.contract import Outcome
+
+
+class Verdict(IntEnum):
+    """Ordered so that the worst verdict of a config's seeds is the ``max``."""
+
+    STABLE = 0
+    MARGINAL = 1
+    UNSTABLE = 2
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a sign makes a run marginal or unstable (defaults: ``conf/report.yaml``)."""
+
+    skip_rate_marginal: float = 0.01
+    skip_rate_unstable: float = 0.05
+    backoff_rate_marginal: float = 0.05
+    scale_floor: float = 1.0
+    net_backoffs_unstable: int = 8
+    spike_factor: float = 10.0
+    spike_window: int = 50
+    spike_min_history: int = 10
+    spikes_unstable: int = 3
+    clip_saturation: float = 0.95
+    settle_steps: int = 20
+
+
+@dataclass(frozen=True)
+class Sign:
+    """One thing a run did that makes it less than stable."""
+
+    kind: str  # "diverged", "skips", "scale collapse", "backoffs", "spikes", "clip saturation"
+    severity: Verdict
+    value: float  # the measured rate or count (for the worst-seed wording)
+
+
+@dataclass(frozen=True)
+class ConfigHealth:
+    """The verdict of one config and why."""
+
+    verdict: Verdict
+    reason: str  # "" when stable
+    seeds_judged: int
+    signs: dict[str, list[Sign]] = field(default_factory=dict)
+
+
+def loss_spikes(loss: pd.Series, t: Thresholds) -> int:
+    """Steps whose loss exceeds ``spike_factor`` x the median of the previous ``spike_window``.
+
+    Megatron-LM's check compares with a running history the same way (it uses 10x). Non-finite
+    losses are skipped steps, counted by the skip rate, not here.
+    """
+    finite = pd.to_numeric(loss, errors="coerce").where(lambda s: np.isfinite(s))
+    median = finite.rolling(t.spike_window, min_periods=t.spike_min_history).median().shift(1)
+    return int(((finite > t.spike_factor * median) & (median > 0)).sum())
+
+
+def run_signs(steps: pd.DataFrame | None, outcome: str, clip_enabled: bool,
+              summary: pd.Series, t: Thresholds) -> list[Sign]:
+    """The signs one run shows, from its steps table (or its summary metrics if it has none)."""
+    signs: list[Sign] = []
+    if outcome == Outcome.DIVERGED:
+        signs.append(Sign("diverged", Verdict.UNSTABLE, 1.0))
+    if steps is not None and len(steps):
+        scale = pd.to_numeric(steps["scaler_scale"], errors="coerce").to_numpy(dtype=float)
+        # GradScaler starts at 2^16 on purpose and halves (skipping the step) until the scale
+        # fits: those first steps are the scaler working, not instability.
+        scaled = bool(np.isfinite(scale).all() and scale.max() > 1.0)
+        settle = min(t.settle_steps, len(steps) // 2) if scaled else 0
+        skip_rate = float(steps["skipped"].iloc[settle:].astype(float).mean())
+        clip_rate = float(steps["clipped"].astype(float).mean())
+        spikes = loss_spikes(steps["loss"], t)
+        scale = scale[settle:]
+    else:  # no steps.csv: what the summary says (backoffs and spikes cannot be judged)
+        n = float(summary.get("optimizer_steps", math.nan))  # (settling cannot be told apart)
+        skip_rate = float(summary.get("skip_count", math.nan)) / n if n else math.nan
+        clip_rate = float(summary.get("clip_fraction", math.nan))
+        scale, spikes = np.array([]), 0
+    if skip_rate > t.skip_rate_unstable:
+        signs.append(Sign("skips", Verdict.UNSTABLE, skip_rate))
+    elif skip_rate > t.skip_rate_marginal:
+        signs.append(Sign("skips", Verdict.MARGINAL, skip_rate))
+    if len(scale) > 1 and np.isfinite(scale).all() and np.ptp(scale) > 0:
+        backoff_rate = float((np.diff(scale) < 0).sum()) / len(scale)
+        net = math.log2(scale.max() / scale[-1])  # halvings never won back by the end
+        if scale.min() <= t.scale_floor or net >= t.net_backoffs_unstable:
+            signs.append(Sign("scale collapse", Verdict.UNSTABLE, float(scale.min())))
+        elif backoff_rate > t.backoff_rate_marginal:
+            signs.append(Sign("backoffs", Verdict.MARGINAL, backoff_rate))
+    if spikes:
+        signs.append(Sign("spikes", Verdict.UNSTABLE if spikes >= t.spikes_unstable
+                          else Verdict.MARGINAL, float(spikes)))
+    if clip_enabled and clip_rate >= t.clip_saturation:
+        signs.append(Sign("clip saturation", Verdict.MARGINAL, clip_rate))
+    return signs
+
+
+def _wording(kind: str, signs: list[Sign], t: Thresholds) -> str:
+    worst = max(s.value for s in signs)
+    return {
+        "diverged": "diverged (the skip-rate monitor aborted the run)",
+        "skips": f"skipped up to {worst:.1%} of steps",
+        "scale collapse": f"fp16 loss scale collapsed (down to {min(s.value for s in signs):g}, "
+                          f"floor {t.scale_floor:g}, or {t.net_backoffs_unstable}+ halvings not "
+                          "won back)",
+        "backoffs": f"scale backoffs in up to {worst:.0%} of steps",
+        "spikes": f"up to {int(worst)} loss spike(s) above {t.spike_factor:g}x the running median",
+        "clip saturation": f"clipped {worst:.0%} of steps (max_norm below the typical norm)",
+    }[kind]
+
+
+def judge_config(runs: pd.DataFrame, steps: dict[str, pd.DataFrame], clip_enabled: bool,
+                 t: Thresholds) -> ConfigHealth:
+    """Worst verdict over the seeds of one config; failed or killed seeds are not judged."""
+    judged = runs[runs["outcome"].isin([Outcome.FINISHED, Outcome.DIVERGED])]
+    by_kind: dict[str, list[Sign]] = {}
+    worst = Verdict.STABLE
+    for _, row in judged.iterrows():
+        for sign in run_signs(steps.get(row["run_id"]), row["outcome"], clip_enabled, row, t):
+            by_kind.setdefault(sign.kind, []).append(sign)
+            worst = max(worst, sign.severity)
+    n = len(judged)
+    parts = [f"{_wording(k, s, t)} ({len(s)}/{n} seeds)" for k, s in
+             sorted(by_kind.items(), key=lambda kv: -max(x.severity for x in kv[1]))]
+    return ConfigHealth(worst, "; ".join(parts), n, by_kind)
+
+
+def judge(runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.DataFrame],
+          t: Thresholds) -> pd.DataFrame:
+    """``configs`` plus ``stability`` (stable / marginal / unstable) and ``stability_reason``."""
+    verdicts, reasons = [], []
+    for _, c in configs.iterrows():
+        h = judge_config(runs[runs["fingerprint"] == c["fingerprint"]], steps,
+                         bool(c["clip_enabled"]), t)
+        verdicts.append(str(h.verdict) if h.seeds_judged else "not judged")
+        reasons.append(h.reason if h.seeds_judged else "no seed finished or diverged")
+    return configs.assign(stability=verdicts, stability_reason=reasons)
+
+
+def summary_sentence(configs: pd.DataFrame) -> str:
+    """"The winner is stable; 4 fp16 configs are marginal: scale backoffs in 30% of steps"."""
+    w = configs.iloc[0]
+    text = f"the winner is {w['stability']}" + (f" ({w['stability_reason']})"
+                                                if w["stability_reason"] else "")
+    groups = []
+    for verdict in ("unstable", "marginal"):
+        bad = configs.iloc[1:][configs.iloc[1:]["stability"] == verdict]
+        for precision, g in bad.groupby("precision", sort=False):
+            first_reason = g["stability_reason"].str.split(" \\(").str[0].mode().iloc[0]
+            groups.append(f"{len(g)} {precision} config{'s are' if len(g) > 1 else ' is'} "
+                          f"{verdict} (most often: {first_reason})")
+    stable = int((configs.iloc[1:]["stability"] == "stable").sum())
+    others = len(configs) - 1
+    tail = (f"{'; '.join(groups)}; {stable} of {others} others stable" if groups
+            else f"so {'is the other config' if others == 1 else f'are the other {others} configs'}"
+            if others else "it is the only config")
+    return f"{text[0].upper()}{text[1:]}; {tail}."

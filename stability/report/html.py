@@ -1,0 +1,120 @@
+"""``report.html``: report.md as one self-contained page (figures embedded as base64 PNG).
+
+The MLflow UI shows an ``.html`` artifact in a sandboxed iframe, so the page must carry
+everything itself: no external CSS, scripts or image files. Only the markdown that
+``write.render`` produces is converted (headings, paragraphs, lists, pipe tables, fenced code,
+images, bold, inline code, links); a general markdown library would be a dependency for that.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from pathlib import Path
+
+CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px;
+       padding: 0 1em; color: #1a1a1a; background: #fff; }
+h1 { font-size: 1.5em; } h2 { border-bottom: 1px solid #ddd; margin-top: 1.6em; }
+table { border-collapse: collapse; font-size: 12px; display: block; overflow-x: auto; }
+th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: left; white-space: nowrap; }
+th { background: #f2f2f2; } tr:nth-child(even) td { background: #fafafa; }
+code { background: #f4f4f4; padding: 0 3px; border-radius: 3px; }
+pre { background: #f4f4f4; padding: 0.6em; overflow-x: auto; }
+img { max-width: 100%; border: 1px solid #eee; }
+#answer { background: #f3f8ff; border-left: 4px solid #2a6ebb; padding: 0.2em 1em; }
+"""
+
+_INLINE = [  # applied outside code spans, in this order
+    (re.compile(r"\*\*(.+?)\*\*"), lambda m: f"<strong>{m.group(1)}</strong>"),
+    (re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)"),
+     lambda m: f'<a href="{m.group(2)}">{m.group(1)}</a>'),
+]
+
+
+def inline(text: str) -> str:
+    """Escape ``text`` and apply the inline markup (code spans are not marked up further)."""
+    codes: list[str] = []
+
+    def stash(m: re.Match) -> str:  # code spans first, so `**` inside code stays literal
+        codes.append(f"<code>{m.group(1)}</code>")
+        return f"\x00{len(codes) - 1}\x00"
+
+    out = re.sub(r"`([^`]+)`", stash, html.escape(text, quote=False))
+    for pattern, repl in _INLINE:
+        out = pattern.sub(repl, out)
+    return re.sub(r"\x00(\d+)\x00", lambda m: codes[int(m.group(1))], out)
+
+
+def _image(line: str, folder: Path) -> str:
+    m = re.fullmatch(r"!\[([^\]]*)\]\(([^)]+)\)", line.strip())
+    assert m is not None
+    alt, src = m.groups()
+    path = folder / src
+    if path.is_file():  # embedded: the artifact viewer's iframe cannot fetch a sibling file
+        src = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<p><img alt="{html.escape(alt)}" src="{src}"></p>'
+
+
+def _table(rows: list[str]) -> str:
+    cells = [[c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", r.strip())[1:-1]]
+             for r in rows]
+    head, body = cells[0], cells[2:]  # cells[1] is the |---| separator
+    out = ["<table><thead><tr>", *[f"<th>{inline(c)}</th>" for c in head], "</tr></thead><tbody>"]
+    for r in body:
+        out += ["<tr>", *[f"<td>{inline(c)}</td>" for c in r], "</tr>"]
+    return "".join([*out, "</tbody></table>"])
+
+
+def to_html(markdown: str, folder: Path, title: str) -> str:
+    """The report page: ``markdown`` (as ``write.render`` writes it) with images from ``folder``.
+
+    The ``## Answer`` section is wrapped in ``<section id="answer">`` so it stands out.
+    """
+    lines, out, i = markdown.splitlines(), [], 0
+    in_answer = False
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            j = i + 1
+            while j < len(lines) and not lines[j].startswith("```"):
+                j += 1
+            out.append("<pre><code>" + html.escape("\n".join(lines[i + 1:j])) + "</code></pre>")
+            i = j + 1
+            continue
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            if level == 2 and in_answer:
+                out.append("</section>")
+                in_answer = False
+            if level == 2 and line[3:].strip() == "Answer":
+                out.append('<section id="answer">')
+                in_answer = True
+            out.append(f"<h{level}>{inline(line[level:].strip())}</h{level}>")
+        elif line.startswith("|"):
+            j = i
+            while j < len(lines) and lines[j].startswith("|"):
+                j += 1
+            out.append(_table(lines[i:j]))
+            i = j
+            continue
+        elif line.startswith("- "):
+            j = i
+            while j < len(lines) and lines[j].startswith("- "):
+                j += 1
+            out.append("<ul>" + "".join(f"<li>{inline(x[2:])}</li>" for x in lines[i:j])
+                       + "</ul>")
+            i = j
+            continue
+        elif line.startswith("!["):
+            out.append(_image(line, folder))
+        elif line.strip():
+            out.append(f"<p>{inline(line)}</p>")
+        i += 1
+    if in_answer:
+        out.append("</section>")
+    body = "\n".join(out)
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f"<title>{html.escape(title)}</title><style>{CSS}</style></head>\n"
+            f"<body>\n{body}\n</body></html>\n")

@@ -1,0 +1,121 @@
+"""Stability verdicts on constructed steps tables whose verdict is known by construction."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from stability.report.health import Thresholds, Verdict, judge, loss_spikes, run_signs
+from stability.report.options import ReportError, to_report_config
+
+T = Thresholds()
+
+
+def steps(n: int = 200, loss: float = 0.5, skipped: tuple[int, ...] = (), scale: float = 1.0,
+          clipped: float = 0.0) -> pd.DataFrame:
+    """A clean run: flat loss, nothing skipped, constant scale, a share of steps clipped."""
+    df = pd.DataFrame({"step": np.arange(1, n + 1), "loss": loss, "skipped": 0,
+                       "scaler_scale": scale, "clipped": 0})
+    df.loc[df.index < round(clipped * n), "clipped"] = 1
+    for s in skipped:
+        df.loc[s, ["skipped", "loss"]] = (1, math.inf)
+    return df
+
+
+def verdict(df: pd.DataFrame | None, outcome: str = "finished", clip: bool = False,
+            summary: dict | None = None) -> tuple[Verdict, set[str]]:
+    signs = run_signs(df, outcome, clip, pd.Series(summary or {}, dtype=float), T)
+    return max((s.severity for s in signs), default=Verdict.STABLE), {s.kind for s in signs}
+
+
+def test_a_clean_run_is_stable():
+    assert verdict(steps()) == (Verdict.STABLE, set())
+    assert verdict(steps(clipped=0.5), clip=True) == (Verdict.STABLE, set())
+
+
+def test_a_monitor_abort_is_unstable():
+    assert verdict(steps(), outcome="diverged") == (Verdict.UNSTABLE, {"diverged"})
+
+
+def test_skip_rate_thresholds():
+    assert verdict(steps(skipped=(5,))) == (Verdict.STABLE, set())  # 0.5% of 200
+    assert verdict(steps(skipped=(5, 50, 90, 120))) == (Verdict.MARGINAL, {"skips"})  # 2%
+    assert verdict(steps(skipped=tuple(range(10, 30)))) == (Verdict.UNSTABLE, {"skips"})  # 10%
+
+
+def fp16(scales: list[float]) -> pd.DataFrame:
+    df = steps(len(scales))
+    df["scaler_scale"] = scales
+    return df
+
+
+def test_fp16_backoffs_that_recover_are_marginal_and_a_collapse_is_unstable():
+    # Halves every 10th step, grows straight back: 10% backoffs, never below 2^15.
+    recovering = [2.0**15 if i % 10 == 9 else 2.0**16 for i in range(200)]
+    assert verdict(fp16(recovering)) == (Verdict.MARGINAL, {"backoffs"})
+    # Halves every 10 steps and never grows again: ends 2^20 below the peak.
+    sinking = [2.0**16 / 2 ** (i // 10) for i in range(200)]
+    assert verdict(fp16(sinking)) == (Verdict.UNSTABLE, {"scale collapse"})
+    floor = [2.0**16] * 150 + [1.0] * 50  # at the floor: no headroom left
+    assert verdict(fp16(floor))[0] == Verdict.UNSTABLE
+    settling = [2.0**16] * 3 + [2.0**15] * 197  # one backoff while the scale settles
+    assert verdict(fp16(settling)) == (Verdict.STABLE, set())
+
+
+def test_loss_spikes_are_counted_against_the_running_median():
+    df = steps()
+    df.loc[100, "loss"] = 0.5 * 11  # 11x the median
+    df.loc[150, "loss"] = 0.5 * 9  # 9x: not a spike at factor 10
+    assert loss_spikes(df["loss"], T) == 1
+    assert verdict(df) == (Verdict.MARGINAL, {"spikes"})
+    df.loc[[120, 130, 140], "loss"] = 0.5 * 20
+    assert verdict(df) == (Verdict.UNSTABLE, {"spikes"})
+    early = steps()
+    early.loc[3, "loss"] = 100.0  # before spike_min_history losses: no baseline yet
+    assert loss_spikes(early["loss"], T) == 0
+
+
+def test_clipping_every_step_is_saturation_only_when_clipping_is_on():
+    assert verdict(steps(clipped=1.0), clip=True) == (Verdict.MARGINAL, {"clip saturation"})
+    assert verdict(steps(clipped=1.0), clip=False) == (Verdict.STABLE, set())
+
+
+def test_a_run_without_steps_csv_is_judged_from_its_summary():
+    got = verdict(None, summary={"optimizer_steps": 100, "skip_count": 10, "clip_fraction": 0.0})
+    assert got == (Verdict.UNSTABLE, {"skips"})
+
+
+def test_a_config_takes_its_worst_seed_and_counts_the_seeds_that_showed_it():
+    runs = pd.DataFrame({"run_id": ["a", "b", "c", "d"], "fingerprint": ["x", "x", "x", "y"],
+                         "seed": [0, 1, 2, 0],
+                         "outcome": ["finished", "finished", "failed", "finished"]})
+    configs = pd.DataFrame({"fingerprint": ["y", "x"], "clip_enabled": [False, False],
+                            "precision": ["fp32", "fp16"]})
+    tables = {"a": steps(skipped=(5, 50, 90, 120)), "b": steps(), "d": steps()}
+    out = judge(runs, configs, tables, T).set_index("fingerprint")
+    assert out.loc["y", "stability"] == "stable" and out.loc["y", "stability_reason"] == ""
+    assert out.loc["x", "stability"] == "marginal"
+    assert out.loc["x", "stability_reason"] == "skipped up to 2.0% of steps (1/2 seeds)"
+
+
+def test_thresholds_come_from_the_config_and_bad_ones_name_the_key():
+    cfg = to_report_config({"verdict": {"spike_factor": 5, "spikes_unstable": 2}})
+    assert cfg.verdict.spike_factor == 5.0 and cfg.verdict.spikes_unstable == 2
+    with pytest.raises(ReportError, match=r"verdict.skip_rate_unstable=2.0 is invalid"):
+        to_report_config({"verdict": {"skip_rate_unstable": 2.0}})
+    with pytest.raises(ReportError, match="unknown key verdict.colour"):
+        to_report_config({"verdict": {"colour": 1}})
+
+
+def test_fp16_skips_while_the_scaler_settles_do_not_count():
+    settling = fp16([2.0**16 / 2 ** min(i, 3) for i in range(200)])  # halves 3x at the start
+    settling.loc[[0, 1, 2], ["skipped", "loss"]] = (1, math.inf)
+    assert verdict(settling) == (Verdict.STABLE, set())
+    late = settling.copy()
+    late.loc[[50, 90, 130], ["skipped", "loss"]] = (1, math.inf)  # 3 of 180 after settling
+    assert verdict(late) == (Verdict.MARGINAL, {"skips"})
+    fp32 = steps(skipped=(0, 1, 2, 3))  # no scaler: an early skip is a real non-finite gradient
+    assert verdict(fp32) == (Verdict.MARGINAL, {"skips"})
