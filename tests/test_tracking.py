@@ -19,13 +19,13 @@ from mlflow.tracking import MlflowClient
 from stability.core.config import fingerprint, flatten, to_run_config
 from stability.sweep.job import train_tracked
 from stability.tasks.sign_sum import SequenceClassifier
-from stability.tracking.run import (
-    STEP_METRICS,
+from stability.tracking.contract import STEP_METRICS
+from stability.tracking.queries import finished_points
+from stability.tracking.uri import (
     TrackingError,
     check_reachable,
     default_store_uri,
     ensure_experiment,
-    finished_points,
     local_artifact_root,
     resolve_tracking_uri,
 )
@@ -41,10 +41,6 @@ SUMMARY_METRICS = ("best_val_loss", "best_epoch", "clip_count", "clip_fraction",
                    "fp16_underflow_fraction", "grad_norm_max", "grad_norm_p50", "grad_norm_p90",
                    "grad_norm_p99", "diverged", "effective_batch", "optimizer_steps",
                    "wall_time_s")
-CSV_COLUMN = {"loss": "loss", "lr": "lr", "grad_norm_pre_clip": "grad_l2_pre_clip",
-              "grad_norm_post_clip": "grad_l2_post_clip", "clipped": "clipped",
-              "skipped": "skipped", "scaler_scale": "scaler_scale",
-              "skips_cumulative": "skips_cumulative"}
 
 
 def _raw(uri: str, experiment: str, out: Path, **sections: dict) -> dict:
@@ -104,7 +100,7 @@ def test_finished_run_follows_the_contract(mlflow_server, tmp_path: Path) -> Non
         history = sorted(c.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
         assert [m.step for m in history] == list(range(1, n + 1)), key
         for m, row in zip(history, rows, strict=True):
-            assert _same(m.value, float(row[CSV_COLUMN[key]])), (key, m.step)
+            assert _same(m.value, float(row[key])), (key, m.step)
     scales = [float(r["scaler_scale"]) for r in rows]
     assert len(set(scales)) > 1  # growth_interval=3: the GradScaler's scale really moves
     for key in EPOCH_METRICS:
@@ -141,7 +137,7 @@ def test_diverged_run_ends_failed_with_reason(mlflow_server, tmp_path: Path) -> 
     assert [m.step for m in c.get_metric_history(run.info.run_id, "skipped")] == [1, 2]
     # Non-finite values are logged as they are; MLflow's SQL store keeps an inf as the largest
     # float (SQL has no inf), so the injected inf gradient's norm comes back as 1.8e308.
-    norms = sorted(c.get_metric_history(run.info.run_id, "grad_norm_pre_clip"),
+    norms = sorted(c.get_metric_history(run.info.run_id, "grad_l2_pre_clip"),
                    key=lambda m: m.step)
     assert norms[0].value < 100 and norms[1].value == sys.float_info.max
     assert run.data.metrics["diverged"] == 1

@@ -23,7 +23,7 @@ from stability.report import compare, fetch, plots, publish, select
 from stability.report.evaluate import evaluate_winner
 from stability.report.options import ReportConfig
 from stability.report.write import ReportContext, render, write_summary
-from stability.tracking.run import check_reachable, client, git_commit, resolve_tracking_uri
+from stability.tracking.uri import check_reachable, client, git_commit, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 

@@ -67,6 +67,9 @@ class Tag:
     WINNER_LABEL = "stability.winner_label"
     SELECTION_RULE = "stability.selection_rule"
     PARENT_RUN_ID = "mlflow.parentRunId"  # nests a training run under its sweep in the UI
+    HEARTBEAT = "stability.heartbeat"  # ms since the epoch, refreshed by the run's sender thread
+    PROCESS = "stability.process"  # "<host>:<pid>" of the process that trains the run
+    OUTPUT_DIR = "stability.output_dir"  # the run folder (steps.csv, journal, checkpoints)
 
 
 # Per optimizer step (MLflow step = optimizer step): the steps.csv column names.
