@@ -21,6 +21,7 @@ from stability.sweep.job import train_tracked
 from stability.tasks.sign_sum import SequenceClassifier
 from stability.tracking.contract import STEP_METRICS
 from stability.tracking.queries import finished_points
+from stability.tracking.server import free_port
 from stability.tracking.uri import (
     TrackingError,
     check_reachable,
@@ -29,7 +30,6 @@ from stability.tracking.uri import (
     local_artifact_root,
     resolve_tracking_uri,
 )
-from stability.tracking.server import free_port
 
 pytestmark = pytest.mark.server
 

@@ -139,7 +139,7 @@ class TrackedRun:
         from mlflow.entities import Param
 
         if self.run_id is None:
-            exp_id = ensure_experiment(self.uri, self.cfg.tracking.experiment)
+            exp_id = ensure_experiment(self.uri, self.cfg.tracking.experiment, check=False)
             run = self._client.create_run(exp_id, tags=tags, run_name=run_name(self.cfg))
             self.run_id = run.info.run_id
             self._journal.write("run_id", run_id=self.run_id)

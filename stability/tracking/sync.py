@@ -115,7 +115,7 @@ def sync_folder(folder: str | Path, uri: str | None = None,
     run = call(lambda: _find_run(c, r.run_id))
     result = SyncResult(folder, "")
     if run is None:
-        exp_id = call(lambda: ensure_experiment(uri, r.experiment))
+        exp_id = call(lambda: ensure_experiment(uri, r.experiment, check=False))
         run = call(lambda: c.create_run(exp_id, start_time=r.start_ms or None, tags=r.tags,
                                         run_name=r.run_name))
         journal.append(folder, "run_id", run_id=run.info.run_id)

@@ -32,6 +32,7 @@ HTTP_TIMEOUT_VAR = "MLFLOW_HTTP_REQUEST_TIMEOUT"
 
 
 _LOCKS_HELD: set[str] = set()  # store locks this process holds (see store_lock)
+_REACHED: set[str] = set()  # HTTP servers that answered /health in this process
 
 
 class TrackingError(RuntimeError):
@@ -88,20 +89,18 @@ def _probe(uri: str, timeout_s: float) -> str:
         return str(err)
 
 
-@functools.cache
-def _reachability(uri: str, timeout_s: float) -> str:
-    return _probe(uri, timeout_s)
-
-
 def check_reachable(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
     """Raise ``TrackingError`` within ``timeout_s`` if an HTTP tracking server does not answer.
 
-    The answer is remembered for the rest of the process: asked twice, it is probed once.
+    A server that answered once is not probed again in this process (the sweeper and its
+    in-process jobs ask the same question); one that did not is probed again when asked.
     """
-    if not is_http(uri):
+    if not is_http(uri) or uri in _REACHED:
         return
-    reason = _reachability(uri, timeout_s)
-    if reason:
+    reason = _probe(uri, timeout_s)
+    if not reason:
+        _REACHED.add(uri)
+    else:
         raise TrackingError(
             f"tracking server {uri} is not reachable ({reason}); start it (see "
             "docs/team-server.md) or set tracking.uri / MLFLOW_TRACKING_URI to a running server"
@@ -154,15 +153,17 @@ def client(uri: str) -> Any:
     return c
 
 
-def ensure_experiment(uri: str, name: str) -> str:
+def ensure_experiment(uri: str, name: str, check: bool = True) -> str:
     """Create the store (and its schema) and the experiment if needed; returns its id.
 
     Safe from several processes at once: on SQLite the whole check-and-create holds
     ``store_lock``; a server that reports the experiment as just created is asked again.
+    ``check=False`` skips the ``/health`` probe (a caller that retries on its own).
     """
     from mlflow.exceptions import MlflowException
 
-    check_reachable(uri)
+    if check:
+        check_reachable(uri)
     with store_lock(uri):
         c = client(uri)
         exp = c.get_experiment_by_name(name)
