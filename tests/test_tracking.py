@@ -199,3 +199,67 @@ def test_sqlite_artifacts_live_beside_the_store(tmp_path: Path) -> None:
     exp_id = ensure_experiment(uri, "my study")
     assert MlflowClient(uri).get_experiment(exp_id).artifact_location == str(
         tmp_path / "mlruns" / "my_study")
+
+
+def test_sender_rides_out_a_passing_failure_in_order_then_gives_up_within_its_bound() -> None:
+    """Back-off retries keep the order; an outage longer than retry_s goes offline, bounded."""
+    from stability.tracking.buffer import Sender
+
+    delivered: list[int] = []
+    failures = iter([ConnectionError("refused")] * 3)
+
+    def flaky(i: int) -> None:
+        err = next(failures, None)
+        if err is not None:
+            raise err
+        delivered.append(i)
+
+    sender = Sender(retry_s=30)
+    for i in range(5):
+        sender.submit(lambda i=i: flaky(i), f"call {i}")
+    assert sender.close() and delivered == [0, 1, 2, 3, 4] and sender.retries == 3
+
+    def down() -> None:
+        raise ConnectionError("refused")
+
+    sender = Sender(retry_s=1.0)
+    t0 = time.monotonic()
+    for i in range(3):
+        sender.submit(down, f"call {i}")
+    assert not sender.close()
+    assert sender.offline and sender.lost == 3
+    assert time.monotonic() - t0 < 5  # bounded by retry_s (+ one back-off step), not forever
+
+
+def test_heartbeat_and_dead_process_run_is_ended_killed(mlflow_server, tmp_path: Path) -> None:
+    """A run's heartbeat tag moves; a RUNNING run whose process is gone is ended KILLED."""
+    from stability.tracking.contract import Tag
+    from stability.tracking.orphans import end_stale_runs
+
+    exp = f"beat-{uuid.uuid4().hex[:8]}"
+    raw = _raw(mlflow_server.uri, exp, tmp_path / "a", train={"epochs": 30},
+               tracking={"heartbeat_s": 0.2})
+    train_tracked(to_run_config(raw))
+    c = MlflowClient(mlflow_server.uri)
+    exp_id = c.get_experiment_by_name(exp).experiment_id
+    (run,) = c.search_runs([exp_id])
+    assert int(run.data.tags[Tag.HEARTBEAT]) > run.info.start_time
+    assert run.data.tags[Tag.PROCESS].endswith(f":{os.getpid()}")
+
+    # A process that trained and vanished (here: exited) leaves its run RUNNING.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    orphan = c.create_run(exp_id, tags={"stability.kind": "train",
+                                        Tag.PROCESS: f"{os.uname().nodename}:{dead}",
+                                        Tag.HEARTBEAT: str(int(time.time() * 1000))})
+    alive = c.create_run(exp_id, tags={"stability.kind": "train",
+                                       Tag.PROCESS: f"{os.uname().nodename}:{os.getpid()}",
+                                       Tag.HEARTBEAT: str(int(time.time() * 1000))})
+    assert end_stale_runs(mlflow_server.uri, exp) == 1
+    ended = c.get_run(orphan.info.run_id)
+    assert ended.info.status == "KILLED"
+    assert ended.data.tags["stability.outcome"] == "killed"
+    assert ended.data.tags["stability.reason"].startswith("no heartbeat since ")
+    assert c.get_run(alive.info.run_id).info.status == "RUNNING"  # its process is this one
+    assert end_stale_runs(mlflow_server.uri, exp, stale_after_s=0.001) == 1  # stale heartbeat
+    assert c.get_run(alive.info.run_id).info.status == "KILLED"

@@ -59,7 +59,7 @@ def train_tracked(cfg: RunConfig, overrides: Sequence[str] = (),
             result = train(cfg, sinks=[tracked.sink, *sinks], world_size=world)
         tracked.finish(result.summary, result.status, result.reason)
     # A tracking outage never fails the run: MLflow's part waits in the folder (pending sync).
-    log.info("MLflow run %s (%s)%s", tracked.run_id, tracked.uri,
+    log.info("MLflow run %s (%s)%s", tracked.run_id or "(not created yet)", tracked.uri,
              ", kept locally: pending sync" if tracked.pending else "")
     return result
 

@@ -199,7 +199,8 @@ class TrackedRun:
         try:
             self._signals.close()  # a second SIGTERM must not cut the close short
             if exc is not None:
-                killed = isinstance(exc, KeyboardInterrupt | Terminated)
+                # SystemExit: submitit's requeue on preemption/timeout (the run resumes later)
+                killed = isinstance(exc, KeyboardInterrupt | Terminated | SystemExit)
                 self.outcome = Outcome.KILLED if killed else Outcome.FAILED
                 self.reason = f"{type(exc).__name__}: {exc}"
             outcome = self.outcome or Outcome.FAILED
