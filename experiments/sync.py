@@ -16,6 +16,9 @@ import logging
 import sys
 
 from stability.tracking.sync import pending_folders, sync_paths
+from stability.tracking.uri import configure_http
+
+REQUEST_TIMEOUT_S = 30  # one HTTP request (MLflow's own retries off: every call is retried)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--uri", default=None, help="tracking URI (default: each run's own)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    configure_http(REQUEST_TIMEOUT_S)
     wanted = pending_folders(args.paths)
     results = sync_paths(args.paths, args.uri)
     for r in results:

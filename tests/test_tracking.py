@@ -263,3 +263,25 @@ def test_heartbeat_and_dead_process_run_is_ended_killed(mlflow_server, tmp_path:
     assert c.get_run(alive.info.run_id).info.status == "RUNNING"  # its process is this one
     assert end_stale_runs(mlflow_server.uri, exp, stale_after_s=0.001) == 1  # stale heartbeat
     assert c.get_run(alive.info.run_id).info.status == "KILLED"
+
+
+def test_embedded_store_follows_the_working_directory_not_the_package(tmp_path: Path) -> None:
+    """Installed anywhere (site-packages included), the default store is ./mlflow.db of the cwd.
+
+    Simulated non-editable install: the package is imported from a copy outside any checkout.
+    """
+    import shutil
+
+    site = tmp_path / "site-packages"
+    shutil.copytree(PROJECT / "stability", site / "stability",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    work = tmp_path / "work"
+    work.mkdir()
+    code = ("import stability.tracking.uri as u; print(u.__file__); "
+            "print(u.resolve_tracking_uri(None))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=work, capture_output=True, text=True,
+                         env=os.environ | {"PYTHONPATH": str(site), "MLFLOW_TRACKING_URI": ""})
+    assert out.returncode == 0, out.stderr
+    module, uri = out.stdout.split()
+    assert module.startswith(str(site))  # really the copy, not the checkout
+    assert uri == f"sqlite:///{work}/mlflow.db"

@@ -23,6 +23,7 @@ from stability.tracking.sync import sync_paths
 from stability.tracking.uri import (
     check_reachable,
     client,
+    configure_http,
     default_store_uri,
     ensure_experiment,
     git_commit,
@@ -153,6 +154,7 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
     from mlflow.entities import Param
 
     uri = resolve_tracking_uri(tracking.uri)
+    configure_http(tracking.request_timeout_s)
     check_reachable(uri)
     exp_id = ensure_experiment(uri, tracking.experiment)
     synced = len(sync_paths([sweep_dir], uri, end_stale=False)) if sweep_dir else 0

@@ -189,17 +189,14 @@ class MetricBuffer:
         journal: the run folder's journal (None: not recorded locally).
         flush_every_s: at most one partial send per this many seconds.
         skips: skips before the first step seen (a resumed run's ``skips_cumulative``).
-        known: ``{metric: steps}`` MLflow already holds (a resumed run): not sent again.
     """
 
     def __init__(self, send: Callable[[list[Point]], None], journal: Journal | None = None,
-                 flush_every_s: float = FLUSH_EVERY_S, skips: int = 0,
-                 known: Mapping[str, set[int]] | None = None) -> None:
+                 flush_every_s: float = FLUSH_EVERY_S, skips: int = 0) -> None:
         self._send = send
         self._journal = journal
         self._pending: list[Point] = []
         self._skips = skips
-        self._known = dict(known or {})
         self._flush_every_s = flush_every_s
         self._last_flush = -math.inf  # the first epoch goes out at once: a new run shows curves
 
@@ -209,10 +206,8 @@ class MetricBuffer:
         ts = int(time.time() * 1000)
         values = (s.loss, s.lr, s.grad_l2_pre_clip, s.grad_l2_post_clip, float(s.clipped),
                   float(s.skipped), s.scaler_scale, float(self._skips))
-        points = ((k, v, s.step, ts) for k, v in zip(STEP_METRICS, values, strict=True))
-        if self._known:
-            points = (p for p in points if p[2] not in self._known.get(p[0], ()))
-        self._pending.extend(points)
+        self._pending.extend((k, v, s.step, ts)
+                             for k, v in zip(STEP_METRICS, values, strict=True))
         if len(self._pending) >= MAX_METRICS:
             self.flush()
 
@@ -235,8 +230,6 @@ class MetricBuffer:
 
     def add_points(self, points: list[Point]) -> None:
         """Buffer and journal already-built points."""
-        if self._known:
-            points = [p for p in points if p[2] not in self._known.get(p[0], ())]
         if self._journal is not None and points:
             self._journal.write("metrics", metrics=points)
         self._pending.extend(points)

@@ -84,8 +84,12 @@ def end_stale_runs(uri: str, experiment: str, stale_after_s: float = STALE_AFTER
             continue
         rid, folder = run.info.run_id, Path(run.data.tags.get(Tag.OUTPUT_DIR, "") or "/nonexistent")
         try:
-            if (folder / rundir.JOURNAL_NAME).exists():
-                sync_folder(folder, uri)  # the points it had not sent (no end record: stays open)
+            # What it had not sent; a journal that recorded its end (the process died while
+            # delivering it) ends the run as it really ended.
+            journaled = (folder / rundir.JOURNAL_NAME).exists()
+            if journaled and sync_folder(folder, uri).status is not None:
+                log.warning("completed run %s from its folder %s", rid, folder)
+                continue
             if folder.is_dir():
                 upload_artifacts(c, rid, folder)
         except Exception as err:  # the run is ended regardless: its folder keeps the rest
