@@ -159,6 +159,7 @@ def test_sigkilled_sweep_rerun_finishes_every_point_once(mlflow_server, tmp_path
     assert sorted(s for _, s in points) == ["0", "1", "2"] and len(set(points)) == 3
     resumed = [r for r in finished if r.info.run_id == killed_run[0].info.run_id]
     assert len(resumed) == 1  # the killed point went on in its own MLflow run
+    assert Tag.REASON not in resumed[0].data.tags  # why the first attempt ended is history
     assert assert_complete(mlflow_server.uri, resumed[0].info.run_id, tmp_path / "1") == 120
 
 

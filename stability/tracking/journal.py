@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from stability.core import rundir
+from stability.tracking.contract import Tag
 
 VERSION = 1
 
@@ -104,8 +105,9 @@ def read(folder: str | Path) -> Replay | None:
             r.artifacts.extend(a for a in rec["paths"] if a not in r.artifacts)
         elif k == "end":
             r.status, r.end_ms = rec["status"], rec["ts"]
-        elif k == "resume":  # the run goes on: an end record before it is history
+        elif k == "resume":  # the run goes on: an end record (and its reason) is history
             r.status, r.end_ms = None, None
+            r.tags.pop(Tag.REASON, None)
     return r
 
 

@@ -152,6 +152,9 @@ class TrackedRun:
         """Sender thread: a resumed run continues its MLflow run (RUNNING again)."""
         from mlflow.entities import RunTag
 
+        run = self._client.get_run(self.run_id)
+        if Tag.REASON in run.data.tags:  # why the interrupted attempt ended: history now
+            self._client.delete_tag(self.run_id, Tag.REASON)
         self._client.update_run(self.run_id, status="RUNNING")
         self._client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()
                                                   if k != Tag.PARENT_RUN_ID], synchronous=True)
