@@ -162,6 +162,12 @@ def test_sigkilled_sweep_rerun_finishes_every_point_once(mlflow_server, tmp_path
     assert Tag.REASON not in resumed[0].data.tags  # why the first attempt ended is history
     assert assert_complete(mlflow_server.uri, resumed[0].info.run_id, tmp_path / "1") == 120
 
+    report = run("report.py", f"tracking.uri={mlflow_server.uri}", f"experiment={exp}",
+                 f"output_dir={tmp_path / 'reports'}", "plots=false", "registry.enabled=false",
+                 "device=cpu", f"hydra.run.dir={tmp_path / 'report-log'}")
+    assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
+    assert list((tmp_path / "reports").glob("*/report.md"))
+
 
 def test_killed_run_resumes_byte_identical(tmp_path: Path) -> None:
     """fp32 on CPU: SIGKILL after some epochs, run again in the folder: the same steps.csv."""

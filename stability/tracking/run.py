@@ -156,8 +156,9 @@ class TrackedRun:
         if Tag.REASON in run.data.tags:  # why the interrupted attempt ended: history now
             self._client.delete_tag(self.run_id, Tag.REASON)
         self._client.update_run(self.run_id, status="RUNNING")
-        self._client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()
-                                                  if k != Tag.PARENT_RUN_ID], synchronous=True)
+        # The resuming job's sweep id and parent: the run now belongs to the sweep that ends it.
+        self._client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()],
+                               synchronous=True)
         self._known = metric_steps(self._client, self.run_id, [*STEP_METRICS, *EPOCH_METRICS])
 
     def _beat(self) -> None:
