@@ -30,10 +30,12 @@ def now_ms() -> int:
 class Journal:
     """Appends records to ``<run folder>/tracking.jsonl`` (training thread; local disk only)."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, append: bool = True) -> None:
+        """Args: the run folder; ``append=False`` starts a new journal (a run started over in
+        its folder, whose ``steps.csv`` is rewritten too)."""
         self.path = Path(folder) / rundir.JOURNAL_NAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = self.path.open("a" if append else "w", encoding="utf-8")
         self._lock = threading.Lock()  # the sender thread records the run id it got
 
     def write(self, kind: str, **fields: Any) -> None:

@@ -63,6 +63,12 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
+class NotCreated(RuntimeError):
+    """The MLflow run was never created (its creation was lost in an outage): not retried."""
+
+    error_code = "RESOURCE_DOES_NOT_EXIST"
+
+
 def process_tag() -> str:
     """``<host>:<pid>``: lets a sweep on this host tell a dead run from a live one."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -99,7 +105,10 @@ class TrackedRun:
     def __enter__(self) -> TrackedRun:
         t = self.cfg.tracking
         configure_http(t.request_timeout_s)
-        self._journal = self._stack.enter_context(closing(Journal(self.folder)))
+        self._journal = self._stack.enter_context(closing(Journal(self.folder,
+                                                                  append=bool(self.resumed))))
+        if not self.resumed:
+            journal.clear_pending(self.folder)  # a run started over: the old marker is void
         previous = journal.read(self.folder) if self.resumed else None
         tags = self._tags()
         params = run_params(self.cfg, self.world_size)
@@ -168,7 +177,7 @@ class TrackedRun:
     def _send_points(self, points: list[Point]) -> None:
         def send() -> None:
             if self.run_id is None:
-                raise RuntimeError("the run was never created")  # counted lost: sync has it
+                raise NotCreated("the run was never created")  # counted lost: sync has it
             todo = [p for p in points if p[2] not in self._known.get(p[0], ())]
             send_metrics(self._client, self.run_id, todo)
 
@@ -191,7 +200,7 @@ class TrackedRun:
 
         def send() -> None:
             if self.run_id is None:
-                raise RuntimeError("the run was never created")
+                raise NotCreated("the run was never created")
             self._client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()],
                                    synchronous=True)
 
@@ -217,7 +226,7 @@ class TrackedRun:
                                                     if (self.folder / a).exists()])
             self._journal.write("end", status=outcome.status, outcome=str(outcome))
             self._submit_tags(tags)
-            self._sender.submit(lambda: upload_artifacts(self._client, self.run_id,
+            self._sender.submit(lambda: upload_artifacts(self._client, self._created(),
                                                          self.folder), "artifacts")
             self._sender.submit(lambda: self._terminate(outcome), "the final status")
             complete = self._sender.close()
@@ -226,10 +235,15 @@ class TrackedRun:
             self._stack.close()
         return False
 
+    def _created(self) -> str:
+        if self.run_id is None:
+            raise NotCreated("the run was never created")
+        return self.run_id
+
     def _terminate(self, outcome: Outcome) -> None:
         if self._sender is not None and self._sender.lost:
             return  # left to the sync below: it uploads the gap first, then ends the run
-        self._client.set_terminated(self.run_id, status=outcome.status)
+        self._client.set_terminated(self._created(), status=outcome.status)
 
     def _settle(self, complete: bool) -> None:
         """After the sender: make MLflow complete (sync the folder) or mark it pending."""
