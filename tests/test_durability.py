@@ -187,3 +187,36 @@ def test_killed_run_resumes_byte_identical(tmp_path: Path) -> None:
     assert "resuming after epoch" in resumed.stdout + resumed.stderr
     assert (out / "steps.csv").read_bytes() == (tmp_path / "whole" / "steps.csv").read_bytes()
     assert not (out / rundir.RESUME_NAME).exists()  # a run that ended leaves nothing to resume
+
+
+def test_sync_into_sqlite_rides_out_a_locked_database(tmp_path: Path) -> None:
+    """The embedded store: a sync waits out a database another connection holds locked.
+
+    (MLflow's own SQLite busy timeout, 20 s, covers this lock; a longer one raises ``database
+    is locked``, which ``retry_call`` retries: test_tracking.py checks that part on its own.)
+    """
+    import sqlite3
+    import threading
+
+    from stability.tracking.uri import ensure_experiment
+
+    out = tmp_path / "run"
+    done = run("sweep.py", *TINY, "train.epochs=2", f"tracking.uri=http://127.0.0.1:{free_port()}",
+               "tracking.experiment=locked", "tracking.retry_s=1", f"hydra.run.dir={out}")
+    assert done.returncode == 0 and (out / rundir.PENDING_NAME).exists(), done.stdout[-3000:]
+    db = tmp_path / "store" / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    ensure_experiment(uri, "locked")
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")  # what a busy writer does; SQLite's own wait is 5 s
+    release = threading.Timer(8.0, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        result = sync_folder(out, uri)
+    finally:
+        release.join()
+        holder.close()
+    assert result.created and result.status == "FINISHED"
+    (r,) = _runs(uri, "locked")
+    assert r.info.status == "FINISHED" and r.info.run_id == result.run_id
+    assert assert_complete(uri, r.info.run_id, out) == 6

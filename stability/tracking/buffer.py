@@ -42,10 +42,18 @@ _STOP = object()
 
 
 def retryable(err: BaseException) -> bool:
-    """Whether a failed MLflow call may succeed later (outage, locked database, 5xx)."""
+    """Whether a failed MLflow call may succeed later (outage, locked database, 5xx).
+
+    Network errors and MLflow errors other than ``PERMANENT`` ones (a refused connection comes
+    back as ``INTERNAL_ERROR``) are retried; anything else is a bug that waiting cannot fix.
+    """
+    from mlflow.exceptions import MlflowException
+
     if "database is locked" in str(err):
         return True
-    return getattr(err, "error_code", None) not in PERMANENT
+    if isinstance(err, MlflowException):
+        return err.error_code not in PERMANENT
+    return isinstance(err, OSError)  # ConnectionError, TimeoutError, requests' errors
 
 
 def backoff_s(attempt: int) -> float:
@@ -68,6 +76,9 @@ def retry_call(fn: Callable[[], Any], retry_s: float) -> Any:
             left = retry_s - (time.monotonic() - start)
             if not retryable(err) or left <= 0:
                 raise
+            if attempt == 0:
+                log.warning("tracking store not answering (%s); retrying for up to %.0fs",
+                            str(err).splitlines()[0][:200], left)
             time.sleep(min(left, backoff_s(attempt)) + 0.01)
             attempt += 1
 
