@@ -20,7 +20,7 @@ from stability.tracking.server import free_port, start_server
 from stability.tracking.sync import sync_folder, sync_paths
 from tests.helpers.processes import kill_group, rows, run, start, wait_for
 
-pytestmark = [pytest.mark.server, pytest.mark.slow]
+pytestmark = pytest.mark.slow  # real processes; the ones with a real mlflow server: server
 TINY = ("data.num_samples=200", "device=cpu")
 # Every key of the study grid narrowed to one value (then seed=... is the whole grid).
 ONE_CONFIG = ("clip.enabled=false", "clip.max_norm=1.0", "train.accum_steps=1", "precision=fp32")
@@ -56,6 +56,7 @@ def assert_complete(uri: str, run_id: str, folder: Path) -> int:
     return len(table)
 
 
+@pytest.mark.server
 def test_server_restart_mid_run_loses_nothing(tmp_path: Path) -> None:
     """The server dies after the first epoch went out and comes back on the same port/store."""
     root, port, exp = tmp_path / "server", free_port(), f"blink-{uuid.uuid4().hex[:6]}"
@@ -85,6 +86,7 @@ def test_server_restart_mid_run_loses_nothing(tmp_path: Path) -> None:
         server.stop()
 
 
+@pytest.mark.server
 def test_server_down_for_the_whole_run_then_sync(tmp_path: Path) -> None:
     """Nothing answers: exit 0, folder pending; sync after the server is up; a re-sync adds 0."""
     port, exp = free_port(), f"offline-{uuid.uuid4().hex[:6]}"
@@ -134,6 +136,7 @@ def test_two_sweeps_at_once_on_a_fresh_sqlite_store(tmp_path: Path) -> None:
     assert len({r.data.tags[Tag.SWEEP_ID] for r in runs}) == 2
 
 
+@pytest.mark.server
 def test_sigkilled_sweep_rerun_finishes_every_point_once(mlflow_server, tmp_path: Path) -> None:
     """SIGKILL the sweep's whole process group mid-way, run the same command again."""
     exp = f"killed-{uuid.uuid4().hex[:6]}"
