@@ -100,7 +100,7 @@ def _say(message: str) -> None:
 
 def run_study(args: argparse.Namespace, spec: BenchSpec, out: Path) -> dict[str, Any]:
     """The study part: read (or run and time) a sweep, measure the bare epochs, compare."""
-    from stability.tracking.run import resolve_tracking_uri
+    from stability.tracking.uri import resolve_tracking_uri
 
     cores = args.cores or usable_cores()
     if cores < 1:

@@ -126,7 +126,7 @@ def prepare_experiment(uri: str, name: str, artifact_root: Path) -> None:
 
     On a SQLite store the artifacts go under ``artifact_root`` (not ``./mlruns``).
     """
-    from stability.tracking.run import client
+    from stability.tracking.uri import client
 
     c = client(uri)
     if c.get_experiment_by_name(name) is None:
@@ -136,7 +136,7 @@ def prepare_experiment(uri: str, name: str, artifact_root: Path) -> None:
 
 def check_full_resolution(uri: str, experiment: str) -> dict[str, Any]:
     """Every tracked run holds one ``loss`` point per optimizer step (nothing dropped)."""
-    from stability.tracking.run import client
+    from stability.tracking.uri import client
 
     c = client(uri)
     exp = c.get_experiment_by_name(experiment)

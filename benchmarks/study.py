@@ -32,7 +32,8 @@ from stability.core.config import (
     RunConfig,
     TrainConfig,
 )
-from stability.tracking.run import client
+from stability.tracking.queries import search_all
+from stability.tracking.uri import client
 
 BareKey = tuple[str, int, int, int, int, str, int]  # precision, accum, samples, len, batch, cell, h
 BARE_EPOCHS = 4  # per distinct bare configuration: one warm-up, three timed
@@ -75,14 +76,7 @@ def _key(params: dict[str, str]) -> BareKey:
 
 
 def _search_all(c: Any, exp_id: str, filter_string: str) -> list[Any]:
-    runs, token = [], None
-    while True:
-        page = c.search_runs([exp_id], filter_string=filter_string, max_results=1000,
-                             page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
+    return search_all(c, exp_id, filter_string)
 
 
 def load_sweep(uri: str, experiment: str, sweep_id: str | None = None) -> Sweep:

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from stability.core.config import ConfigError
 from stability.report import build_report, to_report_config
 from stability.report.pipeline import NothingToReport
-from stability.tracking.run import TrackingError
+from stability.tracking.uri import TrackingError
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="report")

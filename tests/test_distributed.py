@@ -53,8 +53,8 @@ from stability.core.step import MicroBatch, TrainStep
 from stability.core.steplog import EpochLog, StepLog
 from stability.sweep.job import train_tracked
 from stability.tasks.sign_sum import SequenceClassifier
-from stability.tracking.run import client
 from stability.tracking.server import MlflowServer, free_port
+from stability.tracking.uri import client
 
 WORLD = 2
 B, K = 4, 3  # micro-batch size and accumulation steps of the TrainStep-level scenarios

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from stability.core.config import fingerprint, to_run_config
 from stability.sweep.job import train_tracked
-from stability.tracking.run import ensure_experiment
+from stability.tracking.uri import ensure_experiment
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 

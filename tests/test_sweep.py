@@ -29,7 +29,7 @@ from stability.core.config import ClipConfig, PrecisionConfig, RunConfig, to_run
 from stability.sweep.grid import chunks, dedupe, make_point
 from stability.sweep.progress import Progress, format_duration
 from stability.sweep.sweeper import StabilitySweeper
-from stability.tracking.run import STEP_METRICS
+from stability.tracking.contract import STEP_METRICS
 from stability.tracking.server import free_port
 
 PROJECT = Path(__file__).resolve().parents[1]

@@ -19,17 +19,17 @@ from mlflow.tracking import MlflowClient
 from stability.core.config import fingerprint, flatten, to_run_config
 from stability.sweep.job import train_tracked
 from stability.tasks.sign_sum import SequenceClassifier
-from stability.tracking.run import (
-    STEP_METRICS,
+from stability.tracking.contract import STEP_METRICS
+from stability.tracking.queries import finished_points
+from stability.tracking.server import free_port
+from stability.tracking.uri import (
     TrackingError,
     check_reachable,
     default_store_uri,
     ensure_experiment,
-    finished_points,
     local_artifact_root,
     resolve_tracking_uri,
 )
-from stability.tracking.server import free_port
 
 pytestmark = pytest.mark.server
 
@@ -41,10 +41,6 @@ SUMMARY_METRICS = ("best_val_loss", "best_epoch", "clip_count", "clip_fraction",
                    "fp16_underflow_fraction", "grad_norm_max", "grad_norm_p50", "grad_norm_p90",
                    "grad_norm_p99", "diverged", "effective_batch", "optimizer_steps",
                    "wall_time_s")
-CSV_COLUMN = {"loss": "loss", "lr": "lr", "grad_norm_pre_clip": "grad_l2_pre_clip",
-              "grad_norm_post_clip": "grad_l2_post_clip", "clipped": "clipped",
-              "skipped": "skipped", "scaler_scale": "scaler_scale",
-              "skips_cumulative": "skips_cumulative"}
 
 
 def _raw(uri: str, experiment: str, out: Path, **sections: dict) -> dict:
@@ -104,7 +100,7 @@ def test_finished_run_follows_the_contract(mlflow_server, tmp_path: Path) -> Non
         history = sorted(c.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
         assert [m.step for m in history] == list(range(1, n + 1)), key
         for m, row in zip(history, rows, strict=True):
-            assert _same(m.value, float(row[CSV_COLUMN[key]])), (key, m.step)
+            assert _same(m.value, float(row[key])), (key, m.step)
     scales = [float(r["scaler_scale"]) for r in rows]
     assert len(set(scales)) > 1  # growth_interval=3: the GradScaler's scale really moves
     for key in EPOCH_METRICS:
@@ -141,7 +137,7 @@ def test_diverged_run_ends_failed_with_reason(mlflow_server, tmp_path: Path) -> 
     assert [m.step for m in c.get_metric_history(run.info.run_id, "skipped")] == [1, 2]
     # Non-finite values are logged as they are; MLflow's SQL store keeps an inf as the largest
     # float (SQL has no inf), so the injected inf gradient's norm comes back as 1.8e308.
-    norms = sorted(c.get_metric_history(run.info.run_id, "grad_norm_pre_clip"),
+    norms = sorted(c.get_metric_history(run.info.run_id, "grad_l2_pre_clip"),
                    key=lambda m: m.step)
     assert norms[0].value < 100 and norms[1].value == sys.float_info.max
     assert run.data.metrics["diverged"] == 1
@@ -203,3 +199,132 @@ def test_sqlite_artifacts_live_beside_the_store(tmp_path: Path) -> None:
     exp_id = ensure_experiment(uri, "my study")
     assert MlflowClient(uri).get_experiment(exp_id).artifact_location == str(
         tmp_path / "mlruns" / "my_study")
+
+
+def test_sender_rides_out_a_passing_failure_in_order_then_gives_up_within_its_bound() -> None:
+    """Back-off retries keep the order; an outage longer than retry_s goes offline, bounded."""
+    from stability.tracking.buffer import Sender
+
+    delivered: list[int] = []
+    failures = iter([ConnectionError("refused")] * 3)
+
+    def flaky(i: int) -> None:
+        err = next(failures, None)
+        if err is not None:
+            raise err
+        delivered.append(i)
+
+    sender = Sender(retry_s=30)
+    for i in range(5):
+        sender.submit(lambda i=i: flaky(i), f"call {i}")
+    assert sender.close() and delivered == [0, 1, 2, 3, 4] and sender.retries == 3
+
+    def down() -> None:
+        raise ConnectionError("refused")
+
+    sender = Sender(retry_s=1.0)
+    for i in range(3):
+        sender.submit(down, f"call {i}")
+    assert not sender.close()
+    # Bounded: the first call backs off (0.25-0.5 s, then up to the 1 s left) and the outage
+    # outlasts retry_s; the later ones are dropped at once (the journal keeps them).
+    assert sender.offline and sender.lost == 3 and 1 <= sender.retries <= 3
+
+
+def test_heartbeat_and_dead_process_run_is_ended_killed(mlflow_server, tmp_path: Path) -> None:
+    """A run's heartbeat tag moves; a RUNNING run whose process is gone is ended KILLED."""
+    from stability.tracking.contract import Tag
+    from stability.tracking.orphans import end_stale_runs
+
+    exp = f"beat-{uuid.uuid4().hex[:8]}"
+    raw = _raw(mlflow_server.uri, exp, tmp_path / "a", train={"epochs": 30},
+               tracking={"heartbeat_s": 0.2})
+    train_tracked(to_run_config(raw))
+    c = MlflowClient(mlflow_server.uri)
+    exp_id = c.get_experiment_by_name(exp).experiment_id
+    (run,) = c.search_runs([exp_id])
+    assert int(run.data.tags[Tag.HEARTBEAT]) > run.info.start_time
+    assert run.data.tags[Tag.PROCESS].endswith(f":{os.getpid()}")
+
+    # A process that trained and vanished (here: exited) leaves its run RUNNING.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    orphan = c.create_run(exp_id, tags={"stability.kind": "train",
+                                        Tag.PROCESS: f"{os.uname().nodename}:{dead}",
+                                        Tag.HEARTBEAT: str(int(time.time() * 1000))})
+    alive = c.create_run(exp_id, tags={"stability.kind": "train",
+                                       Tag.PROCESS: f"{os.uname().nodename}:{os.getpid()}",
+                                       Tag.HEARTBEAT: str(int(time.time() * 1000))})
+    assert end_stale_runs(mlflow_server.uri, exp) == 1
+    ended = c.get_run(orphan.info.run_id)
+    assert ended.info.status == "KILLED"
+    assert ended.data.tags["stability.outcome"] == "killed"
+    assert ended.data.tags["stability.reason"].startswith("no heartbeat since ")
+    assert c.get_run(alive.info.run_id).info.status == "RUNNING"  # its process is this one
+    assert end_stale_runs(mlflow_server.uri, exp, stale_after_s=0.001) == 1  # stale heartbeat
+    assert c.get_run(alive.info.run_id).info.status == "KILLED"
+
+
+def test_embedded_store_follows_the_working_directory_not_the_package(tmp_path: Path) -> None:
+    """Installed anywhere (site-packages included), the default store is ./mlflow.db of the cwd.
+
+    Simulated non-editable install: the package is imported from a copy outside any checkout.
+    """
+    import shutil
+
+    site = tmp_path / "site-packages"
+    shutil.copytree(PROJECT / "stability", site / "stability",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    work = tmp_path / "work"
+    work.mkdir()
+    code = ("import stability.tracking.uri as u; print(u.__file__); "
+            "print(u.resolve_tracking_uri(None))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=work, capture_output=True, text=True,
+                         env=os.environ | {"PYTHONPATH": str(site), "MLFLOW_TRACKING_URI": ""})
+    assert out.returncode == 0, out.stderr
+    module, uri = out.stdout.split()
+    assert module.startswith(str(site))  # really the copy, not the checkout
+    assert uri == f"sqlite:///{work}/mlflow.db"
+
+
+def test_a_locked_sqlite_database_is_retried_until_it_is_released(tmp_path: Path) -> None:
+    """``retry_call`` (every sync call) backs off on SQLite's ``database is locked``."""
+    import sqlite3
+    import threading
+
+    from stability.tracking.buffer import retry_call
+
+    db = tmp_path / "busy.db"
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t(x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    attempts: list[str] = []
+
+    def write() -> None:
+        con = sqlite3.connect(db, timeout=0)  # no SQLite-side waiting: only our back-off
+        try:
+            con.execute("INSERT INTO t VALUES (1)")
+            con.commit()
+            attempts.append("ok")
+        except sqlite3.OperationalError as err:
+            attempts.append(str(err))
+            raise
+        finally:
+            con.close()
+
+    release = threading.Timer(1.5, lambda: holder.execute("COMMIT"))
+    release.start()
+    retry_call(write, retry_s=30)
+    release.join()
+    assert attempts[0] == "database is locked" and attempts[-1] == "ok"
+    assert holder.execute("SELECT count(*) FROM t").fetchone() == (1,)
+    calls: list[int] = []
+
+    def bad_query() -> None:
+        calls.append(1)
+        holder.execute("SELECT * FROM missing")
+
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        retry_call(bad_query, retry_s=30)
+    assert len(calls) == 1  # a bug, not an outage: not retried
+    holder.close()

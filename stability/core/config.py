@@ -191,6 +191,19 @@ class TrackingConfig:
     enabled: bool = True
     sweep_id: str | None = None  # set by the sweeper for every job of a sweep
     parent_run_id: str | None = None  # the sweep's parent run, so the UI nests children
+    # Durability (docs/TRACKING.md): how long one outage is ridden out before the run is kept
+    # locally, the heartbeat period, when a RUNNING run without heartbeat counts as dead, and
+    # the timeout of one HTTP request.
+    retry_s: float = 300.0
+    heartbeat_s: float = 30.0
+    stale_after_s: float = 600.0
+    request_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for key in ("retry_s", "heartbeat_s", "stale_after_s", "request_timeout_s"):
+            value = getattr(self, key)
+            _require(isinstance(value, int | float) and not isinstance(value, bool)
+                     and value > 0, f"tracking.{key}", value, "a number of seconds > 0")
 
 
 @dataclass(frozen=True)

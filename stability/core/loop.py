@@ -24,7 +24,7 @@ import torch
 import yaml
 from torch import nn
 
-from stability.core import distributed
+from stability.core import checkpoint, distributed
 from stability.core.config import RunConfig
 from stability.core.faults import FaultInjector
 from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
@@ -172,16 +172,21 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     # Same seed on every rank: the same permutation each epoch, of which each takes its share.
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
-    csv_writer = CsvStepWriter(out / CSV_NAME) if main else None
-    all_sinks: list[StepSink] = [] if csv_writer is None else [csv_writer]
-    all_sinks.extend(sinks)
     monitor = SkipRateMonitor(cfg.monitor)
     diag = Diagnostics()
-    epochs: list[EpochLog] = []
-    best_val, best_epoch, best_acc = math.inf, 0, math.nan
+    # --- resume (core/checkpoint.py): a killed run's folder continues after its last epoch
+    parts = checkpoint.Parts(model, optimizer, trainer, shuffle, monitor, diag)
+    resumed = checkpoint.restore(out, cfg, parts) if main and not ddp else None
+    resume_at = resumed.csv_bytes if resumed else None
+    csv_writer = CsvStepWriter(out / CSV_NAME, resume_at=resume_at) if main else None
+    # --- end resume
+    all_sinks: list[StepSink] = [] if csv_writer is None else [csv_writer]
+    all_sinks.extend(sinks)
+    epochs: list[EpochLog] = resumed.epochs if resumed else []
+    best_val, best_epoch, best_acc = resumed.best if resumed else (math.inf, 0, math.nan)
     status, reason = "finished", ""
     try:
-        for epoch in range(1, cfg.train.epochs + 1):
+        for epoch in range((resumed.epoch if resumed else 0) + 1, cfg.train.epochs + 1):
             te = time.perf_counter()
             losses, norms, clipped, skipped, n_steps = [], [], 0, 0, 0
             for window in windows(splits.train, cfg.train.batch_size, cfg.train.accum_steps,
@@ -216,6 +221,9 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
                 best_val, best_epoch, best_acc = val_loss, epoch, val_acc
                 if main:  # the unwrapped module: keys load into SequenceClassifier
                     torch.save(model.state_dict(), out / CHECKPOINT_NAME)
+            if csv_writer is not None and not ddp:  # resume point (core/checkpoint.py)
+                checkpoint.save(out, cfg, parts, epochs, (best_val, best_epoch, best_acc),
+                                csv_writer.position)
             log.log(logging.INFO if main else logging.DEBUG,
                 "epoch %2d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  clip %.2f  "
                 "skips %d", epoch, cfg.train.epochs, record.train_loss, val_loss, val_acc,
@@ -227,6 +235,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     finally:
         if csv_writer is not None:
             csv_writer.close()
+    if main:
+        checkpoint.discard(out)  # the run ended (finished or diverged): nothing to resume
 
     summary: dict[str, Any] = diag.summary() | {
         "best_val_loss": best_val,

@@ -9,3 +9,7 @@ CSV_NAME = "steps.csv"  # one row per optimizer step, flushed per row: the groun
 CONFIG_NAME = "config.yaml"  # the resolved RunConfig
 CHECKPOINT_NAME = "checkpoints/best.pt"  # state_dict at the best validation loss
 ARTIFACTS = (CSV_NAME, CONFIG_NAME, CHECKPOINT_NAME)
+# Not uploaded: local bookkeeping of durability and resume (docs/TRACKING.md).
+JOURNAL_NAME = "tracking.jsonl"  # append-only record of what the run sends to MLflow
+PENDING_NAME = "SYNC_PENDING"  # present while MLflow lacks part of the run: `sync` uploads it
+RESUME_NAME = "checkpoints/last.pt"  # state after the last whole epoch; removed when a run ends

@@ -79,14 +79,28 @@ assert {f.name for f in fields(StepLog)} <= set(CSV_COLUMNS)
 class CsvStepWriter:
     """Writes ``steps.csv``: one row per optimizer step, flushed to disk per row."""
 
-    def __init__(self, path: str | Path, fsync: bool = False) -> None:
+    def __init__(self, path: str | Path, fsync: bool = False,
+                 resume_at: int | None = None) -> None:
+        """Args: path, fsync per row, and ``resume_at`` (a byte offset) to continue a file
+        cut back to that length (``core.checkpoint``) instead of starting it."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("w", newline="")
+        if resume_at is None:
+            self._file = self.path.open("w", newline="")
+        else:
+            self._file = self.path.open("r+", newline="")
+            self._file.truncate(resume_at)  # rows after the checkpoint are written again
+            self._file.seek(resume_at)
         self._writer = csv.writer(self._file)
-        self._writer.writerow(CSV_COLUMNS)
+        if resume_at is None:
+            self._writer.writerow(CSV_COLUMNS)
         self._fsync = fsync
         self._flush()
+
+    @property
+    def position(self) -> int:
+        """Bytes written: where a resumed run continues."""
+        return self._file.tell()
 
     def _flush(self) -> None:
         self._file.flush()

@@ -47,15 +47,9 @@ class Sweep:
 
 def _search(c: Any, exp_id: str, filter_string: str, order_by: list[str] | None = None,
             limit: int | None = None) -> list[Any]:
-    runs: list[Any] = []
-    token = None
-    while True:
-        page = c.search_runs([exp_id], filter_string=filter_string, order_by=order_by,
-                             max_results=min(PAGE, limit or PAGE), page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token or (limit is not None and len(runs) >= limit):
-            return runs[:limit] if limit is not None else runs
+    from stability.tracking.queries import search_all
+
+    return search_all(c, exp_id, filter_string, order_by, limit)
 
 
 def _known_sweeps(c: Any, exp_id: str, limit: int = 10) -> list[str]:

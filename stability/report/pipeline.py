@@ -25,7 +25,7 @@ from stability.report.html import to_html
 from stability.report.options import ReportConfig, ReportError
 from stability.report.write import ReportContext, answer_markdown, render, write_summary
 from stability.tracking.contract import Artifact
-from stability.tracking.run import check_reachable, client, git_commit, resolve_tracking_uri
+from stability.tracking.uri import check_reachable, client, git_commit, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 

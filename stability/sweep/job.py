@@ -23,7 +23,8 @@ from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.loop import RunResult, train
 from stability.core.signals import sigterm_deferred
 from stability.core.steplog import StepSink
-from stability.tracking.run import TrackedRun, TrackingError, client
+from stability.tracking.run import TrackedRun
+from stability.tracking.uri import TrackingError
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,12 @@ def train_tracked(cfg: RunConfig, overrides: Sequence[str] = (),
             return train(cfg, sinks, world_size=world)
     # Deferred SIGTERM: when torchrun tears the ranks down, rank 0 still closes its run.
     with sigterm_deferred(), TrackedRun(cfg, overrides, world) as tracked:
-        if world > 1:
-            client(tracked.uri).log_param(tracked.run_id, "world_size", str(world))
         with distributed.rank_guard():
             result = train(cfg, sinks=[tracked.sink, *sinks], world_size=world)
         tracked.finish(result.summary, result.status, result.reason)
-    log.info("MLflow run %s (%s)", tracked.run_id, tracked.uri)
+    # A tracking outage never fails the run: MLflow's part waits in the folder (pending sync).
+    log.info("MLflow run %s (%s)%s", tracked.run_id or "(not created yet)", tracked.uri,
+             ", kept locally: pending sync" if tracked.pending else "")
     return result
 
 

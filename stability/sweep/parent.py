@@ -15,12 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from stability.core.config import TrackingConfig
-from stability.tracking.run import (
+from stability.tracking.artifacts import upload_artifacts
+from stability.tracking.contract import Kind, Outcome, Tag, search_filter
+from stability.tracking.orphans import end_stale_runs
+from stability.tracking.queries import finished_points, point_of, search_all
+from stability.tracking.sync import sync_paths
+from stability.tracking.uri import (
     check_reachable,
     client,
+    configure_http,
     default_store_uri,
     ensure_experiment,
-    finished_points,
     git_commit,
     resolve_tracking_uri,
 )
@@ -36,6 +41,11 @@ def _quote(value: str) -> str:
     return "'" + value.replace("'", "\\'") + "'"
 
 
+def override(key: str, value: str) -> str:
+    """A Hydra override ``key='value'`` that survives any characters in ``value``."""
+    return f"{key}={_quote(value)}"
+
+
 @dataclass
 class SweepRun:
     """The parent run of one sweep."""
@@ -46,6 +56,8 @@ class SweepRun:
     run_id: str
     sweep_id: str
     started: float
+    synced: int = 0  # pending run folders uploaded before the sweep started
+    stale: int = 0  # RUNNING runs without heartbeat ended as KILLED before it started
 
     def job_overrides(self) -> list[str]:
         """What every job of the sweep gets: the same store, sweep id and parent."""
@@ -62,20 +74,11 @@ class SweepRun:
 
     def outcomes(self) -> Counter[str]:
         """``stability.outcome`` of this sweep's training runs (finished, diverged, ...)."""
-        return Counter(r.data.tags.get("stability.outcome", "unknown")
-                       for r in self._train_runs())
+        return Counter(r.data.tags.get(Tag.OUTCOME, "unknown") for r in self._train_runs())
 
-    def _train_runs(self, where: str = "") -> list[Any]:
-        c, runs, token = client(self.uri), [], None
-        while True:
-            page = c.search_runs([self.experiment_id],
-                                 filter_string=f"tags.`stability.sweep_id` = '{self.sweep_id}' "
-                                               f"and tags.`stability.kind` = 'train'{where}",
-                                 max_results=1000, page_token=token)
-            runs.extend(page)
-            token = page.token
-            if not token:
-                return runs
+    def _train_runs(self, status: str | None = None) -> list[Any]:
+        return search_all(client(self.uri), self.experiment_id,
+                          search_filter(Kind.TRAIN, self.sweep_id, status))
 
     def close_orphans(self, job_dirs: Mapping[tuple[str, int], Path], killed: bool) -> int:
         """End runs of this sweep still RUNNING: their job died before it could close them.
@@ -88,26 +91,20 @@ class SweepRun:
         Returns:
             How many runs were closed here.
         """
-        from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME
-
         c = client(self.uri)
-        orphans = self._train_runs(" and attributes.status = 'RUNNING'")
+        orphans = self._train_runs("RUNNING")
         for r in orphans:
-            tags = r.data.tags
-            folder = job_dirs.get((tags.get("stability.fingerprint", ""),
-                                   int(tags.get("stability.seed", -1))))
-            uploaded = {a.path for a in c.list_artifacts(r.info.run_id)}
-            for name in (CSV_NAME, CONFIG_NAME, CHECKPOINT_NAME) if folder else ():
-                path = folder / name
-                if path.exists() and name.split("/")[0] not in uploaded:
-                    parent = str(Path(name).parent) if "/" in name else None
-                    c.log_artifact(r.info.run_id, str(path), artifact_path=parent)
-            outcome = "killed" if killed else "failed"
-            c.set_tag(r.info.run_id, "stability.outcome", outcome)
-            c.set_tag(r.info.run_id, "stability.reason",
+            folder = job_dirs.get(point_of(r) or ("", -1))
+            if folder is None and r.data.tags.get(Tag.OUTPUT_DIR):
+                folder = Path(r.data.tags[Tag.OUTPUT_DIR])
+            if folder is not None and folder.is_dir():
+                upload_artifacts(c, r.info.run_id, folder)
+            outcome = Outcome.KILLED if killed else Outcome.FAILED
+            c.set_tag(r.info.run_id, Tag.OUTCOME, outcome)
+            c.set_tag(r.info.run_id, Tag.REASON,
                       "its job's process ended without closing the run ("
                       + ("the sweep was interrupted" if killed else "killed or crashed") + ")")
-            c.set_terminated(r.info.run_id, status=outcome.upper())
+            c.set_terminated(r.info.run_id, status=outcome.status)
         return len(orphans)
 
     def close(self, status: str, summary: Mapping[str, int]) -> dict[str, int]:
@@ -124,14 +121,15 @@ class SweepRun:
         values = dict(summary) | counts | {"wall_time_s": time.time() - self.started}
         c.log_batch(self.run_id, metrics=[Metric(k, float(v), ts, 0) for k, v in values.items()],
                     synchronous=True)
-        c.set_tag(self.run_id, "stability.outcome", status.lower())
+        c.set_tag(self.run_id, Tag.OUTCOME, status.lower())
         c.set_terminated(self.run_id, status=status)
         return counts
 
 
 def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, unique: int,
                    arguments: Sequence[str], params: Mapping[str, Any],
-                   resume: bool) -> tuple[SweepRun, set[tuple[str, int]]]:
+                   resume: bool, sweep_dir: Path | None = None
+                   ) -> tuple[SweepRun, set[tuple[str, int]]]:
     """Check the store, create experiment and parent run; read what is already done.
 
     Args:
@@ -142,6 +140,9 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
         arguments: the sweep's command-line overrides (recorded on the parent run).
         params: the configured grid ``{key: "v1,v2"}`` (recorded as ``grid.<key>`` params).
         resume: read the ``(fingerprint, seed)`` already FINISHED (else report none).
+        sweep_dir: the sweep's folder: its pending runs are synced first (so a run that
+            finished while the server was away counts as done), and RUNNING runs of the
+            experiment without heartbeat are ended as KILLED.
 
     Returns:
         The parent run and the finished points to skip.
@@ -153,18 +154,46 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
     from mlflow.entities import Param
 
     uri = resolve_tracking_uri(tracking.uri)
+    configure_http(tracking.request_timeout_s)
     check_reachable(uri)
     exp_id = ensure_experiment(uri, tracking.experiment)
+    synced = len(sync_paths([sweep_dir], uri, end_stale=False)) if sweep_dir else 0
+    stale = end_stale_runs(uri, tracking.experiment, tracking.stale_after_s)
     done = finished_points(uri, tracking.experiment) if resume else set()
     c = client(uri)
-    tags = {"stability.kind": "sweep", "stability.sweep_id": sweep_id,
-            "stability.grid_size": str(grid_size), "stability.grid_unique": str(unique),
-            "stability.overrides": " ".join(arguments), "stability.git_commit": git_commit(),
-            "stability.outcome": "running"}
+    tags = {Tag.KIND: Kind.SWEEP, Tag.SWEEP_ID: sweep_id, Tag.GRID_SIZE: str(grid_size),
+            Tag.GRID_UNIQUE: str(unique), Tag.OVERRIDES: " ".join(arguments),
+            Tag.GIT_COMMIT: git_commit(), Tag.OUTCOME: Outcome.RUNNING}
+    tags = {k: str(v) for k, v in tags.items()}
     run = c.create_run(exp_id, tags=tags, run_name=f"sweep {sweep_id}")
     grid = [Param("grid." + re.sub(r"[^\w\-. :/]", "_", k), str(v)[:MAX_PARAM_CHARS])
             for k, v in params.items()]  # MLflow's allowed key characters
     if grid:
         c.log_batch(run.info.run_id, params=grid[:100], synchronous=True)
     return SweepRun(uri, tracking.experiment, exp_id, run.info.run_id, sweep_id,
-                    time.time()), done
+                    time.time(), synced, stale), done
+
+
+def resumable_folders(run: SweepRun, points: Sequence[Any]) -> dict[tuple[str, int], Path]:
+    """For points to run: the folder of their latest KILLED run that holds a resume point.
+
+    Such a point trains on in that folder, into the same MLflow run (``core/checkpoint.py``).
+    """
+    from stability.core.checkpoint import peek
+
+    wanted = {p.key: p for p in points}
+    runs = search_all(client(run.uri), run.experiment_id,
+                      search_filter(Kind.TRAIN, status=Outcome.KILLED.status),
+                      order_by=["attributes.start_time DESC"])
+    found: dict[tuple[str, int], Path] = {}
+    for r in runs:
+        key, folder = point_of(r), Path(r.data.tags.get(Tag.OUTPUT_DIR) or "/nonexistent")
+        if key in wanted and key not in found and peek(folder, wanted[key].cfg) is not None:
+            found[key] = folder
+    return found
+
+
+def next_job_index(sweep_dir: Path) -> int:
+    """The first job number free in ``sweep_dir`` (a re-run never overwrites an old folder)."""
+    numbers = [int(d.name) for d in sweep_dir.glob("*") if d.is_dir() and d.name.isdigit()]
+    return max(numbers, default=-1) + 1

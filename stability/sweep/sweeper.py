@@ -33,9 +33,16 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.signals import StopRequest, Terminated
 from stability.sweep.grid import SweepPoint, chunks, dedupe, make_point, override_key
-from stability.sweep.parent import SweepRun, open_sweep_run
+from stability.sweep.parent import (
+    SweepRun,
+    next_job_index,
+    open_sweep_run,
+    override,
+    resumable_folders,
+)
 from stability.sweep.progress import Progress, format_duration
-from stability.tracking.run import TrackingError
+from stability.tracking.sync import sync_paths
+from stability.tracking.uri import TrackingError
 
 log = logging.getLogger(__name__)
 
@@ -170,13 +177,21 @@ class StabilitySweeper(BasicSweeper):
                 _say(f"would run: {' '.join(p.overrides)}")
             return []
         sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        run, done = self._open_tracking(points, grid_size, sweep_id, arguments)
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        run, done = self._open_tracking(points, grid_size, sweep_id, arguments, sweep_dir)
         todo = [p for p in points if p.key not in done]
+        # --- durability (docs/TRACKING.md): killed points go on from their checkpoint, and a
+        # re-run in the same folder never reuses an old job's folder
+        resume = resumable_folders(run, todo) if run is not None else {}
+        offset = next_job_index(sweep_dir) if sweep_dir.is_dir() else 0
+        if run is not None:
+            _say(f"synced {run.synced} pending runs; ended {run.stale} runs without heartbeat "
+                 f"as KILLED; {len(resume)} points resume from a checkpoint")
+        # --- end durability
         if run is not None:
             _say(f"skipped {len(points) - len(todo)} points already FINISHED in experiment "
                  f"'{run.experiment}' ({run.uri}); {len(todo)} to run")
             _say(f"sweep {sweep_id}: parent run {run.run_id}")
-        sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
 
@@ -188,8 +203,9 @@ class StabilitySweeper(BasicSweeper):
             with stop.installed():
                 for batch in chunks(todo, self.batch_size()):
                     first, launched = launched, launched + len(batch)  # before: may be killed
-                    job_dirs |= self._job_dirs(batch, first)
-                    results = self._launch(batch, run, first)
+                    job_dirs |= self._job_dirs(batch, offset + first)
+                    job_dirs |= {p.key: resume[p.key] for p in batch if p.key in resume}
+                    results = self._launch(batch, run, offset + first, resume)
                     progress.update(len(results), sum(not job_ok(r) for r in results))
                     _say(progress.line())
                     returns.append(results)
@@ -205,7 +221,7 @@ class StabilitySweeper(BasicSweeper):
                        "runs_launched": launched, "runs_skipped_done": len(points) - len(todo),
                        "runs_not_finished": progress.failed}
             if run is not None:
-                summary |= self._close(run, status, summary, job_dirs)
+                summary |= self._close(run, status, summary, job_dirs, sweep_dir)
             _say(f"{status.lower()} after {format_duration(progress.elapsed())}: "
                  + ", ".join(f"{k.removeprefix('runs_')}={int(v)}" for k, v in summary.items()))
             if run is not None:
@@ -226,7 +242,8 @@ class StabilitySweeper(BasicSweeper):
         return {p.key: root / str(first + i) for i, p in enumerate(batch)}
 
     def _open_tracking(self, points: list[SweepPoint], grid_size: int, sweep_id: str,
-                       arguments: list[str]) -> tuple[SweepRun | None, set[tuple[str, int]]]:
+                       arguments: list[str], sweep_dir: Path
+                       ) -> tuple[SweepRun | None, set[tuple[str, int]]]:
         if not points:
             return None, set()
         tracking = points[0].cfg.tracking
@@ -240,7 +257,7 @@ class StabilitySweeper(BasicSweeper):
             return None, set()
         try:
             return open_sweep_run(tracking, sweep_id, grid_size, len(points), arguments,
-                                  self.grid, self.resume)
+                                  self.grid, self.resume, sweep_dir)
         except (TrackingError, ConfigError) as err:
             _fail(str(err), 1)
             raise  # unreachable: _fail exits
@@ -250,10 +267,11 @@ class StabilitySweeper(BasicSweeper):
             raise
 
     def _launch(self, batch: list[SweepPoint], run: SweepRun | None,
-                first_index: int) -> Sequence[JobReturn]:
+                first_index: int, resume: dict[tuple[str, int], Path]) -> Sequence[JobReturn]:
         assert self.launcher is not None
         extra = run.job_overrides() if run else []
         jobs = [[o for o in p.overrides if override_key(o) not in JOB_TRACKING_KEYS] + extra
+                + ([override("output_dir", str(resume[p.key]))] if p.key in resume else [])
                 for p in batch]
         results = self.launcher.launch(jobs, initial_job_idx=first_index)
         for r in results:
@@ -264,8 +282,10 @@ class StabilitySweeper(BasicSweeper):
 
     @staticmethod
     def _close(run: SweepRun, status: str, summary: dict[str, int],
-               job_dirs: dict[tuple[str, int], Path]) -> dict[str, int]:
+               job_dirs: dict[tuple[str, int], Path], sweep_dir: Path) -> dict[str, int]:
         try:
+            synced = len(sync_paths([sweep_dir], run.uri, end_stale=False))
+            _say(f"synced {synced} pending runs of this sweep")
             orphans = run.close_orphans(job_dirs, killed=status == "KILLED")
             if orphans:
                 _say(f"closed {orphans} runs their jobs left open (worker killed or crashed)")

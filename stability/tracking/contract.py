@@ -72,6 +72,9 @@ class Tag:
     WINNER_STABILITY = "stability.winner_stability"  # stable | marginal | unstable
     MAX_NORM_RECOMMENDATION = "stability.max_norm_recommendation"  # per accum, from clip-off runs
     MODEL_URI = "stability.model_uri"  # models:/<name>@champion of the registered winner
+    HEARTBEAT = "stability.heartbeat"  # ms since the epoch, refreshed by the run's sender thread
+    PROCESS = "stability.process"  # "<host>:<pid>" of the process that trains the run
+    OUTPUT_DIR = "stability.output_dir"  # the run folder (steps.csv, journal, checkpoints)
 
 
 # Per optimizer step (MLflow step = optimizer step): the steps.csv column names.

@@ -1,348 +1,263 @@
-"""MLflow tracking: URI resolution, run lifecycle, a buffered metric sink, params/tags/artifacts.
+"""``TrackedRun``: one MLflow run around one training run, that survives the network.
 
-The training loop never waits on the network: per-step metrics are buffered in process and
-sent with ``log_batch`` (<= 1000 metrics a call) from one background thread, in full batches
-or at an epoch end at least ``FLUSH_EVERY_S`` after the previous send, and at run end; the
-run's CSV stays the ground truth if the process dies before a flush. What each run records
-is the contract in ``docs/TRACKING.md``.
+Every MLflow call goes through the run's ``Sender`` thread (bounded retries, heartbeat), so
+training never waits on the server, not even to create the run. Everything the run puts into
+MLflow is also in the run folder (``tracking.jsonl`` + ``steps.csv``). If MLflow still lacks
+part of the run at its end, the folder is marked pending and one line says how to upload it
+(``stability sync <dir>``); the run's own result is unaffected. What a run records is the
+contract in ``docs/TRACKING.md``.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import math
 import os
-import re
-import subprocess
-import time
-import urllib.error
-import urllib.request
+import socket
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any
 
-from stability.core.config import ConfigError, RunConfig, fingerprint, flatten
+from stability.core import checkpoint
+from stability.core.config import RunConfig, fingerprint, flatten
 from stability.core.signals import Terminated, sigterm_as_exception
-from stability.core.steplog import EpochLog, StepLog
+from stability.tracking import journal
+from stability.tracking.artifacts import upload_artifacts
+from stability.tracking.buffer import MAX_PARAMS, MetricBuffer, Point, Sender, send_metrics
+from stability.tracking.contract import (
+    EPOCH_METRICS,
+    STEP_METRICS,
+    WORLD_SIZE_PARAM,
+    Artifact,
+    Kind,
+    Outcome,
+    Tag,
+)
+from stability.tracking.journal import Journal, now_ms
+from stability.tracking.queries import metric_steps
+from stability.tracking.uri import (
+    client,
+    configure_http,
+    ensure_experiment,
+    git_commit,
+    resolve_tracking_uri,
+    run_name,
+)
 
 log = logging.getLogger(__name__)
-
-PACKAGE_DIR = Path(__file__).resolve().parents[1]  # stability/ (in a checkout: its repo)
-MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100  # log_batch limits per call
-# On the embedded SQLite store a log_batch costs ~150-250 us of CPU a metric in batches of 78
-# (one epoch of a default run) but ~80 us in batches of 1000 (ORM and commit per call): sent
-# per epoch, tracking took ~15-20% of a default run's training CPU. Full batches, and at most
-# one partial send per FLUSH_EVERY_S, halve that while the UI stays at most this far behind.
-FLUSH_EVERY_S = 10.0
-REACH_TIMEOUT_S = 5.0
-STEP_METRICS = ("loss", "lr", "grad_norm_pre_clip", "grad_norm_post_clip", "clipped", "skipped",
-                "scaler_scale", "skips_cumulative")
-OUTCOME_STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED",
-                  "killed": "KILLED"}
-
-# Fail fast instead of MLflow's default of 7 retries with back-off (minutes against a dead server).
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+MAX_REASON = 5000  # characters of a reason tag
+SETTLE_RETRY_S = 5.0  # the end-of-run sync: the sender has already ridden out the outage
 
 
-class TrackingError(RuntimeError):
-    """The tracking server cannot be used (unreachable, refused)."""
+def run_params(cfg: RunConfig, world_size: int = 1) -> dict[str, str]:
+    """The run's params: the flattened config (and ``world_size`` above 1)."""
+    params = {k: str(v) for k, v in flatten(cfg).items() if k != "output_dir"}
+    if world_size > 1:
+        params[WORLD_SIZE_PARAM] = str(world_size)
+    return params
 
 
-def default_store_uri() -> str:
-    """The embedded default: ``./mlflow.db`` of the current directory (MLflow's own convention).
-
-    Resolved to an absolute path once, so every job of a sweep (each in its own Hydra output
-    folder) writes to the same file. Not the deprecated file store.
-    """
-    return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The numeric summary values (logged as metrics at step 0)."""
+    return {k: float(v) for k, v in summary.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
-def resolve_tracking_uri(uri: str | None = None) -> str:
-    """``tracking.uri`` if given, else ``$MLFLOW_TRACKING_URI``, else the embedded SQLite store."""
-    resolved = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_store_uri()
-    validate_uri(resolved)
-    return resolved
+class NotCreated(RuntimeError):
+    """The MLflow run was never created (its creation was lost in an outage): not retried."""
+
+    error_code = "RESOURCE_DOES_NOT_EXIST"
 
 
-def check_reachable(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
-    """Raise ``TrackingError`` within ``timeout_s`` if an HTTP tracking server does not answer."""
-    if not uri.startswith(("http://", "https://")):
-        return
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as r:
-            if r.status == 200:
-                return
-            raise TrackingError(f"tracking server {uri} answered /health with HTTP {r.status}")
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        raise TrackingError(
-            f"tracking server {uri} is not reachable ({reason}); start it (see "
-            "docs/team-server.md) or set tracking.uri / MLFLOW_TRACKING_URI to a running server"
-        ) from None
-
-
-def client(uri: str) -> Any:
-    """An ``MlflowClient`` for ``uri`` (imported lazily: importing MLflow costs ~1 s)."""
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
-
-
-def ensure_experiment(uri: str, name: str) -> str:
-    """Create the store (and its schema) and the experiment if needed; returns its id.
-
-    Call this once before parallel jobs start: two processes initialising a brand-new SQLite
-    store at once crash MLflow's migrations.
-    """
-    check_reachable(uri)
-    c = client(uri)
-    exp = c.get_experiment_by_name(name)
-    return exp.experiment_id if exp else c.create_experiment(name, local_artifact_root(uri, name))
-
-
-def local_artifact_root(uri: str, experiment: str) -> str | None:
-    """Where a new experiment of a SQLite store keeps artifacts: ``mlruns/`` beside the file.
-
-    MLflow's default is ``./mlruns`` of whatever directory the first run started in, which
-    scatters artifacts (and mixes experiment ids of different stores). Servers decide for
-    themselves: None.
-    """
-    if not uri.startswith("sqlite:///"):
-        return None
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment)
-    return str(Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlruns" / slug)
-
-
-@functools.cache
-def git_commit() -> str:
-    """The commit of the code that runs: this package's checkout, else the current folder's.
-
-    An installed (non-editable) package has no checkout; a user's own task then lives in
-    the current folder's repository, if any. "" when neither is a git checkout.
-    """
-    for where in (PACKAGE_DIR, Path.cwd()):
-        try:
-            out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
-                                 text=True, timeout=5)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    return ""
-
-
-def run_name(cfg: RunConfig) -> str:
-    """A name a person can read, e.g. ``fp16 clip=1.0 acc=4 s=3``."""
-    if not cfg.clip.enabled:
-        clip = "noclip"
-    elif cfg.clip.method == "norm":
-        clip = f"clip={cfg.clip.max_norm:g}"
-    else:
-        clip = f"clipv={cfg.clip.clip_value:g}"
-    return f"{cfg.precision.name} {clip} acc={cfg.train.accum_steps} s={cfg.seed}"
-
-
-def _metric(key: str, value: float, step: int, ts: int) -> Any:
-    from mlflow.entities import Metric
-
-    return Metric(key, float(value), ts, step)
-
-
-class MetricBuffer:
-    """Step sink that buffers metrics and ships them with ``log_batch`` off the training thread.
-
-    The training thread only appends plain tuples (~2 us a step); the background thread builds
-    the ``Metric`` objects and sends them when ``MAX_METRICS`` are pending, at the first epoch
-    end, at a later epoch end once ``flush_every_s`` has passed since the last send, and on
-    ``close``.
-    """
-
-    def __init__(self, mlflow_client: Any, run_id: str,
-                 flush_every_s: float = FLUSH_EVERY_S) -> None:
-        self._client = mlflow_client
-        self._run_id = run_id
-        self._pending: list[tuple[str, float, int, int]] = []
-        self._skips = 0
-        self._flush_every_s = flush_every_s
-        self._last_flush = -math.inf  # the first epoch goes out at once: a new run shows curves
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-flush")
-        self._futures: list[Future] = []
-
-    def on_step(self, s: StepLog, epoch: int) -> None:
-        """Buffer the step's metrics (no I/O on this thread)."""
-        self._skips += s.skipped
-        ts = int(time.time() * 1000)
-        values = (s.loss, s.lr, s.grad_l2_pre_clip, s.grad_l2_post_clip, float(s.clipped),
-                  float(s.skipped), s.scaler_scale, float(self._skips))
-        self._pending.extend((k, v, s.step, ts) for k, v in zip(STEP_METRICS, values,
-                                                                 strict=True))
-        if len(self._pending) >= MAX_METRICS:
-            self.flush(wait=False)
-
-    def on_epoch(self, e: EpochLog) -> None:
-        """Buffer the epoch's metrics; send in the background if ``flush_every_s`` has passed."""
-        ts = int(time.time() * 1000)
-        for key, value in (("train_loss", e.train_loss), ("val_loss", e.val_loss),
-                           ("val_acc", e.val_acc), ("epoch_clip_fraction", e.clip_fraction),
-                           ("max_grad_norm", e.max_grad_norm),
-                           ("epoch_skip_count", e.skip_count)):
-            self._pending.append((key, value, e.epoch, ts))
-        if (len(self._pending) >= MAX_METRICS
-                or time.monotonic() - self._last_flush >= self._flush_every_s):
-            self.flush(wait=False)
-
-    def add(self, metrics: dict[str, float], step: int = 0) -> None:
-        """Buffer arbitrary metrics (summary values)."""
-        ts = int(time.time() * 1000)
-        self._pending.extend((k, v, step, ts) for k, v in metrics.items())
-
-    def _send(self, batch: list[tuple[str, float, int, int]]) -> None:
-        for i in range(0, len(batch), MAX_METRICS):
-            metrics = [_metric(*m) for m in batch[i : i + MAX_METRICS]]
-            self._client.log_batch(self._run_id, metrics=metrics, synchronous=True)
-
-    def flush(self, wait: bool = True) -> None:
-        """Send what is buffered; with ``wait`` block until every send has finished."""
-        if self._pending:
-            batch, self._pending = self._pending, []
-            self._futures.append(self._pool.submit(self._send, batch))
-            self._last_flush = time.monotonic()
-        if wait:
-            futures, self._futures = self._futures, []
-            for f in futures:
-                f.result()
-
-    def close(self) -> None:
-        """Flush and stop the background thread."""
-        try:
-            self.flush(wait=True)
-        finally:
-            self._pool.shutdown(wait=True)
-
-
-def _log_params(c: Any, run_id: str, cfg: RunConfig) -> None:
-    from mlflow.entities import Param
-
-    params = [Param(k, str(v)) for k, v in flatten(cfg).items() if k != "output_dir"]
-    for i in range(0, len(params), MAX_PARAMS):
-        c.log_batch(run_id, params=params[i : i + MAX_PARAMS], synchronous=True)
-
-
-def _summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in summary.items() if isinstance(v, int | float)}
+def process_tag() -> str:
+    """``<host>:<pid>``: lets a sweep on this host tell a dead run from a live one."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class TrackedRun:
-    """One MLflow run around one training run: create, params, buffered metrics, close.
+    """Use as a context manager; ``sink`` goes to ``train``.
 
-    Use as a context manager; ``sink`` goes to ``run.train``. Leaving the block with an
-    exception ends the run FAILED (or KILLED on Ctrl-C / SIGTERM) with a reason tag, after
-    uploading what exists (the CSV is complete up to the last step).
+    Leaving the block with an exception ends the run FAILED (KILLED on Ctrl-C / SIGTERM) with
+    a reason tag, after uploading what exists (the CSV is complete up to the last step).
+    A run folder holding a resumable checkpoint continues the MLflow run its journal names.
     """
 
     def __init__(self, cfg: RunConfig, overrides: Sequence[str] = (), world_size: int = 1) -> None:
         self.cfg = cfg
         self.world_size = world_size
         self.uri = resolve_tracking_uri(cfg.tracking.uri)
+        self.folder = Path(cfg.output_dir)
         self.overrides = [o for o in overrides if not o.startswith("tracking.")]
-        self.run_id = ""
-        self.outcome = ""
-        self._client: Any = None
+        self.run_id: str | None = None
+        self.outcome: Outcome | None = None
+        self.reason = ""
+        self.pending = False  # after the block: MLflow lacks part of the run (folder marked)
+        self.resumed = checkpoint.peek(self.folder, cfg)
         self.sink: MetricBuffer | None = None
+        self._client: Any = None
+        self._sender: Sender | None = None
+        self._journal: Journal | None = None
+        self._known: dict[str, set[int]] = {}  # steps MLflow holds already (a resumed run)
+        self._stack = ExitStack()  # the journal
+        self._signals = ExitStack()  # SIGTERM as an exception while training
 
+    # -- opening -------------------------------------------------------------------------------
     def __enter__(self) -> TrackedRun:
-        check_reachable(self.uri)
-        self._client = client(self.uri)
-        exp = self._client.get_experiment_by_name(self.cfg.tracking.experiment)
-        exp_id = exp.experiment_id if exp else ensure_experiment(self.uri,
-                                                                 self.cfg.tracking.experiment)
         t = self.cfg.tracking
-        tags = {
-            "stability.kind": "train",
-            "stability.sweep_id": t.sweep_id or "",
-            "stability.fingerprint": fingerprint(self.cfg, self.world_size),
-            "stability.seed": str(self.cfg.seed),
-            "stability.overrides": " ".join(self.overrides),
-            "stability.git_commit": git_commit(),
-            "stability.outcome": "running",
-        }
-        if t.parent_run_id:
-            tags["mlflow.parentRunId"] = t.parent_run_id
-        run = self._client.create_run(exp_id, tags=tags, run_name=run_name(self.cfg))
-        self.run_id = run.info.run_id
-        _log_params(self._client, self.run_id, self.cfg)
-        self.sink = MetricBuffer(self._client, self.run_id)
-        self._signals = sigterm_as_exception()
-        self._signals.__enter__()
+        configure_http(t.request_timeout_s)
+        self._journal = self._stack.enter_context(closing(Journal(self.folder,
+                                                                  append=bool(self.resumed))))
+        if not self.resumed:
+            journal.clear_pending(self.folder)  # a run started over: the old marker is void
+        previous = journal.read(self.folder) if self.resumed else None
+        tags = self._tags()
+        params = run_params(self.cfg, self.world_size)
+        self._client = client(self.uri)
+        self._sender = Sender(t.retry_s, heartbeat=self._beat, heartbeat_s=t.heartbeat_s)
+        if previous is not None and previous.run_id:
+            self.run_id = previous.run_id
+            self._journal.write("resume", epoch=self.resumed.epoch, step=self.resumed.step)
+            self._journal.write("tags", tags=tags)
+            self._sender.submit(lambda: self._reopen(tags), "reopening the run")
+        else:
+            self._journal.write("run", run_id=None, uri=self.uri, experiment=t.experiment,
+                                run_name=run_name(self.cfg), tags=tags)
+            self._journal.write("params", params=params)
+            self._sender.submit(lambda: self._create(tags, params), "creating the run")
+        self.sink = MetricBuffer(self._send_points, self._journal)
+        self._signals.enter_context(sigterm_as_exception())
         return self
 
+    def _tags(self) -> dict[str, str]:
+        t = self.cfg.tracking
+        tags = {
+            Tag.KIND: Kind.TRAIN, Tag.SWEEP_ID: t.sweep_id or "",
+            Tag.FINGERPRINT: fingerprint(self.cfg, self.world_size),
+            Tag.SEED: str(self.cfg.seed), Tag.OVERRIDES: " ".join(self.overrides),
+            Tag.GIT_COMMIT: git_commit(), Tag.OUTCOME: Outcome.RUNNING,
+            Tag.PROCESS: process_tag(), Tag.OUTPUT_DIR: str(self.folder.resolve()),
+            Tag.HEARTBEAT: str(now_ms()),
+        }
+        if t.parent_run_id:
+            tags[Tag.PARENT_RUN_ID] = t.parent_run_id
+        return {k: str(v) for k, v in tags.items()}
+
+    def _create(self, tags: dict[str, str], params: dict[str, str]) -> None:
+        """Sender thread: create the run (retried like any call) and log its params."""
+        from mlflow.entities import Param
+
+        if self.run_id is None:
+            exp_id = ensure_experiment(self.uri, self.cfg.tracking.experiment, check=False)
+            run = self._client.create_run(exp_id, tags=tags, run_name=run_name(self.cfg))
+            self.run_id = run.info.run_id
+            self._journal.write("run_id", run_id=self.run_id)
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), MAX_PARAMS):
+            self._client.log_batch(self.run_id, params=items[i : i + MAX_PARAMS],
+                                   synchronous=True)
+
+    def _reopen(self, tags: dict[str, str]) -> None:
+        """Sender thread: a resumed run continues its MLflow run (RUNNING again)."""
+        from mlflow.entities import RunTag
+
+        run = self._client.get_run(self.run_id)
+        if Tag.REASON in run.data.tags:  # why the interrupted attempt ended: history now
+            self._client.delete_tag(self.run_id, Tag.REASON)
+        self._client.update_run(self.run_id, status="RUNNING")
+        # The resuming job's sweep id and parent: the run now belongs to the sweep that ends it.
+        self._client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()],
+                               synchronous=True)
+        self._known = metric_steps(self._client, self.run_id, [*STEP_METRICS, *EPOCH_METRICS])
+
+    def _beat(self) -> None:
+        if self.run_id is not None:
+            self._client.set_tag(self.run_id, Tag.HEARTBEAT, str(now_ms()))
+
+    def _send_points(self, points: list[Point]) -> None:
+        def send() -> None:
+            if self.run_id is None:
+                raise NotCreated("the run was never created")  # counted lost: sync has it
+            todo = [p for p in points if p[2] not in self._known.get(p[0], ())]
+            send_metrics(self._client, self.run_id, todo)
+
+        assert self._sender is not None
+        self._sender.submit(send, f"{len(points)} metric points")
+
+    # -- closing -------------------------------------------------------------------------------
     def finish(self, summary: dict[str, Any], outcome: str, reason: str = "") -> None:
         """Record the summary metrics and the outcome (``finished`` or ``diverged``)."""
-        assert self.sink is not None
-        self.sink.add(_summary_metrics(summary))
-        for key, value in summary.items():
-            if isinstance(value, str) and value:
-                self._client.set_tag(self.run_id, f"stability.{key}", value)
-        self.outcome, self.reason = outcome, reason
+        assert self.sink is not None and self._journal is not None
+        self.sink.add(summary_metrics(summary))
+        tags = {f"stability.{k}": v for k, v in summary.items() if isinstance(v, str) and v}
+        if tags:
+            self._journal.write("tags", tags=tags)
+            self._submit_tags(tags)
+        self.outcome, self.reason = Outcome(outcome), reason
+
+    def _submit_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        def send() -> None:
+            if self.run_id is None:
+                raise NotCreated("the run was never created")
+            self._client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()],
+                                   synchronous=True)
+
+        assert self._sender is not None
+        self._sender.submit(send, "tags")
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        self._signals.__exit__(None, None, None)
-        if exc is not None:
-            killed = isinstance(exc, KeyboardInterrupt | Terminated)
-            self.outcome = "killed" if killed else "failed"
-            self.reason = f"{type(exc).__name__}: {exc}"[:5000]
-        outcome = self.outcome or "failed"
+        assert self._sender is not None and self._journal is not None and self.sink is not None
         try:
-            if self.sink is not None:
-                self.sink.close()
-            self._upload_artifacts()
-            self._client.set_tag(self.run_id, "stability.outcome", outcome)
-            if getattr(self, "reason", ""):
-                self._client.set_tag(self.run_id, "stability.reason", self.reason[:5000])
+            self._signals.close()  # a second SIGTERM must not cut the close short
+            if exc is not None:
+                # SystemExit: submitit's requeue on preemption/timeout (the run resumes later)
+                killed = isinstance(exc, KeyboardInterrupt | Terminated | SystemExit)
+                self.outcome = Outcome.KILLED if killed else Outcome.FAILED
+                self.reason = f"{type(exc).__name__}: {exc}"
+            outcome = self.outcome or Outcome.FAILED
+            self.sink.flush()
+            tags = {Tag.OUTCOME: str(outcome)}
+            if self.reason:
+                tags[Tag.REASON] = self.reason[:MAX_REASON]
+            self._journal.write("tags", tags=tags)
+            self._journal.write("artifacts", paths=[a for a in Artifact.ALL
+                                                    if (self.folder / a).exists()])
+            self._journal.write("end", status=outcome.status, outcome=str(outcome))
+            self._submit_tags(tags)
+            self._sender.submit(lambda: upload_artifacts(self._client, self._created(),
+                                                         self.folder), "artifacts")
+            self._sender.submit(lambda: self._terminate(outcome), "the final status")
+            complete = self._sender.close()
+            self._settle(complete)
         finally:
-            self._client.set_terminated(self.run_id, status=OUTCOME_STATUS[outcome])
+            self._stack.close()
         return False
 
-    def _upload_artifacts(self) -> None:
-        from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME
+    def _created(self) -> str:
+        if self.run_id is None:
+            raise NotCreated("the run was never created")
+        return self.run_id
 
-        out = Path(self.cfg.output_dir)
-        for name in (CSV_NAME, CONFIG_NAME, CHECKPOINT_NAME):
-            path = out / name
-            if path.exists():
-                parent = str(Path(name).parent) if "/" in name else None
-                self._client.log_artifact(self.run_id, str(path), artifact_path=parent)
+    def _terminate(self, outcome: Outcome) -> None:
+        if self._sender is not None and self._sender.lost:
+            return  # left to the sync below: it uploads the gap first, then ends the run
+        self._client.set_terminated(self._created(), status=outcome.status)
 
+    def _settle(self, complete: bool) -> None:
+        """After the sender: make MLflow complete (sync the folder) or mark it pending."""
+        from stability.tracking.sync import sync_folder
 
-def finished_points(uri: str, experiment: str) -> set[tuple[str, int]]:
-    """``(fingerprint, seed)`` of every FINISHED training run in ``experiment``."""
-    c = client(uri)
-    exp = c.get_experiment_by_name(experiment)
-    if exp is None:
-        return set()
-    done: set[tuple[str, int]] = set()
-    token = None
-    while True:
-        page = c.search_runs([exp.experiment_id],
-                             filter_string="attributes.status = 'FINISHED' and "
-                                           "tags.`stability.kind` = 'train'",
-                             max_results=1000, page_token=token)
-        for r in page:
-            fp, seed = r.data.tags.get("stability.fingerprint"), r.data.tags.get("stability.seed")
-            if fp and seed is not None:
-                done.add((fp, int(seed)))
-        token = page.token
-        if not token:
-            return done
-
-
-def validate_uri(uri: str) -> None:
-    """Reject URIs MLflow 3 would refuse or silently misuse (e.g. the deprecated file store)."""
-    if uri.startswith("file:") or "://" not in uri:
-        raise ConfigError(
-            f"tracking.uri={uri!r} is invalid: allowed values are http(s)://host:port, "
-            "sqlite:///path/to/mlflow.db, postgresql://..., or null for the embedded store"
-        )
+        if complete and not self.resumed:
+            return
+        try:  # a resumed run, or calls lost in an outage: compare with MLflow, send the rest
+            self._journal.close()
+            result = sync_folder(self.folder, self.uri, retry_s=SETTLE_RETRY_S)
+            self.run_id = result.run_id
+            return
+        except Exception as err:
+            why = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}" if str(err) else ""
+        journal.mark_pending(self.folder, why or "the tracking store did not answer")
+        self.pending = True
+        print(f"run kept locally: `stability sync {self.folder}` "
+              f"(or `python experiments/sync.py {self.folder}`)", flush=True)

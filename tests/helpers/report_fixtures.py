@@ -104,9 +104,8 @@ def log_run(c: MlflowClient, exp_id: str, spec: Spec, seed: int, root: Path, swe
     torch.manual_seed(seed)
     torch.save(SequenceClassifier(cfg.model).state_dict(), out / CHECKPOINT_NAME)
     ts = int(time.time() * 1000)
-    metrics = [Metric(k, float(getattr(s, a)), ts, s.step) for s in logs
-               for k, a in (("grad_norm_pre_clip", "grad_l2_pre_clip"), ("skipped", "skipped"),
-                            ("scaler_scale", "scaler_scale"))]
+    metrics = [Metric(k, float(getattr(s, k)), ts, s.step) for s in logs
+               for k in ("grad_l2_pre_clip", "skipped", "scaler_scale")]
     if outcome == "finished":
         best = float(value)
         for epoch, (vl, va) in enumerate([(best + 0.05, 0.6), (best, 0.7 + 0.01 * seed)], 1):

@@ -1,0 +1,160 @@
+"""Resume a killed or preempted run from its last whole epoch (``checkpoints/last.pt``).
+
+After every epoch the loop saves everything the next epoch depends on: model, optimizer,
+GradScaler, scheduler, the step counters, RNG states (torch, CUDA, numpy, Python, the shuffle
+generator), the skip-rate monitor's window, the diagnostics, the epochs so far, the best
+validation result, and the CSV position (bytes; the step keeps the cumulative skips). Run
+again in the same folder with the same config and seed, training continues after that epoch
+and the resumed ``steps.csv`` is byte-identical to an uninterrupted run's. A run that ends (finished or
+diverged) removes the file. Only tensors and plain containers are saved, so it loads with
+``torch.load(..., weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from stability.core import rundir
+from stability.core.config import RunConfig, fingerprint
+from stability.core.steplog import EpochLog
+
+log = logging.getLogger(__name__)
+FORMAT = 1
+
+
+@dataclass
+class Parts:
+    """The live objects whose state a checkpoint holds (references, restored in place)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    trainer: Any  # TrainStep: scaler, scheduler, step counters
+    shuffle: torch.Generator
+    monitor: Any  # SkipRateMonitor
+    diag: Any  # Diagnostics
+
+
+@dataclass
+class Resume:
+    """Where a resumed run continues."""
+
+    epoch: int  # the last whole epoch
+    step: int  # optimizer steps taken so far
+    skips: int  # skips_cumulative after that step
+    csv_bytes: int  # steps.csv length at that point
+    epochs: list[EpochLog]
+    best: tuple[float, int, float]  # best val_loss, its epoch, its val_acc
+
+
+def _identity(cfg: RunConfig) -> str:
+    return f"{fingerprint(cfg)}/{cfg.seed}"
+
+
+def _load(folder: Path, cfg: RunConfig) -> dict[str, Any] | None:
+    path = folder / rundir.RESUME_NAME
+    if not path.exists():
+        return None
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # torn by a kill in the middle of saving: start over
+        log.warning("ignoring unreadable %s: %s", path, err)
+        return None
+    if state.get("format") != FORMAT or state.get("identity") != _identity(cfg):
+        log.warning("ignoring %s: it belongs to another config or seed", path)
+        return None
+    return state
+
+
+def _resume(state: dict[str, Any]) -> Resume:
+    return Resume(state["epoch"], state["step"], state["skips"], state["csv_bytes"],
+                  [EpochLog(**e) for e in state["epochs"]], tuple(state["best"]))
+
+
+def peek(folder: str | Path, cfg: RunConfig) -> Resume | None:
+    """The resume point in ``folder`` for ``cfg`` (None: start from scratch)."""
+    state = _load(Path(folder), cfg)
+    return None if state is None else _resume(state)
+
+
+def restore(folder: str | Path, cfg: RunConfig, parts: Parts) -> Resume | None:
+    """Load ``folder``'s checkpoint into ``parts`` if it belongs to ``cfg``; where to go on."""
+    state = _load(Path(folder), cfg)
+    if state is None:
+        return None
+    parts.model.load_state_dict(state["model"])
+    parts.optimizer.load_state_dict(state["optimizer"])
+    t = parts.trainer
+    t.scaler.load_state_dict(state["scaler"])
+    if t.scheduler is not None and state["scheduler"] is not None:
+        t.scheduler.load_state_dict(state["scheduler"])
+    t.step_count, t.skip_count, t.grad_syncs = state["step"], state["skips"], state["grad_syncs"]
+    parts.shuffle.set_state(state["shuffle"])
+    torch.set_rng_state(state["torch_rng"])
+    if torch.cuda.is_available() and state["cuda_rng"]:
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    np.random.set_state(_np_state(state["numpy_rng"]))
+    random.setstate(_py_state(state["python_rng"]))
+    m = state["monitor"]
+    parts.monitor._window = deque(m.pop("_window"), maxlen=parts.monitor.cfg.window)
+    vars(parts.monitor).update(m)
+    vars(parts.diag).update(state["diag"])
+    resume = _resume(state)
+    log.info("resuming after epoch %d (step %d) from %s", resume.epoch, resume.step,
+             Path(folder) / rundir.RESUME_NAME)
+    return resume
+
+
+def save(folder: str | Path, cfg: RunConfig, parts: Parts, epochs: list[EpochLog],
+         best: tuple[float, int, float], csv_bytes: int) -> None:
+    """Write ``checkpoints/last.pt`` after an epoch (atomically: a kill leaves the old one)."""
+    t = parts.trainer
+    monitor = {k: v for k, v in vars(parts.monitor).items() if k != "cfg"}
+    monitor["_window"] = [bool(x) for x in monitor["_window"]]
+    np_state = np.random.get_state()
+    state = {
+        "format": FORMAT, "identity": _identity(cfg), "epoch": epochs[-1].epoch if epochs else 0,
+        "step": t.step_count, "grad_syncs": t.grad_syncs,
+        "csv_bytes": csv_bytes, "skips": t.skip_count,
+        "epochs": [dataclasses.asdict(e) for e in epochs], "best": list(best),
+        "model": parts.model.state_dict(), "optimizer": parts.optimizer.state_dict(),
+        "scaler": t.scaler.state_dict(),
+        "scheduler": t.scheduler.state_dict() if t.scheduler is not None else None,
+        "shuffle": parts.shuffle.get_state(), "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy_rng": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)),
+                      *np_state[2:]],
+        "python_rng": _py_plain(random.getstate()),
+        "monitor": monitor,
+        "diag": {k: (dict(v) if isinstance(v, dict) else v) for k, v in vars(parts.diag).items()},
+    }
+    path = Path(folder) / rundir.RESUME_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def discard(folder: str | Path) -> None:
+    """The run ended: nothing to resume."""
+    (Path(folder) / rundir.RESUME_NAME).unlink(missing_ok=True)
+
+
+def _np_state(saved: list[Any]) -> tuple[Any, ...]:
+    return (saved[0], saved[1].numpy().astype(np.uint32), *saved[2:])
+
+
+def _py_plain(state: tuple[Any, ...]) -> list[Any]:
+    return [state[0], list(state[1]), state[2]]
+
+
+def _py_state(saved: list[Any]) -> tuple[Any, ...]:
+    return (saved[0], tuple(saved[1]), saved[2])

@@ -1,0 +1,102 @@
+"""Ending runs whose process died: a RUNNING run with a stale heartbeat is KILLED.
+
+MLflow leaves a run RUNNING when its process is SIGKILLed, OOM-killed or its node is lost.
+Every tracked run refreshes ``stability.heartbeat`` from its sender thread and records
+``stability.process`` (``<host>:<pid>``). A RUNNING run is stale when its heartbeat is older
+than ``tracking.stale_after_s``, or at once when its process ran on this host and is gone.
+Before it is ended, what its folder holds (if the folder is on this machine) is synced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from stability.core import rundir
+from stability.tracking.artifacts import upload_artifacts
+from stability.tracking.contract import Kind, Outcome, Tag, search_filter
+from stability.tracking.journal import now_ms
+from stability.tracking.queries import search_all
+from stability.tracking.uri import client
+
+log = logging.getLogger(__name__)
+STALE_AFTER_S = 600.0  # default bound (tracking.stale_after_s): 20 missed heartbeats
+
+
+def process_gone(tag: str) -> bool:
+    """The ``<host>:<pid>`` process ran on this host and has exited (or is a zombie)."""
+    host, _, pid = tag.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state == "Z"
+
+
+def _when(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+
+
+def stale_reason(run: Any, stale_after_s: float, now: int | None = None) -> str:
+    """Why ``run`` (RUNNING) counts as dead, or "" while it looks alive."""
+    tags = run.data.tags
+    beat = int(tags.get(Tag.HEARTBEAT) or run.info.start_time or 0)
+    since = f"no heartbeat since {_when(beat)}"
+    if process_gone(tags.get(Tag.PROCESS, "")):
+        return f"{since} (process {tags[Tag.PROCESS]} has exited)"
+    if (now or now_ms()) - beat > stale_after_s * 1000:
+        return f"{since} (more than {stale_after_s:g}s)"
+    return ""
+
+
+def end_stale_runs(uri: str, experiment: str, stale_after_s: float = STALE_AFTER_S,
+                   sweep_id: str | None = None) -> int:
+    """End the experiment's stale RUNNING training runs as KILLED; returns how many.
+
+    Args:
+        uri: the tracking URI.
+        experiment: the experiment name.
+        stale_after_s: a heartbeat older than this means the process is gone.
+        sweep_id: only runs of this sweep.
+    """
+    from stability.tracking.sync import sync_folder
+
+    c = client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return 0
+    ended = 0
+    for run in search_all(c, exp.experiment_id, search_filter(Kind.TRAIN, sweep_id, "RUNNING")):
+        reason = stale_reason(run, stale_after_s)
+        if not reason:
+            continue
+        rid, folder = run.info.run_id, Path(run.data.tags.get(Tag.OUTPUT_DIR, "") or "/nonexistent")
+        try:
+            # What it had not sent; a journal that recorded its end (the process died while
+            # delivering it) ends the run as it really ended.
+            journaled = (folder / rundir.JOURNAL_NAME).exists()
+            if journaled and sync_folder(folder, uri).status is not None:
+                log.warning("completed run %s from its folder %s", rid, folder)
+                continue
+            if folder.is_dir():
+                upload_artifacts(c, rid, folder)
+        except Exception as err:  # the run is ended regardless: its folder keeps the rest
+            log.warning("could not upload %s for stale run %s: %s", folder, rid, err)
+        c.set_tag(rid, Tag.OUTCOME, Outcome.KILLED)
+        c.set_tag(rid, Tag.REASON, reason)
+        c.set_terminated(rid, status=Outcome.KILLED.status)
+        log.warning("ended run %s as KILLED: %s", rid, reason)
+        ended += 1
+    return ended

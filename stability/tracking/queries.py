@@ -1,0 +1,56 @@
+"""Reading runs back: the one paged ``search_runs`` loop and the questions built on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from stability.tracking.contract import Kind, Tag, search_filter
+from stability.tracking.uri import client
+
+PAGE = 1000  # search_runs' maximum page size
+
+
+def search_all(c: Any, experiment_ids: str | Iterable[str], filter_string: str = "",
+               order_by: list[str] | None = None, limit: int | None = None) -> list[Any]:
+    """Every run matching ``filter_string`` (paged, ``PAGE`` runs a request), up to ``limit``.
+
+    Args:
+        c: an ``MlflowClient``.
+        experiment_ids: one experiment id or several.
+        filter_string: an MLflow filter (``contract.search_filter`` builds ours).
+        order_by: MLflow ``order_by`` clauses.
+        limit: stop after this many runs (None: all).
+    """
+    ids = [experiment_ids] if isinstance(experiment_ids, str) else list(experiment_ids)
+    runs: list[Any] = []
+    token = None
+    while True:
+        page = c.search_runs(ids, filter_string=filter_string, order_by=order_by,
+                             max_results=min(PAGE, limit or PAGE), page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token or (limit is not None and len(runs) >= limit):
+            return runs[:limit] if limit is not None else runs
+
+
+def point_of(run: Any) -> tuple[str, int] | None:
+    """``(fingerprint, seed)`` of a training run (None if it lacks the tags)."""
+    tags = run.data.tags
+    fp, seed = tags.get(Tag.FINGERPRINT), tags.get(Tag.SEED)
+    return (fp, int(seed)) if fp and seed is not None else None
+
+
+def finished_points(uri: str, experiment: str) -> set[tuple[str, int]]:
+    """``(fingerprint, seed)`` of every FINISHED training run in ``experiment``."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return set()
+    runs = search_all(c, exp.experiment_id, search_filter(Kind.TRAIN, status="FINISHED"))
+    return {p for p in map(point_of, runs) if p is not None}
+
+
+def metric_steps(c: Any, run_id: str, keys: Iterable[str]) -> dict[str, set[int]]:
+    """``{metric: steps MLflow holds}`` for ``keys`` of one run (a sync sends only the rest)."""
+    return {k: {m.step for m in c.get_metric_history(run_id, k)} for k in keys}

@@ -1,0 +1,221 @@
+"""Where runs go: URI policy, the default store, reachability, clients, experiment creation.
+
+Reachability of an HTTP server is checked once per process (a sweep's jobs each check once;
+``TrackedRun`` and the sweeper share the answer). HTTP retry and timeout are explicit settings
+(``tracking.request_timeout_s``; MLflow's own retries are switched off by ``configure_http``
+because the run's sender retries with its own bounded back-off, see ``buffer.Sender``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import os
+import re
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from stability.core.config import ConfigError, RunConfig
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # stability/ (in a checkout: its repo)
+REACH_TIMEOUT_S = 5.0
+# MLflow reads these two variables on every request. Retries inside MLflow would block the
+# sender for minutes per call (7 retries with back-off by default) and hide the outage from
+# our own bounded back-off, so a run sets them to 0 retries and ``request_timeout_s``.
+HTTP_RETRIES_VAR = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
+HTTP_TIMEOUT_VAR = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+
+
+_LOCKS_HELD: set[str] = set()  # store locks this process holds (see store_lock)
+_REACHED: set[str] = set()  # HTTP servers that answered /health in this process
+
+
+class TrackingError(RuntimeError):
+    """The tracking server cannot be used (unreachable, refused)."""
+
+
+def configure_http(timeout_s: float, retries: int = 0) -> None:
+    """Set MLflow's per-request timeout and retries for this process (explicit, not at import).
+
+    A value the user exported already wins: it is their documented MLflow setting.
+    """
+    os.environ.setdefault(HTTP_RETRIES_VAR, str(retries))
+    os.environ.setdefault(HTTP_TIMEOUT_VAR, str(int(max(1, timeout_s))))
+
+
+def default_store_uri() -> str:
+    """The embedded default: ``./mlflow.db`` of the current directory (MLflow's own convention).
+
+    Resolved to an absolute path once, so every job of a sweep (each in its own Hydra output
+    folder) writes to the same file. Not the deprecated file store.
+    """
+    return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def validate_uri(uri: str) -> None:
+    """Reject URIs MLflow 3 would refuse or silently misuse (e.g. the deprecated file store)."""
+    if uri.startswith("file:") or "://" not in uri:
+        raise ConfigError(
+            f"tracking.uri={uri!r} is invalid: allowed values are http(s)://host:port, "
+            "sqlite:///path/to/mlflow.db, postgresql://..., or null for the embedded store"
+        )
+
+
+def resolve_tracking_uri(uri: str | None = None) -> str:
+    """``tracking.uri`` if given, else ``$MLFLOW_TRACKING_URI``, else the embedded SQLite store."""
+    resolved = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_store_uri()
+    validate_uri(resolved)
+    return resolved
+
+
+def is_http(uri: str) -> bool:
+    """An MLflow tracking server (as opposed to a database URI used directly)."""
+    return uri.startswith(("http://", "https://"))
+
+
+def _probe(uri: str, timeout_s: float) -> str:
+    """"" if ``uri``'s ``/health`` answers 200, else why not."""
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as r:
+            return "" if r.status == 200 else f"HTTP {r.status} from /health"
+    except urllib.error.URLError as err:
+        return str(err.reason)
+    except OSError as err:
+        return str(err)
+
+
+def check_reachable(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Raise ``TrackingError`` within ``timeout_s`` if an HTTP tracking server does not answer.
+
+    A server that answered once is not probed again in this process (the sweeper and its
+    in-process jobs ask the same question); one that did not is probed again when asked.
+    """
+    if not is_http(uri) or uri in _REACHED:
+        return
+    reason = _probe(uri, timeout_s)
+    if not reason:
+        _REACHED.add(uri)
+    else:
+        raise TrackingError(
+            f"tracking server {uri} is not reachable ({reason}); start it (see "
+            "docs/team-server.md) or set tracking.uri / MLFLOW_TRACKING_URI to a running server"
+        )
+
+
+def reachable_now(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> bool:
+    """A fresh probe (not remembered): for a sync or a sender deciding whether to try again."""
+    return not is_http(uri) or not _probe(uri, timeout_s)
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI, else None."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Hold ``<db>.lock`` beside a SQLite store (no-op for other stores).
+
+    Two processes creating a brand-new store at once race MLflow's schema migrations
+    (``table latest_metrics already exists``); under this lock the second finds the schema.
+    """
+    db = sqlite_path(uri)
+    if db is None or uri in _LOCKS_HELD:  # flock is not re-entrant across file descriptors
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        _LOCKS_HELD.add(uri)
+        try:
+            yield
+        finally:
+            _LOCKS_HELD.discard(uri)
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def client(uri: str) -> Any:
+    """An ``MlflowClient`` for ``uri`` whose store (and schema) exists (MLflow imported lazily).
+
+    For SQLite the store is opened under ``store_lock``, so its creation never races.
+    """
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    if sqlite_path(uri) is not None:
+        with store_lock(uri):
+            c._tracking_client.store  # noqa: B018 - opening the store creates the schema
+    return c
+
+
+def ensure_experiment(uri: str, name: str, check: bool = True) -> str:
+    """Create the store (and its schema) and the experiment if needed; returns its id.
+
+    Safe from several processes at once: on SQLite the whole check-and-create holds
+    ``store_lock``; a server that reports the experiment as just created is asked again.
+    ``check=False`` skips the ``/health`` probe (a caller that retries on its own).
+    """
+    from mlflow.exceptions import MlflowException
+
+    if check:
+        check_reachable(uri)
+    with store_lock(uri):
+        c = client(uri)
+        exp = c.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return c.create_experiment(name, local_artifact_root(uri, name))
+        except MlflowException:  # another process (another machine) created it meanwhile
+            exp = c.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+
+def local_artifact_root(uri: str, experiment: str) -> str | None:
+    """Where a new experiment of a SQLite store keeps artifacts: ``mlruns/`` beside the file.
+
+    MLflow's default is ``./mlruns`` of whatever directory the first run started in, which
+    scatters artifacts (and mixes experiment ids of different stores). Servers decide for
+    themselves: None.
+    """
+    db = sqlite_path(uri)
+    if db is None:
+        return None
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment)
+    return str(db.resolve().parent / "mlruns" / slug)
+
+
+@functools.cache
+def git_commit() -> str:
+    """The commit of the code that runs: this package's checkout, else the current folder's.
+
+    An installed (non-editable) package has no checkout; a user's own task then lives in
+    the current folder's repository, if any. "" when neither is a git checkout.
+    """
+    for where in (PACKAGE_DIR, Path.cwd()):
+        try:
+            out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
+                                 text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    return ""
+
+
+def run_name(cfg: RunConfig) -> str:
+    """A name a person can read, e.g. ``fp16 clip=1.0 acc=4 s=3``."""
+    if not cfg.clip.enabled:
+        clip = "noclip"
+    elif cfg.clip.method == "norm":
+        clip = f"clip={cfg.clip.max_norm:g}"
+    else:
+        clip = f"clipv={cfg.clip.clip_value:g}"
+    return f"{cfg.precision.name} {clip} acc={cfg.train.accum_steps} s={cfg.seed}"
