@@ -5,8 +5,8 @@ GradScaler, scheduler, the step counters, RNG states (torch, CUDA, numpy, Python
 generator), the skip-rate monitor's window, the diagnostics, the epochs so far, the best
 validation result, and the CSV position (bytes; the step keeps the cumulative skips). Run
 again in the same folder with the same config and seed, training continues after that epoch
-and the resumed ``steps.csv`` is byte-identical to an uninterrupted run's. A run that ends (finished or
-diverged) removes the file. Only tensors and plain containers are saved, so it loads with
+and the resumed ``steps.csv`` is byte-identical to an uninterrupted run's. A run that ends
+(finished or diverged) removes the file. Only tensors and plain containers are saved, so it loads with
 ``torch.load(..., weights_only=True)``.
 """
 
