@@ -6,8 +6,8 @@ generator), the skip-rate monitor's window, the diagnostics, the epochs so far, 
 validation result, and the CSV position (bytes; the step keeps the cumulative skips). Run
 again in the same folder with the same config and seed, training continues after that epoch
 and the resumed ``steps.csv`` is byte-identical to an uninterrupted run's. A run that ends
-(finished or diverged) removes the file. Only tensors and plain containers are saved, so it loads with
-``torch.load(..., weights_only=True)``.
+(finished or diverged) removes the file. Only tensors and plain containers are saved, so it
+loads with ``torch.load(..., weights_only=True)``.
 """
 
 from __future__ import annotations
