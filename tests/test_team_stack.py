@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from stability.core.rundir import CONFIG_NAME, CSV_NAME
 from stability.tracking.contract import Kind, Tag
-from tests.helpers.stack import TeamStack
+from tests.helpers.stack import TeamStack, signed_in_proxy
 from tests.test_ui_browser import CHROMIUM, render
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -152,7 +152,7 @@ def test_ui_shows_the_sweep_behind_the_login(swept: Swept, tmp_path: Path) -> No
     page = f"/#/experiments/{swept.exp_id}/runs"
     anonymous = render(swept.stack.uri + page, tmp_path / "anon")
     assert parent.info.run_name not in anonymous
-    user, password = USER, swept.stack.users[USER]
-    host = swept.stack.uri.removeprefix("http://")
-    signed_in = render(f"http://{user}:{password}@{host}{page}", tmp_path / "user")
+    assert "sweep " not in anonymous  # no run of any sweep is shown without signing in
+    with signed_in_proxy(swept.stack.uri, USER, swept.stack.users[USER]) as proxy:
+        signed_in = render(proxy + page, tmp_path / "user")
     assert parent.info.run_name in signed_in
