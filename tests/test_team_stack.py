@@ -11,6 +11,7 @@ physically is: rows in PostgreSQL and objects in the bucket.
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import sys
 import uuid
@@ -143,6 +144,30 @@ def test_report_and_registry_entry_land_on_the_stack(swept: Swept) -> None:
     assert version.tags["winner"] == report.data.tags["stability.winner"]
     keys = swept.stack.s3.keys(swept.stack.bucket)
     assert any(k.startswith(f"{swept.exp_id}/{report.info.run_id}/artifacts/") for k in keys)
+
+
+def test_the_password_lands_nowhere(swept: Swept) -> None:
+    """Not in the run folders, logs, artifacts (the bucket), params, tags or any database row."""
+    password = swept.stack.users[USER]
+    secrets = {password, base64.b64encode(f"{USER}:{password}".encode()).decode()}
+    haystacks = {"sweep output": swept.sweep.stdout + swept.sweep.stderr,
+                 "report output": swept.report.stdout + swept.report.stderr}
+    files = [p for p in swept.root.rglob("*") if p.is_file()]
+    assert any(p.name == CONFIG_NAME for p in files) and any(p.suffix == ".log" for p in files)
+    haystacks |= {str(p): p.read_bytes().decode("utf-8", "replace") for p in files}
+    s3 = swept.stack.s3.client()
+    for key in swept.stack.s3.keys(swept.stack.bucket):
+        body = s3.get_object(Bucket=swept.stack.bucket, Key=key)["Body"].read()
+        haystacks[f"s3://{swept.stack.bucket}/{key}"] = body.decode("utf-8", "replace")
+    runs = [*swept.runs(Kind.TRAIN), *swept.runs(Kind.SWEEP), *swept.runs(Kind.REPORT)]
+    assert len(runs) == 6
+    for r in runs:
+        haystacks[f"run {r.info.run_id}"] = repr(r.data.params) + repr(r.data.tags)
+    haystacks["tracking database"] = swept.stack.postgres.dump(swept.stack.dotenv["POSTGRES_DB"])
+    assert swept.experiment in haystacks["tracking database"]  # the dump holds the runs
+    found = [where for where, text in haystacks.items() for s in secrets if s in text]
+    assert not found, found
+    assert len(haystacks) > 40  # the search really covered the run folders and the bucket
 
 
 @pytest.mark.browser

@@ -152,6 +152,13 @@ class Postgres:
         finally:
             engine.dispose()
 
+    def dump(self, db: str) -> str:
+        """``pg_dump`` of database ``db``: every row, as SQL text."""
+        done = subprocess.run([*_as_postgres_user(), _pg_bin("pg_dump"), "-h",
+                               str(self.root / "sock"), "-p", str(self.port), "-U", self.user,
+                               db], capture_output=True, text=True, timeout=120, check=True)
+        return done.stdout
+
     def stop(self) -> None:
         """Fast shutdown, then remove the folder."""
         subprocess.run([*_as_postgres_user(), _pg_bin("pg_ctl"), "-D", str(self.data), "-m",
