@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from stability.tracking.server import MlflowServer, start_server
+from tests.helpers.slurm import SlurmCluster, missing_daemons, start_slurm
 from tests.helpers.stack import TeamStack, start_team_stack
 
 
@@ -24,3 +25,13 @@ def team_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TeamStack]:
     stack = start_team_stack(tmp_path_factory.mktemp("team-stack"))
     yield stack
     stack.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """A one-node SLURM cluster with accounting (munged, slurmdbd, slurmctld, slurmd)."""
+    missing = missing_daemons()
+    assert not missing, f"missing {missing}: make setup-dev (apt-get install slurm-wlm ...)"
+    cluster = start_slurm()
+    yield cluster
+    cluster.stop()
