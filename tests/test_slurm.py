@@ -85,6 +85,12 @@ def test_a_slurm_sweep_runs_every_point_through_sbatch(env, client, slurm_cluste
     tasks = dict(line.split("|") for line in states.splitlines() if line)
     assert sorted(tasks) == [f"{job}_{i}" for i in range(3)]
     assert set(tasks.values()) == {"COMPLETED"}
+    # the password reached the tasks through the environment only: not in the sbatch script,
+    # submitit's pickles, the job logs or the run folders
+    password = env["MLFLOW_TRACKING_PASSWORD"]
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name.endswith("_submission.sh") for p in files)
+    assert [str(p) for p in files if password.encode() in p.read_bytes()] == []
     print(f"{slurm_cluster.version()}: array {job} {tasks}")
 
 
