@@ -124,3 +124,16 @@ def test_credentials_in_the_uri_are_refused_unprinted(team_stack: TeamStack,
     assert "must not carry credentials" in done.stderr
     assert "MLFLOW_TRACKING_USERNAME" in done.stderr
     assert team_stack.admin_password not in done.stdout + done.stderr
+
+
+def test_the_pre_flight_names_the_user_and_passes_servers_without_auth(
+        team_stack: TeamStack, mlflow_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stability.tracking.auth import AuthError, check_credentials
+
+    signed_in(monkeypatch, ADMIN, team_stack.admin_password)
+    check_credentials(team_stack.uri)  # accepted
+    check_credentials(mlflow_server.uri)  # no auth app there (404): nothing to sign in to
+    signed_in(monkeypatch, ADMIN, "wrong")
+    with pytest.raises(AuthError) as err:
+        check_credentials(team_stack.uri)
+    assert str(err.value) == f"authentication failed for {ADMIN} at {team_stack.uri}"
