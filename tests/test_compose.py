@@ -165,6 +165,7 @@ def test_mlflow_image_matches_the_installed_client_minor(services):
     installed = importlib.metadata.version("mlflow").split(".")[:2]
     assert list(base) == installed
     assert re.search(r"psycopg2-binary==\S+", text) and re.search(r"boto3==\S+", text)
+    assert re.search(r"Flask-WTF==\S+", text)  # mlflow[auth]: the basic-auth app needs it
 
 
 def test_long_running_services_have_healthchecks_and_deps_wait_for_them(services):
