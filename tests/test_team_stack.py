@@ -22,7 +22,8 @@ from mlflow.tracking import MlflowClient
 
 from stability.core.rundir import CONFIG_NAME, CSV_NAME
 from stability.tracking.contract import Kind, Tag
-from tests.helpers.stack import TeamStack, signed_in_proxy
+from tests.helpers.signin_proxy import signed_in_proxy
+from tests.helpers.stack import TeamStack
 from tests.test_ui_browser import CHROMIUM, render
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

@@ -58,7 +58,7 @@ def check_credentials(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
     too: reachability is reported by ``check_reachable`` with its own message.
 
     Raises:
-        AuthError: "authentication failed for <user> at <uri>" (HTTP 401 or 403).
+        AuthError: "authentication failed for <user> at <uri>" (HTTP 401).
     """
     if not uri.startswith(("http://", "https://")):
         return
@@ -74,8 +74,11 @@ def check_credentials(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
         with urllib.request.urlopen(request, timeout=timeout_s):
             return
     except urllib.error.HTTPError as err:
-        if err.code not in (401, 403):
-            return  # 404: no auth app; anything else is for the store checks that follow
+        # Only 401 means "who are you?": any signed-in user may read this route, so a 403 is
+        # something else (e.g. the Host-header guard) and 404 is a server without auth; the
+        # store checks that follow report those with their own messages.
+        if err.code != 401:
+            return
     except OSError:
         return
     who = user if user is not None and password is not None else "anonymous"

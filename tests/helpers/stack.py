@@ -3,8 +3,8 @@
 No Docker engine runs on the dev and CI machines, so each service runs as a local process on
 127.0.0.1 with a free port and a temp folder:
 
-- PostgreSQL from the Debian packages (``initdb`` / ``pg_ctl``; as the ``postgres`` user when
-  this process is root, which PostgreSQL refuses to run as), then ``docker/postgres-init.sh``;
+- PostgreSQL from the Debian packages (tests/helpers/postgres.py: ``initdb`` / ``pg_ctl`` as
+  the ``postgres`` user when this process is root), then ``docker/postgres-init.sh``;
 - moto's S3 server (MinIO's stand-in) with the artifact bucket created, as ``minio-init`` does;
 - ``docker/mlflow-server.sh``, the compose service's own command line, with the environment of
   the ``mlflow`` service read from docker-compose.yml and interpolated from an ``.env`` built
@@ -18,14 +18,11 @@ import contextlib
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,12 +30,12 @@ from typing import Any
 import yaml
 
 from stability.tracking.server import free_port
+from tests.helpers.postgres import Postgres, start_postgres
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 ENV_EXAMPLE = ROOT / ".env.example"
 SERVER_SCRIPT = ROOT / "docker" / "mlflow-server.sh"
-PG_INIT_SCRIPT = ROOT / "docker" / "postgres-init.sh"
 ADMIN = "admin"  # the user docker/mlflow-server.sh bootstraps
 # ${VAR}, ${VAR:?message}, ${VAR:-default} as Compose interpolates them
 VAR_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?([?+-])([^}]*))?\}")
@@ -105,95 +102,6 @@ def compose_server_env(dotenv: dict[str, str], postgres: str, s3: str) -> dict[s
         value = value.replace("@postgres:5432/", f"@{postgres}/")
         out[key] = value.replace("http://minio:9000", s3)
     return out
-
-
-def _as_postgres_user() -> list[str]:
-    # PostgreSQL refuses to run as root; as any other user it runs as that user.
-    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-
-
-def _pg_bin(name: str) -> str:
-    found = shutil.which(name) or next(
-        iter(sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True)), None)
-    assert found, f"{name} missing: apt-get install postgresql (make setup-dev)"
-    return str(found)
-
-
-@dataclass
-class Postgres:
-    """A PostgreSQL cluster in a temp folder, listening on 127.0.0.1:``port``."""
-
-    root: Path
-    port: int
-    user: str
-    password: str
-
-    @property
-    def data(self) -> Path:
-        """The cluster's data directory."""
-        return self.root / "data"
-
-    def url(self, db: str) -> str:
-        """SQLAlchemy URL of database ``db``."""
-        return f"postgresql+psycopg2://{self.user}:{self.password}@127.0.0.1:{self.port}/{db}"
-
-    def version(self) -> str:
-        """``SELECT version()``, e.g. ``PostgreSQL 15.18 (Debian 15.18-0+deb12u1) ...``."""
-        return str(self.query("postgres", "SELECT version()")[0][0])
-
-    def query(self, db: str, sql: str) -> list[tuple[Any, ...]]:
-        """Rows of ``sql`` in database ``db`` (SQLAlchemy over TCP, with the password)."""
-        import sqlalchemy
-
-        engine = sqlalchemy.create_engine(self.url(db))
-        try:
-            with engine.connect() as conn:
-                return [tuple(r) for r in conn.execute(sqlalchemy.text(sql))]
-        finally:
-            engine.dispose()
-
-    def dump(self, db: str) -> str:
-        """``pg_dump`` of database ``db``: every row, as SQL text."""
-        done = subprocess.run([*_as_postgres_user(), _pg_bin("pg_dump"), "-h",
-                               str(self.root / "sock"), "-p", str(self.port), "-U", self.user,
-                               db], capture_output=True, text=True, timeout=120, check=True)
-        return done.stdout
-
-    def stop(self) -> None:
-        """Fast shutdown, then remove the folder."""
-        subprocess.run([*_as_postgres_user(), _pg_bin("pg_ctl"), "-D", str(self.data), "-m",
-                        "fast", "-w", "stop"], capture_output=True, timeout=60)
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-def start_postgres(user: str, password: str, db: str, auth_db: str) -> Postgres:
-    """initdb + pg_ctl start on a free port, then create ``db`` and (the init script) ``auth_db``.
-
-    Local-socket connections are trusted (setup only); TCP needs the password, as in compose.
-    """
-    root = Path(tempfile.mkdtemp(prefix="stability-pg-"))  # not under pytest's 0700 tmp tree
-    (root / "sock").mkdir()
-    pwfile = root / "pw"
-    pwfile.write_text(password + "\n")
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres", "postgres")
-        for p in (root / "sock", pwfile):
-            shutil.chown(p, "postgres", "postgres")
-    pg = Postgres(root, free_port(), user, password)
-    as_pg = _as_postgres_user()
-    run = {"capture_output": True, "text": True, "timeout": 120, "check": True}
-    subprocess.run([*as_pg, _pg_bin("initdb"), "-D", str(pg.data), "-U", user,
-                    f"--pwfile={pwfile}", "--auth-local=trust", "--auth-host=scram-sha-256",
-                    "-E", "UTF8", "--no-locale", "--no-sync"], **run)
-    # fsync off: a throwaway cluster, the tests never crash the machine
-    opts = (f"-p {pg.port} -k {root / 'sock'} -c listen_addresses=127.0.0.1 -c fsync=off")
-    subprocess.run([*as_pg, _pg_bin("pg_ctl"), "-D", str(pg.data), "-l", str(root / "log"),
-                    "-o", opts, "-w", "-t", "60", "start"], **run)
-    local = os.environ | {"PGHOST": str(root / "sock"), "PGPORT": str(pg.port)}
-    subprocess.run([*as_pg, _pg_bin("createdb"), "-U", user, db], env=local, **run)
-    subprocess.run([*as_pg, "sh", str(PG_INIT_SCRIPT)], env=local | {
-        "POSTGRES_USER": user, "POSTGRES_DB": db, "MLFLOW_AUTH_DB": auth_db}, **run)
-    return pg
 
 
 @dataclass
@@ -355,54 +263,3 @@ def start_team_stack(root: Path, timeout_s: float = 180) -> TeamStack:
     log = stack.log()
     stack.stop()
     raise RuntimeError(f"mlflow server did not start:\n{log}")
-
-
-@contextlib.contextmanager
-def signed_in_proxy(target: str, user: str, password: str) -> Iterator[str]:
-    """A loopback HTTP proxy to ``target`` that signs every request in as ``user``.
-
-    Headless Chromium cannot answer the basic-auth prompt, and credentials in the page URL
-    are not sent with the UI's own API calls; a person's browser, once signed in, sends the
-    ``Authorization`` header with every request to the origin, which is what this adds.
-
-    Yields:
-        The proxy's base URL.
-    """
-    import base64
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    import requests
-
-    token = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-    hop = {"connection", "keep-alive", "transfer-encoding", "content-encoding",
-           "content-length", "host"}
-
-    class Forward(BaseHTTPRequestHandler):
-        def _forward(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in hop}
-            r = requests.request(self.command, target + self.path, headers=headers | {
-                "Authorization": token}, data=self.rfile.read(length) if length else None,
-                timeout=60)
-            self.send_response(r.status_code)
-            for k, v in r.headers.items():
-                if k.lower() not in hop:
-                    self.send_header(k, v)
-            self.send_header("Content-Length", str(len(r.content)))
-            self.end_headers()
-            self.wfile.write(r.content)
-
-        do_GET = do_POST = do_PATCH = do_DELETE = _forward
-
-        def log_message(self, *args: Any) -> None:  # quiet: the test reports what matters
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
