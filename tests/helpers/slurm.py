@@ -78,7 +78,13 @@ class SlurmCluster:
                          for p in sorted(self.root.glob("*.log")))
 
     def stop(self) -> None:
-        """Stop the daemons (last started first) and remove the folder."""
+        """Cancel every job, stop the daemons (last started first), remove the folder."""
+        # a job still running when slurmd stops leaves its slurmstepd and tasks behind
+        with contextlib.suppress(RuntimeError, OSError, subprocess.SubprocessError):
+            self.run("scancel", "--user", "root")
+            deadline = time.monotonic() + 60  # KillWait (30 s) is the longest a task may take
+            while self.run("squeue", "-h").strip() and time.monotonic() < deadline:
+                time.sleep(1)
         for proc in reversed(self.processes):
             if proc.poll() is None:
                 proc.terminate()
