@@ -1,10 +1,13 @@
 # make run   : set up .venv and run the default study (python experiments/sweep.py -m) on the embedded store
-# make test  : set up .venv (+ dev tools, Chromium for the UI test) and run the test suite
+# make test  : set up .venv (+ dev tools; as root the Debian packages of the server, SLURM and
+#              UI tests) and run the test suite
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 # torch first, pinned to the local CPU wheel: anything that resolves torch later finds it satisfied
 TORCH   := torch==2.13.0
+# PostgreSQL + MLflow auth, SLURM with accounting (slurmdbd on MariaDB), munge, the UI browser
+DEB_PACKAGES := postgresql slurm-wlm slurmdbd munge mariadb-server chromium
 
 # Installs happen once: a stamp file in the venv, redone only when pyproject.toml changes.
 STAMP   := $(VENV)/.installed
@@ -24,9 +27,13 @@ setup: $(STAMP)
 setup-dev: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e ".[dev]"
-	@command -v chromium >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
-		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
-		echo "chromium not installed: the UI test will fail (apt-get install chromium)"; }
+	@# the native team stack and SLURM tests (tests/test_team_stack.py, test_auth.py, test_slurm.py)
+	@# and the UI test need these Debian packages; installed only as root and only when missing
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		else echo "missing Debian packages:$$missing (the server/SLURM/UI tests will fail)"; fi; fi
 
 run: $(STAMP)
 	$(BIN)/python experiments/sweep.py -m

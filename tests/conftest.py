@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import pytest
 
 from stability.tracking.server import MlflowServer, start_server
+from tests.helpers.slurm import SlurmCluster, missing_daemons, start_slurm
+from tests.helpers.stack import TeamStack, start_team_stack
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +17,21 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
     server = start_server(tmp_path_factory.mktemp("mlflow-server"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def team_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TeamStack]:
+    """docker-compose.yml's stack run natively: PostgreSQL, S3 (moto), MLflow with basic-auth."""
+    stack = start_team_stack(tmp_path_factory.mktemp("team-stack"))
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """A one-node SLURM cluster with accounting (munged, slurmdbd, slurmctld, slurmd)."""
+    missing = missing_daemons()
+    assert not missing, f"missing {missing}: make setup-dev (apt-get install slurm-wlm ...)"
+    cluster = start_slurm()
+    yield cluster
+    cluster.stop()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -90,9 +91,21 @@ def one_shot(services: dict) -> set[str]:
     }
 
 
+SERVER_SCRIPT = ROOT / "docker" / "mlflow-server.sh"
+
+
 def mlflow_command(services: dict) -> list[str]:
-    cmd = services["mlflow"]["command"]
-    return cmd if isinstance(cmd, list) else cmd.split()
+    """The ``exec mlflow server ...`` line of docker/mlflow-server.sh, which compose runs."""
+    assert services["mlflow"]["command"] == ["sh", "/mlflow-server.sh"]
+    assert "./docker/mlflow-server.sh:/mlflow-server.sh:ro" in services["mlflow"]["volumes"]
+    text = SERVER_SCRIPT.read_text().replace("\\\n", " ")
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("exec mlflow server")]
+    return shlex.split(line)[1:]
+
+
+def script_reads(name: str) -> bool:
+    """docker/mlflow-server.sh uses the environment variable ``name``."""
+    return re.search(rf"\$\{{?{name}\b", SERVER_SCRIPT.read_text()) is not None
 
 
 # --- schema ----------------------------------------------------------------------------
@@ -152,6 +165,7 @@ def test_mlflow_image_matches_the_installed_client_minor(services):
     installed = importlib.metadata.version("mlflow").split(".")[:2]
     assert list(base) == installed
     assert re.search(r"psycopg2-binary==\S+", text) and re.search(r"boto3==\S+", text)
+    assert re.search(r"Flask-WTF==\S+", text)  # mlflow[auth]: the basic-auth app needs it
 
 
 def test_long_running_services_have_healthchecks_and_deps_wait_for_them(services):
@@ -218,7 +232,7 @@ def test_env_example_holds_placeholders_only(env_example):
     assert done.returncode == 0, ".env must stay git-ignored"
 
 
-def test_mlflow_serves_artifacts_from_s3_with_one_worker(services):
+def test_mlflow_serves_artifacts_from_s3_with_one_worker_and_auth(services):
     cmd = mlflow_command(services)
     assert cmd[:2] == ["mlflow", "server"]
 
@@ -228,13 +242,41 @@ def test_mlflow_serves_artifacts_from_s3_with_one_worker(services):
 
     assert "--serve-artifacts" in cmd and "--no-serve-artifacts" not in cmd
     assert value("--workers") == "1" or "--gunicorn-opts" in cmd
-    assert re.fullmatch(r"s3://\$\{MLFLOW_BUCKET[^}]*\}/", value("--artifacts-destination"))
+    assert value("--artifacts-destination") == "s3://$MLFLOW_BUCKET/"
     assert "--default-artifact-root" not in cmd  # would bypass the proxy
-    assert value("--host") == "0.0.0.0" and value("--port") == "5000"
-    assert value("--allowed-hosts").startswith("${MLFLOW_ALLOWED_HOSTS")
+    assert value("--app-name") == "basic-auth"
+    assert value("--host") == "${MLFLOW_HOST:-0.0.0.0}"
+    assert value("--port") == "${MLFLOW_PORT:-5000}"
+    assert value("--allowed-hosts") == "$MLFLOW_ALLOWED_HOSTS"
     env = services["mlflow"]["environment"]
     assert env["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql+psycopg2://")
+    assert env["MLFLOW_AUTH_DATABASE_URI"].startswith("postgresql+psycopg2://")
+    assert env["MLFLOW_AUTH_DATABASE_URI"].endswith("@postgres:5432/${MLFLOW_AUTH_DB}")
     assert env["MLFLOW_S3_ENDPOINT_URL"] == "http://minio:9000"
+    assert "MLFLOW_HOST" not in env and "MLFLOW_PORT" not in env  # 0.0.0.0:5000 in the container
+
+
+def test_the_server_script_gets_every_setting_it_requires(services):
+    text = SERVER_SCRIPT.read_text()
+    required = set(re.findall(r"\$\{([A-Z0-9_]+):\?\}", text))
+    assert {"MLFLOW_BACKEND_STORE_URI", "MLFLOW_AUTH_ADMIN_PASSWORD",
+            "MLFLOW_FLASK_SERVER_SECRET_KEY", "AWS_SECRET_ACCESS_KEY"} <= required
+    assert required <= set(services["mlflow"]["environment"])
+    done = subprocess.run(["sh", "-n", str(SERVER_SCRIPT)], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert "default_permission = READ" in text  # justified in docs/team-server.md
+
+
+def test_postgres_creates_the_auth_database_on_first_start(services):
+    pg = services["postgres"]
+    assert "./docker/postgres-init.sh:/docker-entrypoint-initdb.d/10-mlflow-auth.sh:ro" in (
+        pg["volumes"])
+    assert pg["environment"]["MLFLOW_AUTH_DB"].startswith("${MLFLOW_AUTH_DB")
+    script = ROOT / "docker" / "postgres-init.sh"
+    done = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert "WHERE NOT EXISTS" in script.read_text()  # idempotent
 
 
 def test_default_allowed_hosts_let_a_local_client_in(env_example):
@@ -260,8 +302,9 @@ def test_mlflow_environment_names_are_real_mlflow_settings(services):
 
     server_env = {p.envvar for p in mlflow.cli.server.params if isinstance(p.envvar, str)}
     for key in services["mlflow"]["environment"]:
-        if key.startswith("MLFLOW_"):
-            assert key in server_env or hasattr(known, key), f"unknown MLflow setting {key}"
+        if key.startswith("MLFLOW_"):  # MLflow's own, or one docker/mlflow-server.sh reads
+            assert key in server_env or hasattr(known, key) or script_reads(key), (
+                f"unknown MLflow setting {key}")
     assert "MLFLOW_BACKEND_STORE_URI" in server_env
 
 
@@ -286,7 +329,7 @@ def test_slurm_launcher_composes_without_a_cluster(monkeypatch):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides, return_hydra_config=True)
     launcher = cfg.hydra.launcher
-    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert launcher._target_ == "hydra_plugins.stability_slurm.stability_slurm.SlurmLauncher"
     assert launcher.partition == "gpu-short"
     assert launcher.cpus_per_task == cfg.train.threads
     assert launcher.array_parallelism >= 1 and launcher.timeout_min >= 1

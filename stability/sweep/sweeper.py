@@ -41,8 +41,9 @@ from stability.sweep.parent import (
     resumable_folders,
 )
 from stability.sweep.progress import Progress, format_duration
+from stability.tracking.auth import AuthError, check_credentials
 from stability.tracking.sync import sync_paths
-from stability.tracking.uri import TrackingError
+from stability.tracking.uri import TrackingError, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +256,10 @@ class StabilitySweeper(BasicSweeper):
                       "within a sweep (allowed: one value each)", 2)
         if not tracking.enabled:
             return None, set()
+        try:  # before any run: a refused password is a user error, not a grid of failed runs
+            check_credentials(resolve_tracking_uri(tracking.uri))
+        except (AuthError, ConfigError) as err:
+            _fail(str(err), 2)
         try:
             return open_sweep_run(tracking, sweep_id, grid_size, len(points), arguments,
                                   self.grid, self.resume, sweep_dir)

@@ -1,0 +1,52 @@
+#!/bin/sh
+# The one command line of the team MLflow server. docker-compose.yml runs it in the `mlflow`
+# container and tests/helpers/stack.py runs it natively against PostgreSQL and an S3 server,
+# so the stack the suite tests is the stack users start (they cannot drift).
+#
+# Every setting arrives in the environment (docker-compose.yml builds it from .env): secrets
+# stay out of the command line and so out of `ps`.
+#   MLFLOW_BACKEND_STORE_URI   postgresql+psycopg2://user:password@host:port/db (runs, metrics)
+#   MLFLOW_AUTH_DATABASE_URI   the same server, database of MLflow's user store (basic-auth)
+#   MLFLOW_BUCKET              artifacts go to s3://$MLFLOW_BUCKET/ (proxied by this server)
+#   MLFLOW_S3_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY   the S3 server and key
+#   MLFLOW_AUTH_ADMIN_PASSWORD      first admin's password (MLflow reads it; >= 12 characters)
+#   MLFLOW_FLASK_SERVER_SECRET_KEY  signs the UI's session cookies and CSRF tokens
+#   MLFLOW_ALLOWED_HOSTS       Host headers accepted (DNS-rebinding guard)
+#   MLFLOW_HOST, MLFLOW_PORT   where to listen (default 0.0.0.0:5000, inside the container)
+set -eu
+
+: "${MLFLOW_BACKEND_STORE_URI:?}" "${MLFLOW_AUTH_DATABASE_URI:?}" "${MLFLOW_BUCKET:?}"
+: "${MLFLOW_S3_ENDPOINT_URL:?}" "${AWS_ACCESS_KEY_ID:?}" "${AWS_SECRET_ACCESS_KEY:?}"
+: "${MLFLOW_AUTH_ADMIN_PASSWORD:?}" "${MLFLOW_FLASK_SERVER_SECRET_KEY:?}"
+: "${MLFLOW_ALLOWED_HOSTS:?}"
+
+# basic-auth reads its settings from an ini file only; it holds the user-store URI (a
+# password), so it is written here, readable by this user alone (mktemp creates it 0600).
+auth_ini=$(mktemp "${TMPDIR:-/tmp}/mlflow-auth.XXXXXX")
+cat > "$auth_ini" <<INI
+[mlflow]
+# READ: every signed-in member reads every experiment (studies are compared across the
+# team); writing needs EDIT on the experiment, which its creator holds (MANAGE) and grants.
+default_permission = READ
+database_uri = $MLFLOW_AUTH_DATABASE_URI
+admin_username = admin
+authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+INI
+export MLFLOW_AUTH_CONFIG_PATH="$auth_ini"
+# The server-side job runner (GenAI jobs) starts ~10 busy consumer processes this project
+# never uses.
+export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false
+
+# --workers 1: MLflow 3.x with its default 4 uvicorn workers adds ~40 ms to every keep-alive
+# request (measured on our machines), which a sweep logging every optimizer step pays
+# thousands of times. One worker keeps up with a team's sweeps.
+# --serve-artifacts: clients upload through this server (mlflow-artifacts:/ URIs), so
+# training nodes need no S3 credentials and no route to the S3 server.
+exec mlflow server \
+  --app-name basic-auth \
+  --host "${MLFLOW_HOST:-0.0.0.0}" \
+  --port "${MLFLOW_PORT:-5000}" \
+  --workers 1 \
+  --serve-artifacts \
+  --artifacts-destination "s3://$MLFLOW_BUCKET/" \
+  --allowed-hosts "$MLFLOW_ALLOWED_HOSTS"

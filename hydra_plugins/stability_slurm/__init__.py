@@ -1,0 +1,1 @@
+"""Hydra launcher plugin behind ``hydra/launcher=slurm`` (conf/hydra/launcher/slurm.yaml)."""

@@ -1,0 +1,59 @@
+"""hydra-submitit-launcher's SLURM launcher, except that one lost task does not end the sweep.
+
+Upstream collects the array with ``[job.results()[0] for job in jobs]``: the first task that
+wrote no result (``scancel``, a node failure, a setup line that exits, the OOM killer) raises
+``UncompletedJobError`` out of the sweep while the other tasks are still running, so the
+sweep never closes its parent run nor counts them. Here every task is awaited and a lost one
+becomes a FAILED ``JobReturn`` naming its SLURM state and log, which the sweeper counts as
+not finished (the run itself was closed KILLED by its job, or is closed by the sweeper).
+
+Hydra instantiates plugins only from ``hydra_plugins`` and imports this module at start-up,
+so it stays light (submitit is imported by ``launch``). No ``from __future__ import
+annotations``: see hydra_plugins/stability_sweeper.
+"""
+
+import logging
+from collections.abc import Sequence
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra_plugins.hydra_submitit_launcher import submitit_launcher
+
+log = logging.getLogger(__name__)
+
+
+class SlurmLauncher(submitit_launcher.SlurmLauncher):
+    """``submitit_slurm`` that awaits every array task and reports lost ones as FAILED."""
+
+    def launch(self, job_overrides: Sequence[Sequence[str]],
+               initial_job_idx: int) -> Sequence[JobReturn]:
+        """Submit one job array and return one ``JobReturn`` per task, lost ones FAILED."""
+        import submitit
+
+        captured: list[list[submitit.Job]] = []
+        original = submitit.AutoExecutor.map_array
+
+        def map_array(executor: submitit.AutoExecutor, *args: object) -> list[submitit.Job]:
+            captured.append(original(executor, *args))
+            return []  # upstream then collects nothing; the jobs are collected below
+
+        # Upstream builds the executor and the array (resources, folders, per-job params);
+        # only its collection step is replaced, so the submission stays exactly upstream's.
+        submitit.AutoExecutor.map_array = map_array
+        try:
+            super().launch(job_overrides, initial_job_idx)
+        finally:
+            submitit.AutoExecutor.map_array = original
+        (jobs,) = captured
+        return [self._result(job, overrides)
+                for job, overrides in zip(jobs, job_overrides, strict=True)]
+
+    @staticmethod
+    def _result(job: object, overrides: Sequence[str]) -> JobReturn:
+        try:
+            return job.results()[0]  # type: ignore[attr-defined]
+        except Exception as err:  # UncompletedJobError, FailedJobError, unpickling errors
+            state = job.state  # type: ignore[attr-defined]
+            log.error("SLURM task %s ended %s without a result (log: %s): %s", job.job_id,
+                      state, job.paths.stdout, str(err).splitlines()[0])
+            return JobReturn(overrides=list(overrides), status=JobStatus.FAILED,
+                             _return_value=RuntimeError(f"SLURM task {job.job_id}: {state}"))
