@@ -15,7 +15,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from stability.tracking.run import REACH_TIMEOUT_S
+from stability.tracking.uri import REACH_TIMEOUT_S
 
 # MLflow's basic-auth app answers this for any signed-in user; a server without auth has no
 # such route (404), which means there is nothing to sign in to.

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m stability.tracking.server [--store URI] [--port N]``: the MLflow UI."""
     import argparse
 
-    from stability.tracking.run import default_store_uri
+    from stability.tracking.uri import default_store_uri
 
     p = argparse.ArgumentParser(description=serve_ui.__doc__.split("\n")[0])
     p.add_argument("--store", default=None, help="tracking store (default: ./mlflow.db)")
