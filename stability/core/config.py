@@ -329,3 +329,18 @@ def fingerprint(run: RunConfig, world_size: int = 1) -> str:
         flat["world_size"] = world_size
     blob = json.dumps(flat, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def config_label(flat: Mapping[str, Any]) -> str:
+    """A readable config name from dotted keys, e.g. ``fp16 clip=1 acc=4`` or ``fp32 noclip acc=1``.
+
+    One function for the MLflow run name (``flatten`` of a ``RunConfig``) and the report's
+    labels (a row of typed params): the two always read the same.
+    """
+    if not flat.get("clip.enabled", False):
+        clip = "noclip"
+    elif flat.get("clip.method", "norm") == "value":
+        clip = f"clipv={flat['clip.clip_value']:g}"
+    else:
+        clip = f"clip={flat['clip.max_norm']:g}"
+    return f"{flat.get('precision.name', '?')} {clip} acc={flat.get('train.accum_steps', '?')}"

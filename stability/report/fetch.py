@@ -18,13 +18,12 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from stability.report.options import ReportError
+from stability.tracking.contract import Kind, Outcome, Tag, search_filter
+from stability.tracking.queries import search_all
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-PAGE = 1000  # search_runs' maximum page size
-STATUS_OUTCOME = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "killed",
-                  "RUNNING": "running", "SCHEDULED": "running"}
 # Param columns the report computes with, and their types (MLflow stores params as strings).
 TYPED_PARAMS: dict[str, Callable[[str], Any]] = {
     "clip.enabled": lambda s: str(s).strip().lower() == "true",
@@ -45,17 +44,12 @@ class Sweep:
     parent_run_id: str | None  # the sweep's parent run (None if the sweeper logged none)
 
 
-def _search(c: Any, exp_id: str, filter_string: str, order_by: list[str] | None = None,
-            limit: int | None = None) -> list[Any]:
-    from stability.tracking.queries import search_all
-
-    return search_all(c, exp_id, filter_string, order_by, limit)
+NEWEST_FIRST = ["attributes.start_time DESC"]
 
 
 def _known_sweeps(c: Any, exp_id: str, limit: int = 10) -> list[str]:
-    parents = _search(c, exp_id, "tags.`stability.kind` = 'sweep'",
-                      ["attributes.start_time DESC"], limit)
-    return [r.data.tags.get("stability.sweep_id", "") for r in parents]
+    parents = search_all(c, exp_id, search_filter(Kind.SWEEP), NEWEST_FIRST, limit)
+    return [r.data.tags.get(Tag.SWEEP_ID, "") for r in parents]
 
 
 def find_sweep(c: Any, experiment: str, sweep_id: str | None) -> Sweep:
@@ -77,39 +71,34 @@ def find_sweep(c: Any, experiment: str, sweep_id: str | None) -> Sweep:
         if known:
             sweep_id = known[0]
         else:  # no parent run: fall back to the newest training run that belongs to a sweep
-            latest = _search(c, exp_id, "tags.`stability.kind` = 'train' and "
-                             "tags.`stability.sweep_id` != ''", ["attributes.start_time DESC"], 1)
+            latest = search_all(c, exp_id, search_filter(Kind.TRAIN) +
+                                f" and tags.`{Tag.SWEEP_ID}` != ''", NEWEST_FIRST, 1)
             if not latest:
                 raise ReportError(
                     f"experiment={experiment!r} has no sweeps (no run tagged "
                     "stability.kind=sweep or a training run with a stability.sweep_id): run "
                     "`python experiments/sweep.py -m` first, or choose another experiment=..."
                 )
-            sweep_id = latest[0].data.tags["stability.sweep_id"]
-    parents = _search(c, exp_id, f"tags.`stability.kind` = 'sweep' and "
-                      f"tags.`stability.sweep_id` = '{_quote(sweep_id)}'", None, 1)
+            sweep_id = latest[0].data.tags[Tag.SWEEP_ID]
+    parents = search_all(c, exp_id, search_filter(Kind.SWEEP, sweep_id), None, 1)
     return Sweep(experiment, exp_id, sweep_id, parents[0].info.run_id if parents else None)
-
-
-def _quote(value: str) -> str:
-    return value.replace("'", "\\'")
 
 
 def _row(run: Any) -> dict[str, Any]:
     tags, params = run.data.tags, run.data.params
-    outcome = tags.get("stability.outcome") or STATUS_OUTCOME.get(run.info.status, "failed")
-    if outcome == "running" and run.info.status != "RUNNING":
-        outcome = STATUS_OUTCOME.get(run.info.status, "failed")  # closed without its final tag
+    outcome = tags.get(Tag.OUTCOME) or Outcome.from_status(run.info.status)
+    if outcome == Outcome.RUNNING and run.info.status != "RUNNING":
+        outcome = Outcome.from_status(run.info.status)  # closed without its final tag
     row: dict[str, Any] = {
         "run_id": run.info.run_id,
         "run_name": run.info.run_name,
         "status": run.info.status,
         "start_time": run.info.start_time,
         "artifact_uri": run.info.artifact_uri,
-        "fingerprint": tags.get("stability.fingerprint", ""),
-        "seed": int(tags.get("stability.seed", params.get("seed", -1))),
-        "outcome": outcome,
-        "reason": tags.get("stability.reason", ""),
+        "fingerprint": tags.get(Tag.FINGERPRINT, ""),
+        "seed": int(tags.get(Tag.SEED, params.get("seed", -1))),
+        "outcome": str(outcome),
+        "reason": tags.get(Tag.REASON, ""),
     }
     for key, value in params.items():
         if key != "seed":
@@ -128,8 +117,7 @@ def fetch_runs(c: Any, sweep: Sweep) -> pd.DataFrame:
     Raises:
         ReportError: the sweep has no training runs.
     """
-    runs = _search(c, sweep.experiment_id, "tags.`stability.kind` = 'train' and "
-                   f"tags.`stability.sweep_id` = '{_quote(sweep.sweep_id)}'")
+    runs = search_all(c, sweep.experiment_id, search_filter(Kind.TRAIN, sweep.sweep_id))
     if not runs:
         known = _known_sweeps(c, sweep.experiment_id)
         raise ReportError(

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from stability.core.config import config_label
 from stability.report.stats import mean_ci
 
 PRECISION_ORDER = {"fp32": 0, "bf16": 1, "fp16": 2}
@@ -37,14 +38,8 @@ def effective_loss(runs: pd.DataFrame) -> pd.Series:
 
 
 def base_label(row: pd.Series) -> str:
-    """A readable config name, e.g. ``fp16 clip=1 acc=4`` or ``fp32 noclip acc=1``."""
-    if not row.get("clip.enabled", False):
-        clip = "noclip"
-    elif row.get("clip.method", "norm") == "value":
-        clip = f"clipv={row['clip.clip_value']:g}"
-    else:
-        clip = f"clip={row['clip.max_norm']:g}"
-    return f"{row.get('precision.name', '?')} {clip} acc={row.get('train.accum_steps', '?')}"
+    """A readable config name, e.g. ``fp16 clip=1 acc=4``: the run name without the seed."""
+    return config_label(row)
 
 
 def config_labels(first: pd.DataFrame) -> pd.Series:

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from stability.core.config import ConfigError, RunConfig
+from stability.core.config import ConfigError, RunConfig, config_label, flatten
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # stability/ (in a checkout: its repo)
 REACH_TIMEOUT_S = 5.0
@@ -211,11 +211,5 @@ def git_commit() -> str:
 
 
 def run_name(cfg: RunConfig) -> str:
-    """A name a person can read, e.g. ``fp16 clip=1.0 acc=4 s=3``."""
-    if not cfg.clip.enabled:
-        clip = "noclip"
-    elif cfg.clip.method == "norm":
-        clip = f"clip={cfg.clip.max_norm:g}"
-    else:
-        clip = f"clipv={cfg.clip.clip_value:g}"
-    return f"{cfg.precision.name} {clip} acc={cfg.train.accum_steps} s={cfg.seed}"
+    """A name a person can read, e.g. ``fp16 clip=1 acc=4 s=3``."""
+    return f"{config_label(flatten(cfg))} s={cfg.seed}"
