@@ -180,6 +180,8 @@ def test_the_winner_loads_as_an_mlflow_model_and_champion_moves_to_the_newest(re
     assert v.source.startswith("models:/m-")  # registered from the logged model
     model = c.get_logged_model(v.model_id or v.source.removeprefix("models:/"))
     assert model.source_run_id == first.report_run_id  # logged by the report run
+    # ... in the sweep's experiment (not MLflow's Default one, where team users may only read)
+    assert model.experiment_id == c.get_run(first.report_run_id).info.experiment_id != "0"
     # A newer sweep with another winner: a new version, and the alias follows it.
     make_sweep(mlflow_server.uri, "report-newer", "known-2",
                [Spec("fp32", 2.0, 1, {0: 0.2, 1: 0.21}), Spec("fp32", None, 1, {0: 0.3, 1: 0.3})],

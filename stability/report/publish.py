@@ -163,7 +163,7 @@ def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: Mapping[s
     }
     if seed_test is not None and math.isfinite(seed_test.test_loss):
         tags |= {"test_loss": f"{seed_test.test_loss:.6g}", "test_acc": f"{seed_test.test_acc:.6g}"}
-    info = _log_model(uri, report_run_id, loadable)
+    info = _log_model(uri, sweep.experiment_id, report_run_id, loadable)
     mv = c.create_model_version(name, source=info.model_uri, run_id=str(run["run_id"]),
                                 tags=tags, description=_description(sweep, winner, run, test,
                                                                     seed_test),
@@ -173,12 +173,15 @@ def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: Mapping[s
     return str(mv.version), True
 
 
-def _log_model(uri: str, run_id: str, w: LoadableWinner) -> Any:
+def _log_model(uri: str, experiment_id: str, run_id: str, w: LoadableWinner) -> Any:
     import mlflow
     import torch
     from mlflow.models import infer_signature
 
     mlflow.set_tracking_uri(uri)
+    # The logged model belongs to the report run's experiment. Without an active experiment
+    # MLflow files it under the Default one (id 0), where a team server's users may only read.
+    mlflow.set_experiment(experiment_id=experiment_id)
     with torch.no_grad():
         out = w.model(torch.from_numpy(w.example)).numpy()
     torch_version = torch.__version__.split("+")[0]  # the local build tag is not on PyPI
