@@ -1,4 +1,8 @@
-"""``train(RunConfig)``: build data, model and ``TrainStep``; loop epochs; keep the best checkpoint.
+"""``train(RunConfig)``: build the task, its data and model, and ``TrainStep``; loop epochs.
+
+The task (``stability.tasks``) is instantiated from ``cfg.task``; its model is built after the
+training seed is set, one micro-batch is tried before training (bad input fails as a
+``ConfigError`` naming ``task.*``), and the best-validation checkpoint is kept.
 
 Records flow one way: ``TrainStep.step`` returns a ``StepLog``; this loop hands it to the
 CSV writer (the ground truth, flushed per row), the diagnostics, the skip-rate monitor and
@@ -15,7 +19,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,14 +27,16 @@ from typing import Any
 import torch
 import yaml
 from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from stability.core import distributed
-from stability.core.config import RunConfig, StepConfig
+from stability.core.config import RunConfig, StepConfig, to_yaml_dict
 from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
 from stability.core.precision import autocast, check_precision_supported, resolve_device
 from stability.core.step import MicroBatch, TrainStep
 from stability.core.steplog import CsvStepWriter, EpochLog, StepSink
-from stability.tasks.sign_sum import SequenceClassifier, Split, make_splits
+from stability.tasks.base import Task, build_task, check_task
+from stability.tasks.sign_sum import SignSumTask
 
 log = logging.getLogger(__name__)
 
@@ -64,62 +70,113 @@ class RunResult:
         return self.output_dir / CHECKPOINT_NAME
 
 
+def task_of(cfg: RunConfig) -> Task:
+    """Instantiate the run's task (``cfg.task``), handing it the sections it takes."""
+    sections = {k: _as_dict(getattr(cfg, k)) for k in cfg.task.sections}
+    return build_task(cfg.task, sections)
+
+
+def _as_dict(section: object) -> dict:
+    return dataclasses.asdict(section) if dataclasses.is_dataclass(section) else dict(section)
+
+
+def _loader(dataset: Dataset, batches: Sequence[Sequence[int]] | Iterator,
+            num_workers: int) -> DataLoader:
+    return DataLoader(dataset, batch_sampler=batches, num_workers=num_workers)
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, split: Split, config: StepConfig,
-             batch_size: int = 1024, sharded: bool = False) -> tuple[float, float]:
-    """Mean BCE loss and accuracy of ``model`` on ``split``, under the run's autocast policy.
+def evaluate_task(task: Task, model: nn.Module, dataset: Dataset, config: StepConfig,
+                  batch_size: int = 1024, sharded: bool = False,
+                  num_workers: int = 0) -> dict[str, float]:
+    """Mean loss and the task's metrics of ``model`` on ``dataset``, under the run's autocast.
 
     Args:
-        model: the classifier.
-        split: the data to evaluate on.
+        task: supplies ``metrics`` (batch sums) and ``loss``.
+        model: the module.
+        dataset: the data to evaluate on.
         config: the step config (device and precision).
         batch_size: evaluation batch size.
         sharded: data-parallel: each rank evaluates every world_size-th sample (no padding)
-            and the sums are all-reduced, so every rank returns the whole split's numbers.
+            and the sums are all-reduced, so every rank returns the whole dataset's numbers.
+        num_workers: DataLoader workers (datasets that are not ``TensorDataset``).
+
+    Returns:
+        ``{"loss": mean, <metric>: mean, ...}`` over the samples.
+    """
+    n = len(dataset)  # type: ignore[arg-type]
+    index = torch.arange(n)
+    if sharded:
+        index = index[distributed.rank()::distributed.world_size()]
+    chunks = [index[i : i + batch_size] for i in range(0, len(index), batch_size)]
+    if isinstance(dataset, TensorDataset):
+        x_all, y_all = dataset.tensors[0], dataset.tensors[1]
+        if sharded:
+            x_all, y_all = x_all[index], y_all[index]
+        batches: Iterator = ((x_all[i : i + batch_size], y_all[i : i + batch_size])
+                             for i in range(0, len(index), batch_size))
+    else:
+        batches = iter(_loader(dataset, [c.tolist() for c in chunks], num_workers))
+    model.eval()
+    sums: dict[str, float] = {}
+    for x, y in batches:
+        x, y = x.to(config.device), y.to(config.device)
+        with autocast(config):
+            out = model(x)
+        got = task.metrics(out, y)
+        if "loss" not in got:
+            got = {"loss": task.loss(out.float(), y) * y.shape[0], **got}
+        for k, v in got.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+    model.train()
+    count = len(index)
+    keys = sorted(sums)
+    values = [sums[k] for k in keys]
+    if sharded:
+        *values, count = distributed.all_reduce_sum([*values, count], config.device)
+    return {k: v / count for k, v in zip(keys, values, strict=True)}
+
+
+def evaluate(model: nn.Module, split: Dataset, config: StepConfig,
+             batch_size: int = 1024, sharded: bool = False) -> tuple[float, float]:
+    """Mean BCE loss and accuracy of a default-task model (``evaluate_task`` of ``SignSumTask``).
 
     Returns:
         ``(loss, accuracy)``.
     """
-    if sharded:
-        r, w = distributed.rank(), distributed.world_size()
-        split = Split(split.x[r::w], split.y[r::w])
-    model.eval()
-    loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
-    total, correct = 0.0, 0
-    for i in range(0, len(split), batch_size):
-        x = split.x[i : i + batch_size].to(config.device)
-        y = split.y[i : i + batch_size].to(config.device)
-        with autocast(config):
-            logits = model(x).float()
-        total += float(loss_fn(logits, y))
-        correct += int(((logits > 0).float() == y).sum())
-    model.train()
-    count = len(split)
-    if sharded:
-        total, correct, count = distributed.all_reduce_sum([total, correct, count], config.device)
-    return total / count, correct / count
+    got = evaluate_task(SignSumTask(), model, split, config, batch_size, sharded)
+    return got["loss"], got["acc"]
 
 
-def windows(split: Split, batch_size: int, accum_steps: int, generator: torch.Generator,
-            device: str, rank: int = 0, world_size: int = 1) -> Iterator[list[MicroBatch]]:
+def windows(split: Dataset, batch_size: int, accum_steps: int, generator: torch.Generator,
+            device: str, rank: int = 0, world_size: int = 1,
+            num_workers: int = 0) -> Iterator[list[MicroBatch]]:
     """One epoch of shuffled micro-batches grouped into windows of ``accum_steps``.
 
     The last window may be shorter; it is still stepped (with its own divisor). With
     ``world_size > 1`` every rank draws the same permutation (same generator state) and takes
     its ``DistributedSampler`` share of it, so ranks see disjoint data and the same number of
-    windows.
+    windows. A ``TensorDataset`` is indexed directly (no DataLoader on the hot path); any other
+    dataset goes through a ``DataLoader`` over the same index batches, with ``num_workers``.
     """
     perm = distributed.shard_indices(torch.randperm(len(split), generator=generator),
                                      rank, world_size)
     batches = [perm[i : i + batch_size] for i in range(0, len(perm), batch_size)]
+    if isinstance(split, TensorDataset):
+        x_all, y_all = split.tensors[0], split.tensors[1]
+        for w in range(0, len(batches), accum_steps):
+            yield [(x_all[idx].to(device), y_all[idx].to(device))
+                   for idx in batches[w : w + accum_steps]]
+        return
+    loaded = iter(_loader(split, [b.tolist() for b in batches], num_workers))
     for w in range(0, len(batches), accum_steps):
-        yield [(split.x[idx].to(device), split.y[idx].to(device))
-               for idx in batches[w : w + accum_steps]]
+        yield [(x.to(device), y.to(device))
+               for x, y in (next(loaded) for _ in batches[w : w + accum_steps])]
 
 
 def write_config(cfg: RunConfig, path: Path) -> None:
-    """Write the resolved config as YAML."""
-    path.write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    """Write the resolved config as YAML (``to_run_config`` reads it back)."""
+    path.write_text(yaml.safe_dump(to_yaml_dict(cfg), sort_keys=False))
 
 
 def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -> RunResult:
@@ -159,13 +216,15 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
         (out / CHECKPOINT_NAME).parent.mkdir(parents=True, exist_ok=True)
         write_config(cfg, out / CONFIG_NAME)
 
-    splits = make_splits(cfg.data)
+    task = task_of(cfg)
+    train_set, val_set = task.train_val()
     torch.manual_seed(cfg.seed)  # the training seed: initialisation and shuffling only
-    model = SequenceClassifier(cfg.model).to(device)
+    model = task.model().to(device)
+    check_task(task, model, train_set, cfg.train.batch_size, device, cfg.task.target)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr,
                                   weight_decay=cfg.train.weight_decay)
     net = distributed.wrap(model, device) if ddp else model
-    trainer = TrainStep(net, optimizer, nn.BCEWithLogitsLoss(), step_cfg, fault=cfg.fault)
+    trainer = TrainStep(net, optimizer, task.loss, step_cfg, fault=cfg.fault)
     # Same seed on every rank: the same permutation each epoch, of which each takes its share.
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
@@ -176,13 +235,14 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     diag = Diagnostics()
     epochs: list[EpochLog] = []
     best_val, best_epoch, best_acc = math.inf, 0, math.nan
+    best_metrics: Mapping[str, float] = {}
     status, reason = "finished", ""
     try:
         for epoch in range(1, cfg.train.epochs + 1):
             te = time.perf_counter()
             losses, norms, clipped, skipped, n_steps = [], [], 0, 0, 0
-            for window in windows(splits.train, cfg.train.batch_size, cfg.train.accum_steps,
-                                  shuffle, device, rank, world_size):
+            for window in windows(train_set, cfg.train.batch_size, cfg.train.accum_steps,
+                                  shuffle, device, rank, world_size, cfg.train.num_workers):
                 s = trainer.step(window)
                 diag.on_step(s)
                 for sink in all_sinks:
@@ -194,7 +254,9 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
                     losses.append(s.loss)
                     norms.append(s.grad_l2_pre_clip)
                 monitor.update(s.skipped)  # raises DivergedError
-            val_loss, val_acc = evaluate(model, splits.val, step_cfg, sharded=ddp)
+            val = evaluate_task(task, model, val_set, step_cfg, sharded=ddp,
+                                num_workers=cfg.train.num_workers)
+            val_loss, val_acc = val["loss"], val.get("acc", math.nan)
             record = EpochLog(
                 epoch=epoch,
                 train_loss=sum(losses) / len(losses) if losses else math.nan,
@@ -211,7 +273,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
                 sink.on_epoch(record)
             if val_loss < best_val:  # nan never wins; identical on every rank (reduced)
                 best_val, best_epoch, best_acc = val_loss, epoch, val_acc
-                if main:  # the unwrapped module: keys load into SequenceClassifier
+                best_metrics = val
+                if main:  # the unwrapped module: keys load into the task's fresh model
                     torch.save(model.state_dict(), out / CHECKPOINT_NAME)
             log.log(logging.INFO if main else logging.DEBUG,
                 "epoch %2d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  clip %.2f  "
@@ -229,6 +292,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
         "best_val_loss": best_val,
         "best_epoch": best_epoch,
         "best_val_acc": best_acc,
+        # The task's own metrics at the best epoch (val_mse, val_perplexity...).
+        **{f"best_val_{k}": v for k, v in best_metrics.items() if k not in ("loss", "acc")},
         "final_scaler_scale": trainer.scaler.get_scale() if trainer.scaler.is_enabled() else 1.0,
         "diverged": int(status == "diverged"),
         "effective_batch": cfg.train.batch_size * cfg.train.accum_steps * world_size,
