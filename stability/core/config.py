@@ -239,6 +239,7 @@ def locate(path: str) -> Any:
     Like Hydra's ``_locate`` (which ``instantiate`` uses), without its error log lines.
     """
     parts = path.split(".")
+    missing: ModuleNotFoundError | None = None  # the longest module path that is not there
     for cut in range(len(parts) - 1, 0, -1):
         module_name = ".".join(parts[:cut])
         try:
@@ -246,9 +247,15 @@ def locate(path: str) -> Any:
         except ModuleNotFoundError as err:
             if err.name and not module_name.startswith(err.name):
                 raise  # a module that exists failed to import one of its own dependencies
+            missing = missing or err
             continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            if missing is not None:
+                raise missing from None
+            raise
         return obj
     return importlib.import_module(path)
 

@@ -1,0 +1,255 @@
+"""Tasks as plugins: a user's task defined here runs end to end; bad tasks fail before training.
+
+``TinyTask`` is what a user writes: one class, no subclassing of ours, built by
+``hydra.utils.instantiate`` from ``task._target_: tests.test_tasks.TinyTask``.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from omegaconf import OmegaConf
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from stability.core import distributed
+from stability.core.config import (
+    ConfigError,
+    RunConfig,
+    TaskConfig,
+    TrackingConfig,
+    TrainConfig,
+    fingerprint,
+    to_run_config,
+)
+from stability.core.loop import train
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "tests.test_tasks.TinyTask"
+
+
+class _Pairs(Dataset):
+    """A plain map-style dataset (not a TensorDataset): exercises the DataLoader path."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+class TinyTask:
+    """Noisy linear regression: the smallest user task (model, data, loss, metrics, test)."""
+
+    def __init__(self, n: int = 256, dim: int = 4, out_dim: int = 1, poison: bool = False,
+                 tensor: bool = True, seed: int = 7) -> None:
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(n, dim, generator=g)
+        y = x @ torch.randn(dim, generator=g) + 0.1 * torch.randn(n, generator=g)
+        if poison:
+            x[0, 0] = float("nan")
+        self.dim, self.out_dim = dim, out_dim
+        wrap = TensorDataset if tensor else _Pairs
+        cut, val = n * 6 // 10, n * 8 // 10
+        self.parts = {"train": wrap(x[:cut], y[:cut]), "val": wrap(x[cut:val], y[cut:val]),
+                      "test": wrap(x[val:], y[val:])}
+
+    def model(self) -> nn.Module:
+        return nn.Sequential(nn.Linear(self.dim, self.out_dim), nn.Flatten(0))
+
+    def train_val(self) -> tuple[Dataset, Dataset]:
+        return self.parts["train"], self.parts["val"]
+
+    def sealed_test(self, *, winner: str) -> Dataset:
+        assert winner
+        return self.parts["test"]
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(output.float(), target)
+
+    def metrics(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"mae": (output.float() - target).abs().sum()}
+
+
+class NoTestTask(TinyTask):
+    """A task whose author forgot the test split (a subclass only to keep this file short)."""
+
+    sealed_test = None  # type: ignore[assignment]
+
+
+def _cfg(tmp: Path, options: dict[str, Any] | None = None, target: str = TINY,
+         **train: Any) -> RunConfig:
+    return RunConfig(
+        seed=0, device="cpu", output_dir=str(tmp),
+        task=TaskConfig(target=target, options=options or {}, sections=()), data={}, model={},
+        train=TrainConfig(**({"epochs": 3, "batch_size": 16, "lr": 1e-2} | train)),
+        tracking=TrackingConfig(enabled=False),
+    )
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_user_task_trains_and_its_config_round_trips(tmp_path: Path) -> None:
+    """The task's own metrics land in the summary; config.yaml rebuilds the same run."""
+    cfg = _cfg(tmp_path, {"n": 200})
+    result = train(cfg)
+    rows = _rows(result.csv_path)
+    assert len(rows) == 3 * 8  # 120 training samples / 16 = 8 micro-batches an epoch
+    assert result.epochs[-1].val_loss < result.epochs[0].val_loss  # it learns
+    assert result.summary["best_val_mae"] > 0
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert saved["task"] == {"_target_": TINY, "n": 200}
+    again = to_run_config(saved)
+    assert again == cfg and fingerprint(again) == fingerprint(cfg)
+    assert fingerprint(_cfg(tmp_path, {"n": 201})) != fingerprint(cfg)  # task options count
+
+
+def test_the_dataloader_path_gives_the_same_steps_as_direct_indexing(tmp_path: Path) -> None:
+    """A plain Dataset through DataLoader workers sees the same batches as a TensorDataset."""
+    direct = train(_cfg(tmp_path / "tensor", {"tensor": True}, accum_steps=3))
+    loaded = train(_cfg(tmp_path / "loader", {"tensor": False}, accum_steps=3, num_workers=1))
+    assert direct.csv_path.read_bytes() == loaded.csv_path.read_bytes()
+    # 153 training samples: 10 micro-batches of <= 16, windows of 3 with a short last one.
+    assert [int(r["micro_batches"]) for r in _rows(direct.csv_path)][:4] == [3, 3, 3, 1]
+
+
+def test_the_default_task_keeps_its_fingerprint() -> None:
+    """Ids from before tasks existed stay valid: the default task adds nothing to the hash."""
+    default = RunConfig()
+    assert default.task.target == "stability.tasks.sign_sum.SignSumTask"
+    assert fingerprint(default) == "0f7301c49a29"  # the default config's id before this change
+
+
+@pytest.mark.parametrize(("options", "target", "message"), [
+    ({"out_dim": 3}, TINY, r"task\._target_=.*output of shape \(48,\) is rejected by task\.loss"),
+    ({"poison": True}, TINY, r"task\._target_=.*first training batch's inputs hold inf/nan"),
+    ({}, "tests.test_tasks.NoTestTask", r"task\._target_=.*has no test split"),
+    ({"bogus": 1}, TINY, r"task\._target_=.*cannot be built: TypeError"),
+])
+def test_bad_tasks_fail_before_any_training(tmp_path: Path, options: dict, target: str,
+                                            message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        train(_cfg(tmp_path, options, target))
+    assert not (tmp_path / "steps.csv").exists()
+
+
+def test_a_target_that_does_not_import_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"task\._target_='tests\.nope\.Task' is invalid: it "
+                                          r"does not import \(ModuleNotFoundError"):
+        to_run_config({"task": {"_target_": "tests.nope.Task"}})
+
+
+def _sweep(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(ROOT / "experiments" / "sweep.py"), *args],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("body", "key"), [
+    ("_target_: tests.nope.Task", "task._target_='tests.nope.Task' is invalid"),
+    ("_target_: tests.test_tasks.TinyTask\nout_dim: 3", "is rejected by task.loss"),
+    ("_target_: tests.test_tasks.NoTestTask", "has no test split"),
+])
+def test_a_bad_task_from_a_user_config_dir_exits_2_with_one_line(tmp_path: Path, body: str,
+                                                                 key: str) -> None:
+    """--config-dir with task/<name>.yaml selects a user's task; a bad one: exit 2, one line."""
+    (tmp_path / "task").mkdir()
+    (tmp_path / "task" / "bad.yaml").write_text(body + "\n")  # package: task
+    proc = _sweep(tmp_path, "--config-dir", str(tmp_path), "task=bad", "tracking.enabled=false",
+                  f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: task._target_=") and key in last
+    assert not (tmp_path / "run" / "steps.csv").exists()
+
+
+def _preset(tmp: Path, *overrides: str) -> RunConfig:
+    """The adding study's run config, composed by Hydra from conf/ as ``+study=adding`` does."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["+study=adding", "tracking.enabled=false",
+                                           "device=cpu", *overrides])
+    cfg.output_dir = str(tmp)
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    return to_run_config(raw)
+
+
+def _norms(result: Any, column: str) -> list[float]:
+    return [float(r[column]) for r in _rows(result.csv_path) if r["skipped"] == "0"]
+
+
+@pytest.mark.slow
+def test_adding_clip_off_has_spikes_and_clip_on_never_exceeds_max_norm(tmp_path: Path) -> None:
+    """At the preset: max pre-clip norm >= 10x its median; clipped, post <= max_norm."""
+    off = _preset(tmp_path / "off", "clip.enabled=false")
+    assert off.task.target == "stability.tasks.adding.AddingTask" and off.data["seq_len"] == 50
+    pre = _norms(train(off), "grad_l2_pre_clip")
+    median = statistics.median(pre)
+    assert max(pre) >= 10 * median, (max(pre), median)
+
+    on = _preset(tmp_path / "on", "clip.enabled=true", "clip.max_norm=1.0")
+    result = train(on)
+    post, pre_on = _norms(result, "grad_l2_post_clip"), _norms(result, "grad_l2_pre_clip")
+    assert max(pre_on) > 1.0  # clipping had something to do
+    assert max(post) <= 1.0 * (1 + 1e-5)
+    print(f"adding clip off: median {median:.3f} max {max(pre):.2f} ({max(pre) / median:.1f}x); "
+          f"clip on 1.0: max post {max(post):.4f}, clipped {result.summary['clip_fraction']:.2f}")
+
+
+# --------------------------------------------------------------------------- DDP on a user task
+
+
+def _scenario_user_task_ddp(rank: int, root: str) -> dict[str, Any]:
+    """Train TinyTask on this rank, counting the real gradient all-reduces of its DDP."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    calls: list[int] = []
+    plain_wrap = distributed.wrap
+
+    def hook(state, bucket):  # noqa: ANN001, ANN202 (DDP rejects string annotations)
+        if bucket.index() == 0:
+            calls.append(1)
+        return default_hooks.allreduce_hook(state, bucket)
+
+    def counting_wrap(model: nn.Module, device: str) -> nn.parallel.DistributedDataParallel:
+        ddp = plain_wrap(model, device)
+        ddp.register_comm_hook(None, hook)
+        return ddp
+
+    distributed.wrap = counting_wrap  # the real DDP, with a counting comm hook
+    try:
+        result = train(_cfg(Path(root, f"rank{rank}"), {"n": 200}, accum_steps=2, batch_size=8),
+                       world_size=2)
+    finally:
+        distributed.wrap = plain_wrap
+    return {"allreduces": len(calls), "steps": result.summary["optimizer_steps"]}
+
+
+@pytest.mark.slow
+def test_two_ranks_on_a_user_task_all_reduce_once_per_optimizer_step(tmp_path: Path) -> None:
+    from tests.test_distributed import _launch
+
+    got = _launch(_scenario_user_task_ddp, tmp_path, root=str(tmp_path))
+    assert got.exitcodes == [0, 0], got.errors
+    for r in got.results:
+        # 120 samples / 2 ranks / batch 8 = 8 micro-batches a rank, 4 windows of 2, 3 epochs.
+        assert r["steps"] == 12
+        assert r["allreduces"] == r["steps"]
