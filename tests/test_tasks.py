@@ -180,12 +180,12 @@ def test_a_bad_task_from_a_user_config_dir_exits_2_with_one_line(tmp_path: Path,
     assert not (tmp_path / "run" / "steps.csv").exists()
 
 
-def _preset(tmp: Path, *overrides: str) -> RunConfig:
-    """The adding study's run config, composed by Hydra from conf/ as ``+study=adding`` does."""
+def _preset(tmp: Path, *overrides: str, study: str = "adding") -> RunConfig:
+    """A study's run config, composed by Hydra from conf/ as ``+study=<study>`` does."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["+study=adding", "tracking.enabled=false",
+        cfg = compose("config", overrides=[f"+study={study}", "tracking.enabled=false",
                                            "device=cpu", *overrides])
     cfg.output_dir = str(tmp)
     raw = OmegaConf.to_container(cfg, resolve=True)
@@ -253,3 +253,25 @@ def test_two_ranks_on_a_user_task_all_reduce_once_per_optimizer_step(tmp_path: P
         # 120 samples / 2 ranks / batch 8 = 8 micro-batches a rank, 4 windows of 2, 3 epochs.
         assert r["steps"] == 12
         assert r["allreduces"] == r["steps"]
+
+
+# --------------------------------------------------------------------------- the Transformer task
+
+
+def _lm_run(tmp: Path, precision: str) -> list[dict[str, str]]:
+    cfg = _preset(tmp, f"precision={precision}", "train.epochs=1", "data.num_samples=200",
+                  "fault.loss_spike_at_step=3", study="char_lm")
+    return _rows(train(cfg).csv_path)
+
+
+@pytest.mark.slow
+def test_char_lm_loss_spike_fp16_backs_off_and_skips_bf16_steps_unscaled(tmp_path: Path) -> None:
+    """A x1e8 target spike overflows fp16's backward (skip, halve the scale); bf16 takes it."""
+    fp16 = _lm_run(tmp_path / "fp16", "fp16")
+    bf16 = _lm_run(tmp_path / "bf16", "bf16")
+    spiked = {r["step"]: r for r in fp16}["3"]
+    assert spiked["skipped"] == "1" and spiked["skip_reason"] == "nonfinite_grad"
+    assert float(fp16[3]["scaler_scale"]) == float(spiked["scaler_scale"]) / 2  # backed off
+    assert [r["skipped"] for r in fp16].count("1") == 1
+    assert all(r["skipped"] == "0" and float(r["scaler_scale"]) == 1.0 for r in bf16)
+    assert float(bf16[2]["loss"]) > 1e6 and float(bf16[2]["grad_l2_pre_clip"]) > 1e3
