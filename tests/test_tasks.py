@@ -275,3 +275,40 @@ def test_char_lm_loss_spike_fp16_backs_off_and_skips_bf16_steps_unscaled(tmp_pat
     assert [r["skipped"] for r in fp16].count("1") == 1
     assert all(r["skipped"] == "0" and float(r["scaler_scale"]) == 1.0 for r in bf16)
     assert float(bf16[2]["loss"]) > 1e6 and float(bf16[2]["grad_l2_pre_clip"]) > 1e3
+
+
+# --------------------------------------------------------------------------- per-layer norms
+
+
+def test_per_layer_norms_recompose_the_pre_clip_norm_and_change_nothing(tmp_path: Path) -> None:
+    """layer_norms.csv: sqrt(sum of squares) of a row is that step's grad_l2_pre_clip, also on
+    clipped steps; the injected inf shows in the first parameter; steps.csv is unchanged."""
+    import math
+
+    from stability.core.config import ClipConfig, FaultConfig, TelemetryConfig
+
+    def run(folder: str, per_layer: bool) -> Any:
+        cfg = _cfg(tmp_path / folder, {"n": 200}, accum_steps=2)
+        cfg = type(cfg)(**{**vars(cfg), "clip": ClipConfig(enabled=True, max_norm=0.5),
+                           "fault": FaultConfig(inf_grad_at_step=4),
+                           "telemetry": TelemetryConfig(per_layer=per_layer)})
+        return train(cfg)
+
+    on, off = run("on", True), run("off", False)
+    assert on.csv_path.read_bytes() == off.csv_path.read_bytes()
+    assert not (tmp_path / "off" / "layer_norms.csv").exists()
+    with (tmp_path / "on" / "layer_norms.csv").open() as f:
+        table = list(csv.reader(f))
+    assert table[0] == ["step", "0.weight", "0.bias"]
+    steps = _rows(on.csv_path)
+    assert len(table) - 1 == len(steps)
+    clipped = 0
+    for row, step in zip(table[1:], steps, strict=True):
+        assert row[0] == step["step"]
+        if step["skipped"] == "1":
+            assert row[1] == "inf"  # the first parameter, where the fault wrote inf
+            continue
+        total = math.sqrt(sum(float(v) ** 2 for v in row[1:]))
+        assert total == pytest.approx(float(step["grad_l2_pre_clip"]), rel=1e-5)
+        clipped += step["clipped"] == "1"
+    assert clipped > 0  # the rescaling to pre-clip was exercised

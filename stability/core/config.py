@@ -179,6 +179,17 @@ class MonitorConfig:
 
 
 @dataclass(frozen=True)
+class TelemetryConfig:
+    """Optional per-step records beyond ``steps.csv`` (none of them changes training)."""
+
+    per_layer: bool = False  # every parameter's pre-clip gradient norm -> layer_norms.csv
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.per_layer, bool), "telemetry.per_layer", self.per_layer,
+                 "true | false")
+
+
+@dataclass(frozen=True)
 class PrecisionConfig:
     """Mixed-precision policy. fp16 needs the GradScaler; nothing else may use it."""
 
@@ -330,6 +341,7 @@ class RunConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     output_dir: str = "."
 
     def __post_init__(self) -> None:
@@ -366,6 +378,7 @@ _SECTIONS: dict[str, type] = {
     "fault": FaultConfig,
     "monitor": MonitorConfig,
     "tracking": TrackingConfig,
+    "telemetry": TelemetryConfig,
 }
 TASK_SECTIONS = ("data", "model")  # sections a task's YAML may hand to it (``data: ${data}``)
 
@@ -509,13 +522,13 @@ def canonical(run: RunConfig) -> dict[str, Any]:
 
     With clipping off, ``clip.method``, ``clip.max_norm`` and ``clip.clip_value`` do not
     influence training, so they are replaced by ``None``; the GradScaler knobs only matter
-    for fp16. Output locations, tracking settings and ``train.num_workers`` (same batches in
-    the same order either way) are dropped, and so is the default task's ``_target_``, which
-    keeps every fingerprint from before tasks existed.
+    for fp16. Output locations, tracking and telemetry settings and ``train.num_workers``
+    (same batches in the same order either way) are dropped, and so is the default task's
+    ``_target_``, which keeps every fingerprint from before tasks existed.
     """
     flat = flatten(run)
-    for key in [k for k in flat if k.startswith("tracking.")] + ["output_dir",
-                                                                 "train.num_workers"]:
+    for key in [k for k in flat if k.startswith(("tracking.", "telemetry."))] + [
+            "output_dir", "train.num_workers"]:
         flat.pop(key)
     if run.task.target == SIGN_SUM_TARGET:
         flat.pop("task._target_")

@@ -31,8 +31,10 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from stability.core import distributed
 from stability.core.config import RunConfig, StepConfig, to_yaml_dict
+from stability.core.layers import LayerNormRecorder
 from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
 from stability.core.precision import autocast, check_precision_supported, resolve_device
+from stability.core.rundir import LAYER_NORMS_NAME
 from stability.core.step import MicroBatch, TrainStep
 from stability.core.steplog import CsvStepWriter, EpochLog, StepSink
 from stability.tasks.base import Task, build_task, check_task
@@ -228,6 +230,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     # Same seed on every rank: the same permutation each epoch, of which each takes its share.
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
+    layers = (LayerNormRecorder(model, cfg.clip.enabled and cfg.clip.method == "norm")
+              if cfg.telemetry.per_layer and main else None)
     csv_writer = CsvStepWriter(out / CSV_NAME) if main else None
     all_sinks: list[StepSink] = [] if csv_writer is None else [csv_writer]
     all_sinks.extend(sinks)
@@ -244,6 +248,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
             for window in windows(train_set, cfg.train.batch_size, cfg.train.accum_steps,
                                   shuffle, device, rank, world_size, cfg.train.num_workers):
                 s = trainer.step(window)
+                if layers is not None:
+                    layers.on_step(s)
                 diag.on_step(s)
                 for sink in all_sinks:
                     sink.on_step(s, epoch)
@@ -287,6 +293,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     finally:
         if csv_writer is not None:
             csv_writer.close()
+        if layers is not None:
+            layers.write(out / LAYER_NORMS_NAME)
 
     summary: dict[str, Any] = diag.summary() | {
         "best_val_loss": best_val,
