@@ -106,8 +106,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
         _fail(f"unknown command {command!r}: allowed values are {' | '.join(COMMANDS)}")
-    # User tasks live next to where the command runs (``_target_: my_task.MyTask``).
+    # User tasks live next to where the command runs (``_target_: my_task.MyTask``); the
+    # environment variable carries that to launcher worker processes (joblib, submitit).
     sys.path.insert(0, os.getcwd())
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(),
+                                                            os.environ.get("PYTHONPATH")]))
     if command in ("sweep", "report"):
         sys.argv = [f"stability-{command}", *rest]  # Hydra parses sys.argv
         (sweep if command == "sweep" else report)()
