@@ -1,11 +1,11 @@
 """The sealed test split, read once: the winner's checkpoints, after selection, and nothing else.
 
-This module is the only caller of a task's ``sealed_test`` (and of the default task's
-``open_test_split``; a test scans the code base for others). Each finished seed of the winning
-config is evaluated from its ``checkpoints/best.pt`` artifact under the run's own precision, its
-model rebuilt through its task from its ``config.yaml`` artifact. ``test_loss`` / ``test_acc``
-are logged onto the winner's runs, once: a run that already carries them is evaluated again
-(deterministic) but not logged twice.
+This module is the only caller of a task's ``sealed_test`` (the default task's opens
+``open_test_split``; a test scans the code base for other callers of either). Each finished
+seed of the winning config is evaluated from its ``checkpoints/best.pt`` artifact under the
+run's own precision, its model rebuilt through its task from its ``config.yaml`` artifact.
+``test_loss`` / ``test_acc`` are logged onto the winner's runs, once: a run that already
+carries them is evaluated again (deterministic) but not logged twice.
 """
 
 from __future__ import annotations

@@ -135,6 +135,7 @@ def check_task(task: Task, model: nn.Module, train: Dataset, batch_size: int, de
             raise ConfigError(f"task._target_={target!r}: the first training batch's {name} "
                               "hold inf/nan values (allowed: finite data)")
     was_training = model.training
+    out: Any = None
     # Warnings become errors here: MSE on (B, 1) against (B,) only warns, then broadcasts to
     # (B, B) and trains on a wrong loss without a word.
     with torch.random.fork_rng(devices=[]), torch.no_grad(), warnings.catch_warnings():
@@ -146,7 +147,7 @@ def check_task(task: Task, model: nn.Module, train: Dataset, batch_size: int, de
         except Exception as err:
             raise ConfigError(
                 f"task._target_={target!r}: the model output of shape "
-                f"{_shape(locals().get('out'))} is rejected by task.loss for targets of shape "
+                f"{_shape(out)} is rejected by task.loss for targets of shape "
                 f"{tuple(y.shape)}: {_one_line(err)}") from None
         finally:
             model.train(was_training)
