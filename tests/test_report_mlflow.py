@@ -105,6 +105,8 @@ def test_only_the_report_evaluation_opens_the_test_split():
                 name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
                 if name in ("open_test_split", "sealed_test"):  # every task's test door
                     callers.append(path.relative_to(PROJECT).as_posix())
+    # The task modules define the doors (SignSumTask.sealed_test opens open_test_split).
+    callers = [c for c in callers if not c.startswith("stability/tasks/")]
     assert callers == ["stability/report/evaluate.py"]
 
 
