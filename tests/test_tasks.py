@@ -312,3 +312,27 @@ def test_per_layer_norms_recompose_the_pre_clip_norm_and_change_nothing(tmp_path
         assert total == pytest.approx(float(step["grad_l2_pre_clip"]), rel=1e-5)
         clipped += step["clipped"] == "1"
     assert clipped > 0  # the rescaling to pre-clip was exercised
+
+
+@pytest.mark.parametrize("task", ["adding", "char_lm"])
+def test_a_built_in_task_round_trips_through_config_yaml_and_hashes_its_data(
+    tmp_path: Path, task: str,
+) -> None:
+    """config.yaml rebuilds the same run; task data counts, DataLoader workers do not."""
+    from hydra import compose, initialize_config_dir
+
+    from stability.core.config import to_yaml_dict
+
+    def composed(*overrides: str) -> RunConfig:
+        with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=[f"task={task}", *overrides])
+        cfg.output_dir = str(tmp_path)
+        return to_run_config(OmegaConf.to_container(cfg, resolve=True))
+
+    cfg = composed()
+    assert cfg.task.sections == ("data", "model") and cfg.task.options == {}
+    saved = yaml.safe_load(yaml.safe_dump(to_yaml_dict(cfg)))
+    assert saved["task"]["data"] == "${data}"
+    assert to_run_config(saved) == cfg
+    assert fingerprint(composed("data.seq_len=40")) != fingerprint(cfg)
+    assert fingerprint(composed("train.num_workers=2")) == fingerprint(cfg)
