@@ -209,3 +209,11 @@ def test_every_invalid_key_reaches_the_command_line_with_exit_2(tmp_path: Path) 
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: 2 invalid keys: clip.max_norm=0 is invalid: allowed values are a finite number "
         "> 0; train.lr=-1 is invalid: allowed values are a finite number > 0")
+
+
+def test_a_check_across_keys_does_not_hide_the_other_bad_keys_of_its_section() -> None:
+    with pytest.raises(ConfigError) as err:
+        to_run_config({"precision": {"name": "fp16", "scaler": False, "growth_interval": 0}})
+    message = str(err.value)
+    assert message.startswith("2 invalid keys: precision.scaler=false with precision=fp16")
+    assert "precision.growth_interval=0 is invalid: allowed values are an integer >= 1" in message

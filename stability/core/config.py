@@ -388,9 +388,8 @@ def _section_errors(cls: type, key: str, values: Mapping[str, Any]) -> list[str]
     names = {f.name for f in dataclasses.fields(cls)}
     errors = [f"unknown key {key}.{k}: allowed keys are {', '.join(sorted(names))}"
               for k in sorted(set(values) - names)]
-    # __post_init__ stops at the first bad value: record it, put the key it names back to its
-    # default and try again, until the section builds or an error names no single key
-    # (a check across keys, e.g. precision.scaler against precision.name).
+    # __post_init__ stops at the first bad value: record it, put the keys it names back to
+    # their defaults and try again, until the section builds or an error names no key.
     remaining = {k: v for k, v in values.items() if k in names}
     while True:
         try:
@@ -401,11 +400,14 @@ def _section_errors(cls: type, key: str, values: Mapping[str, Any]) -> list[str]
             if msg in errors:
                 return errors
             errors.append(msg)
-            culprit = next((k for k in remaining if msg.startswith(f"{key}.{k}=")
-                            or (k == "name" and msg.startswith(f"{key}="))), None)
-            if culprit is None:
+            # Every key the message names goes back to its default (both sides of a check
+            # across keys, e.g. precision.scaler=false with precision=fp16).
+            culprits = [k for k in remaining if f"{key}.{k}=" in msg
+                        or (k == "name" and f"{key}=" in msg)]
+            if not culprits:
                 return errors
-            remaining.pop(culprit)
+            for k in culprits:
+                remaining.pop(k)
 
 
 def build_sections(schema: Mapping[str, type], cfg: Mapping[str, Any]) -> dict[str, Any]:
