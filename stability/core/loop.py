@@ -15,30 +15,27 @@ validation sums are reduced over ranks, and only rank 0 writes files.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
-from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from stability.core import distributed
-from stability.core.config import RunConfig, StepConfig, to_yaml_dict
+from stability.core.batches import evaluate_task, task_of, windows
+from stability.core.config import RunConfig, to_yaml_dict
 from stability.core.layers import LayerNormRecorder
 from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
-from stability.core.precision import autocast, check_precision_supported, resolve_device
+from stability.core.precision import check_precision_supported, resolve_device
 from stability.core.rundir import LAYER_NORMS_NAME
-from stability.core.step import MicroBatch, TrainStep
+from stability.core.step import TrainStep
 from stability.core.steplog import CsvStepWriter, EpochLog, StepSink
-from stability.tasks.base import Task, build_task, check_task
-from stability.tasks.sign_sum import SignSumTask
+from stability.tasks.base import check_task
 
 log = logging.getLogger(__name__)
 
@@ -70,110 +67,6 @@ class RunResult:
     def checkpoint_path(self) -> Path:
         """The best-validation checkpoint (a plain ``state_dict``)."""
         return self.output_dir / CHECKPOINT_NAME
-
-
-def task_of(cfg: RunConfig) -> Task:
-    """Instantiate the run's task (``cfg.task``), handing it the sections it takes."""
-    sections = {k: _as_dict(getattr(cfg, k)) for k in cfg.task.sections}
-    return build_task(cfg.task, sections)
-
-
-def _as_dict(section: object) -> dict:
-    return dataclasses.asdict(section) if dataclasses.is_dataclass(section) else dict(section)
-
-
-def _loader(dataset: Dataset, batches: Sequence[Sequence[int]] | Iterator,
-            num_workers: int) -> DataLoader:
-    return DataLoader(dataset, batch_sampler=batches, num_workers=num_workers)
-
-
-@torch.no_grad()
-def evaluate_task(task: Task, model: nn.Module, dataset: Dataset, config: StepConfig,
-                  batch_size: int = 1024, sharded: bool = False,
-                  num_workers: int = 0) -> dict[str, float]:
-    """Mean loss and the task's metrics of ``model`` on ``dataset``, under the run's autocast.
-
-    Args:
-        task: supplies ``metrics`` (batch sums) and ``loss``.
-        model: the module.
-        dataset: the data to evaluate on.
-        config: the step config (device and precision).
-        batch_size: evaluation batch size.
-        sharded: data-parallel: each rank evaluates every world_size-th sample (no padding)
-            and the sums are all-reduced, so every rank returns the whole dataset's numbers.
-        num_workers: DataLoader workers (datasets that are not ``TensorDataset``).
-
-    Returns:
-        ``{"loss": mean, <metric>: mean, ...}`` over the samples.
-    """
-    n = len(dataset)  # type: ignore[arg-type]
-    index = torch.arange(n)
-    if sharded:
-        index = index[distributed.rank()::distributed.world_size()]
-    chunks = [index[i : i + batch_size] for i in range(0, len(index), batch_size)]
-    if isinstance(dataset, TensorDataset):
-        x_all, y_all = dataset.tensors[0], dataset.tensors[1]
-        if sharded:
-            x_all, y_all = x_all[index], y_all[index]
-        batches: Iterator = ((x_all[i : i + batch_size], y_all[i : i + batch_size])
-                             for i in range(0, len(index), batch_size))
-    else:
-        batches = iter(_loader(dataset, [c.tolist() for c in chunks], num_workers))
-    model.eval()
-    sums: dict[str, float] = {}
-    for x, y in batches:
-        x, y = x.to(config.device), y.to(config.device)
-        with autocast(config):
-            out = model(x)
-        got = task.metrics(out, y)
-        if "loss" not in got:
-            got = {"loss": task.loss(out.float(), y) * y.shape[0], **got}
-        for k, v in got.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
-    model.train()
-    count = len(index)
-    keys = sorted(sums)
-    values = [sums[k] for k in keys]
-    if sharded:
-        *values, count = distributed.all_reduce_sum([*values, count], config.device)
-    return {k: v / count for k, v in zip(keys, values, strict=True)}
-
-
-def evaluate(model: nn.Module, split: Dataset, config: StepConfig,
-             batch_size: int = 1024, sharded: bool = False) -> tuple[float, float]:
-    """Mean BCE loss and accuracy of a default-task model (``evaluate_task`` of ``SignSumTask``).
-
-    Returns:
-        ``(loss, accuracy)``.
-    """
-    got = evaluate_task(SignSumTask(), model, split, config, batch_size, sharded)
-    return got["loss"], got["acc"]
-
-
-def windows(split: Dataset, batch_size: int, accum_steps: int, generator: torch.Generator,
-            device: str, rank: int = 0, world_size: int = 1,
-            num_workers: int = 0) -> Iterator[list[MicroBatch]]:
-    """One epoch of shuffled micro-batches grouped into windows of ``accum_steps``.
-
-    The last window may be shorter; it is still stepped (with its own divisor). With
-    ``world_size > 1`` every rank draws the same permutation (same generator state) and takes
-    its ``DistributedSampler`` share of it, so ranks see disjoint data and the same number of
-    windows. A ``TensorDataset`` is indexed directly (no DataLoader on the hot path); any other
-    dataset goes through a ``DataLoader`` over the same index batches, with ``num_workers``.
-    """
-    perm = distributed.shard_indices(torch.randperm(len(split), generator=generator),
-                                     rank, world_size)
-    batches = [perm[i : i + batch_size] for i in range(0, len(perm), batch_size)]
-    if isinstance(split, TensorDataset):
-        x_all, y_all = split.tensors[0], split.tensors[1]
-        for w in range(0, len(batches), accum_steps):
-            yield [(x_all[idx].to(device), y_all[idx].to(device))
-                   for idx in batches[w : w + accum_steps]]
-        return
-    loaded = iter(_loader(split, [b.tolist() for b in batches], num_workers))
-    for w in range(0, len(batches), accum_steps):
-        yield [(x.to(device), y.to(device))
-               for x, y in (next(loaded) for _ in batches[w : w + accum_steps])]
 
 
 def write_config(cfg: RunConfig, path: Path) -> None:

@@ -21,8 +21,9 @@ import pandas as pd
 import torch
 import yaml
 
+from stability.core.batches import evaluate_task, task_of
 from stability.core.config import RunConfig, fingerprint, to_run_config
-from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME, evaluate_task, task_of
+from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME
 from stability.core.precision import check_precision_supported, resolve_device
 from stability.report.fetch import download, parallel
 from stability.report.stats import MeanCI, mean_ci
