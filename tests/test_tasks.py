@@ -336,3 +336,14 @@ def test_a_built_in_task_round_trips_through_config_yaml_and_hashes_its_data(
     assert to_run_config(saved) == cfg
     assert fingerprint(composed("data.seq_len=40")) != fingerprint(cfg)
     assert fingerprint(composed("train.num_workers=2")) == fingerprint(cfg)
+
+
+def test_char_lm_reports_token_accuracy_and_perplexity(tmp_path: Path) -> None:
+    """val_acc is the token accuracy; best_val_perplexity = exp(best per-token CE)."""
+    import math
+
+    cfg = _preset(tmp_path, "train.epochs=1", "data.num_samples=100", study="char_lm")
+    s = train(cfg).summary
+    assert s["best_val_perplexity"] == pytest.approx(math.exp(s["best_val_loss"]))
+    assert 0 < s["best_val_acc"] < 1
+    assert s["best_val_perplexity"] < 28  # below uniform guessing over the 28 characters

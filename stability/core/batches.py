@@ -53,7 +53,8 @@ def evaluate_task(task: Task, model: nn.Module, dataset: Dataset, config: StepCo
         num_workers: DataLoader workers (datasets that are not ``TensorDataset``).
 
     Returns:
-        ``{"loss": mean, <metric>: mean, ...}`` over the samples.
+        ``{"loss": mean, <metric>: mean, ...}`` over the samples, plus what the task's
+        optional ``derived(means)`` adds (e.g. ``perplexity``).
     """
     n = len(dataset)  # type: ignore[arg-type]
     index = torch.arange(n)
@@ -85,7 +86,9 @@ def evaluate_task(task: Task, model: nn.Module, dataset: Dataset, config: StepCo
     values = [sums[k] for k in keys]
     if sharded:
         *values, count = distributed.all_reduce_sum([*values, count], config.device)
-    return {k: v / count for k, v in zip(keys, values, strict=True)}
+    means = {k: v / count for k, v in zip(keys, values, strict=True)}
+    derived = getattr(task, "derived", None)  # optional: metrics of the means (perplexity)
+    return means | derived(means) if callable(derived) else means
 
 
 def windows(split: Dataset, batch_size: int, accum_steps: int, generator: torch.Generator,

@@ -51,7 +51,8 @@ class Task(Protocol):
         """Per-batch SUMS over samples (e.g. ``{"loss": ..., "acc": correct}``).
 
         The loop divides by the number of samples. ``loss`` is optional (the loop uses
-        ``loss(output, target) * batch`` without it); ``acc`` becomes ``val_acc``.
+        ``loss(output, target) * batch`` without it); ``acc`` becomes ``val_acc``. A task may
+        also define ``derived(means) -> dict`` for metrics of the means (perplexity).
         """
         ...
 

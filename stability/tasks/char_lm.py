@@ -172,7 +172,7 @@ class CharLMTask:
         acc = (logits.argmax(-1) == target.argmax(-1)).float().mean(-1)
         return {"loss": ce.sum(), "acc": acc.sum()}
 
-
-def perplexity(loss: float) -> float:
-    """Perplexity of a mean per-token cross-entropy (nats)."""
-    return math.exp(loss) if loss < 700 else math.inf
+    def derived(self, means: Mapping[str, float]) -> dict[str, float]:
+        """Perplexity of the mean per-token cross-entropy (nats): ``best_val_perplexity``."""
+        loss = means["loss"]
+        return {"perplexity": math.exp(loss) if loss < 700 else math.inf}
