@@ -347,3 +347,37 @@ def test_char_lm_reports_token_accuracy_and_perplexity(tmp_path: Path) -> None:
     assert s["best_val_perplexity"] == pytest.approx(math.exp(s["best_val_loss"]))
     assert 0 < s["best_val_acc"] < 1
     assert s["best_val_perplexity"] < 28  # below uniform guessing over the 28 characters
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_a_user_task_from_this_module_sweeps_and_reports_against_a_server(
+    tmp_path: Path, mlflow_server: Any,
+) -> None:
+    """-m sweep + report of TinyTask (no accuracy metric) against a real mlflow server."""
+    import mlflow
+
+    from stability.tracking.contract import Kind, Tag
+
+    (tmp_path / "task").mkdir()
+    (tmp_path / "task" / "tiny.yaml").write_text(f"_target_: {TINY}\nn: 200\n")
+    uri = f"tracking.uri={mlflow_server.uri}"
+    sweep = _sweep(tmp_path, "-m", "--config-dir", str(tmp_path), "task=tiny", uri,
+                   "hydra/launcher=basic", "clip.enabled=false,true", "clip.max_norm=1.0",
+                   "train.accum_steps=1", "precision=fp32", "seed=0,1", "train.epochs=3",
+                   "tracking.experiment=tiny-e2e")
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    report = subprocess.run([sys.executable, str(ROOT / "experiments" / "report.py"),
+                             "experiment=tiny-e2e", uri, f"output_dir={tmp_path / 'reports'}"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert next((tmp_path / "reports").glob("*/report.md")).read_text().count("Train with") == 1
+    c = mlflow.MlflowClient(mlflow_server.uri)
+    exp = c.get_experiment_by_name("tiny-e2e")
+    runs = c.search_runs([exp.experiment_id], f"tags.`{Tag.KIND}` = '{Kind.TRAIN}'")
+    assert len(runs) == 4 and {r.data.params["task._target_"] for r in runs} == {TINY}
+    assert all("best_val_mae" in r.data.metrics for r in runs)  # the task's own metric
+    tested = [r for r in runs if "test_loss" in r.data.metrics]
+    assert len(tested) == 2  # the winner's two seeds, and no other run
+    assert len({r.data.tags[Tag.FINGERPRINT] for r in tested}) == 1
