@@ -29,9 +29,6 @@ TARGETS = {
     "memory_ratio": 1.2,  # peak RSS of a run vs the bare loop's
 }
 
-# fp16 GradScaler settings of conf/precision/fp16.yaml, so the bare loop scales the same way.
-FP16_GROWTH_INTERVAL = 100
-
 
 def _check(ok: bool, key: str, value: object, allowed: str) -> None:
     if not ok:
@@ -89,8 +86,7 @@ class BenchSpec:
             tracking: tracking settings; ``None`` disables tracking.
         """
         name = precision or self.precision
-        prec = PrecisionConfig(name=name,
-                               growth_interval=FP16_GROWTH_INTERVAL if name == "fp16" else 2000)
+        prec = PrecisionConfig(name=name)  # the one default growth_interval
         return RunConfig(
             seed=self.seed,
             device="auto",

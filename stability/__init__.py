@@ -12,7 +12,8 @@ from stability.core.loop import RunResult, train
 from stability.core.monitor import DivergedError, SkipRateMonitor
 from stability.core.step import TrainStep
 from stability.core.steplog import EpochLog, StepLog
-from stability.tasks.sign_sum import SequenceClassifier
+from stability.tasks.base import Task
+from stability.tasks.sign_sum import SequenceClassifier, SignSumTask
 
 __all__ = [
     "ClipConfig",
@@ -23,9 +24,11 @@ __all__ = [
     "RunConfig",
     "RunResult",
     "SequenceClassifier",
+    "SignSumTask",
     "SkipRateMonitor",
 
     "StepLog",
+    "Task",
     "TrainStep",
     "clip_global_l2_norm",
     "has_non_finite_grad",

@@ -155,3 +155,71 @@ def test_cli_device_cuda_trains_where_a_gpu_exists(
     """With a GPU, device=cuda is accepted (the same command is a config error on CPU)."""
     proc, _ = cli_results["device=cuda"]
     assert "device=cuda is invalid" not in proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------- one config source
+
+
+def _compose(*overrides: str) -> dict[str, Any]:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    cfg.output_dir = "."
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: f.default for f in dataclasses.fields(cls)}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_the_yaml_repeats_the_dataclass_defaults_exactly(precision: str) -> None:
+    """Defaults live in the dataclasses; conf/ documents every key with the same value."""
+    from stability.core.config import _SECTIONS
+
+    raw = _compose(f"precision={precision}")
+    for key, cls in _SECTIONS.items():
+        expected = _defaults(cls)
+        if key == "precision":  # the option's own identity
+            expected |= {"name": precision}
+        assert raw[key] == expected, key
+    assert {k: raw[k] for k in ("seed", "device")} == {"seed": RunConfig.seed,
+                                                       "device": RunConfig.device}
+    assert raw["task"]["_target_"] == RunConfig().task.target
+
+
+def test_every_invalid_key_is_reported_at_once() -> None:
+    """One error listing each bad key with its allowed values, across sections."""
+    with pytest.raises(ConfigError) as err:
+        to_run_config({"train": {"lr": -1, "epochs": 0, "bogus": 1},
+                       "clip": {"max_norm": 0}, "model": {"cell": "cnn"}})
+    message = str(err.value)
+    assert message.startswith("5 invalid keys: ") and "\n" not in message
+    for part in ("train.lr=-1", "train.epochs=0", "unknown key train.bogus", "clip.max_norm=0",
+                 "model.cell='cnn' is invalid: allowed values are rnn | gru | lstm"):
+        assert part in message
+
+
+def test_every_invalid_key_reaches_the_command_line_with_exit_2(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "sweep.py"), "train.lr=-1",
+         "clip.max_norm=0", "tracking.enabled=false", f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: 2 invalid keys: clip.max_norm=0 is invalid: allowed values are a finite number "
+        "> 0; train.lr=-1 is invalid: allowed values are a finite number > 0")
+
+
+def test_a_bad_key_does_not_hide_the_other_bad_keys_of_its_section() -> None:
+    with pytest.raises(ConfigError) as err:
+        to_run_config({"precision": {"name": "fp8", "growth_interval": 0}})
+    message = str(err.value)
+    assert message.startswith("2 invalid keys: ")
+    assert "precision='fp8' is invalid: allowed values are fp32 | fp16 | bf16" in message
+    assert "precision.growth_interval=0 is invalid: allowed values are an integer >= 1" in message

@@ -68,7 +68,7 @@ def test_finished_run_follows_the_contract(mlflow_server, tmp_path: Path) -> Non
     exp_id = ensure_experiment(mlflow_server.uri, exp)
     parent = c.create_run(exp_id, run_name="sweep t").info.run_id
     raw = _raw(mlflow_server.uri, exp, tmp_path,
-               precision={"name": "fp16", "scaler": True, "growth_interval": 3},
+               precision={"name": "fp16", "growth_interval": 3},
                clip={"enabled": True, "max_norm": 0.5}, train={"accum_steps": 2},
                tracking={"sweep_id": "t", "parent_run_id": parent})
     cfg = to_run_config(raw)

@@ -50,7 +50,7 @@ def test_sweep_runs_appear_in_the_mlflow_ui(mlflow_server, tmp_path: Path) -> No
         cfg = to_run_config({
             "seed": seed, "device": "cpu", "output_dir": str(tmp_path / str(seed)),
             "data": {"num_samples": 300}, "train": {"epochs": 1},
-            "precision": {"name": "bf16", "scaler": False},
+            "precision": {"name": "bf16"},
             "tracking": {"uri": uri, "experiment": exp, "sweep_id": sweep_id,
                          "parent_run_id": parent.run_id}})
         assert train_tracked(cfg).status == "finished"

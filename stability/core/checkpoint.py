@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import random
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ class Resume:
     csv_bytes: int  # steps.csv length at that point
     epochs: list[EpochLog]
     best: tuple[float, int, float]  # best val_loss, its epoch, its val_acc
+    best_metrics: dict[str, float]  # the task's validation metrics at that epoch
 
 
 def _identity(cfg: RunConfig) -> str:
@@ -76,7 +78,8 @@ def _load(folder: Path, cfg: RunConfig) -> dict[str, Any] | None:
 
 def _resume(state: dict[str, Any]) -> Resume:
     return Resume(state["epoch"], state["step"], state["skips"], state["csv_bytes"],
-                  [EpochLog(**e) for e in state["epochs"]], tuple(state["best"]))
+                  [EpochLog(**e) for e in state["epochs"]], tuple(state["best"]),
+                  dict(state["best_metrics"]))
 
 
 def peek(folder: str | Path, cfg: RunConfig) -> Resume | None:
@@ -114,7 +117,8 @@ def restore(folder: str | Path, cfg: RunConfig, parts: Parts) -> Resume | None:
 
 
 def save(folder: str | Path, cfg: RunConfig, parts: Parts, epochs: list[EpochLog],
-         best: tuple[float, int, float], csv_bytes: int) -> None:
+         best: tuple[float, int, float], csv_bytes: int,
+         best_metrics: Mapping[str, float]) -> None:
     """Write ``checkpoints/last.pt`` after an epoch (atomically: a kill leaves the old one)."""
     t = parts.trainer
     monitor = {k: v for k, v in vars(parts.monitor).items() if k != "cfg"}
@@ -125,6 +129,7 @@ def save(folder: str | Path, cfg: RunConfig, parts: Parts, epochs: list[EpochLog
         "step": t.step_count, "grad_syncs": t.grad_syncs,
         "csv_bytes": csv_bytes, "skips": t.skip_count,
         "epochs": [dataclasses.asdict(e) for e in epochs], "best": list(best),
+        "best_metrics": {k: float(v) for k, v in best_metrics.items()},
         "model": parts.model.state_dict(), "optimizer": parts.optimizer.state_dict(),
         "scaler": t.scaler.state_dict(),
         "scheduler": t.scheduler.state_dict() if t.scheduler is not None else None,

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+SIGN_SUM_TARGET = "stability.tasks.sign_sum.SignSumTask"  # the default task
 PRECISIONS = ("fp32", "fp16", "bf16")
 CELLS = ("rnn", "gru", "lstm")
 CLIP_METHODS = ("norm", "value")
@@ -60,7 +62,7 @@ def _optional_step(key: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """The synthetic sign-of-sum task. Only ``seed`` decides the data and the split."""
+    """The default (sign-of-sum) task's data. Only ``seed`` decides the data and the split."""
 
     seed: int = 42
     num_samples: int = 3000
@@ -84,7 +86,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """``SequenceClassifier`` shape."""
+    """The default task's ``SequenceClassifier`` shape."""
 
     cell: str = "rnn"
     hidden_size: int = 48
@@ -120,6 +122,7 @@ class TrainConfig:
     lr: float = 2e-3
     weight_decay: float = 1e-3
     threads: int = 1
+    num_workers: int = 0  # DataLoader workers for datasets that are not in-memory tensors
 
     def __post_init__(self) -> None:
         _positive_int("train.epochs", self.epochs)
@@ -133,6 +136,13 @@ class TrainConfig:
             "a number >= 0",
         )
         _positive_int("train.threads", self.threads)
+        _require(
+            isinstance(self.num_workers, int) and not isinstance(self.num_workers, bool)
+            and self.num_workers >= 0,
+            "train.num_workers",
+            self.num_workers,
+            "an integer >= 0",
+        )
 
 
 @dataclass(frozen=True)
@@ -169,17 +179,97 @@ class MonitorConfig:
 
 
 @dataclass(frozen=True)
+class TelemetryConfig:
+    """Optional per-step records beyond ``steps.csv`` (none of them changes training)."""
+
+    per_layer: bool = False  # every parameter's pre-clip gradient norm -> layer_norms.csv
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.per_layer, bool), "telemetry.per_layer", self.per_layer,
+                 "true | false")
+
+
+@dataclass(frozen=True)
 class PrecisionConfig:
     """Mixed-precision policy. The GradScaler is enabled for fp16 alone (derived, not a key)."""
 
     name: str = "fp32"
     init_scale: float = 2.0**16  # GradScaler's starting scale (fp16 only)
-    growth_interval: int = 2000  # unskipped steps before the scale doubles (fp16 only)
+    # 100, not PyTorch's 2000, so that growth is observable in a study's few hundred steps
+    # (conf/precision/fp16.yaml has the measurement). The one default: the YAML repeats it
+    # and tests/test_config.py fails when the two drift.
+    growth_interval: int = 100
 
     def __post_init__(self) -> None:
         _require(self.name in PRECISIONS, "precision", self.name, " | ".join(PRECISIONS))
         _positive_float("precision.init_scale", self.init_scale)
         _positive_int("precision.growth_interval", self.growth_interval)
+
+
+def locate(path: str) -> Any:
+    """The object at a dotted import path (``package.module.Class``), importing as needed.
+
+    Like Hydra's ``_locate`` (which ``instantiate`` uses), without its error log lines.
+    """
+    parts = path.split(".")
+    missing: ModuleNotFoundError | None = None  # the longest module path that is not there
+    for cut in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            obj = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name and not module_name.startswith(err.name):
+                raise  # a module that exists failed to import one of its own dependencies
+            missing = missing or err
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            if missing is not None:
+                raise missing from None
+            raise
+        return obj
+    return importlib.import_module(path)
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What to train: ``hydra.utils.instantiate`` of ``{"_target_": target, **options}``.
+
+    Attributes:
+        target: import path of the task class or factory (``task._target_``).
+        options: the task's own keyword arguments (``task.<key>``).
+        sections: top-level sections handed to the task as keyword arguments of the same
+            name; the built-in tasks take ``data`` and ``model`` (``data: ${data}`` in their
+            YAML), so ``data.seed=1`` keeps working and those keys are hashed once.
+    """
+
+    target: str = SIGN_SUM_TARGET
+    options: Mapping[str, Any] = field(default_factory=dict)
+    sections: tuple[str, ...] = ("data", "model")
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.target, str) and bool(self.target), "task._target_",
+                 self.target, "an import path such as stability.tasks.adding.AddingTask")
+        try:
+            locate(self.target)
+        except Exception as err:  # ImportError, AttributeError, or the module's own error
+            raise ConfigError(
+                f"task._target_={self.target!r} is invalid: it does not import "
+                f"({type(err).__name__}: {' '.join(str(err).split())}); allowed values are "
+                "an importable path such as stability.tasks.adding.AddingTask"
+            ) from None
+
+    def spec(self, sections: Mapping[str, Any]) -> dict[str, Any]:
+        """The mapping ``hydra.utils.instantiate`` builds (``_target_`` plus arguments)."""
+        return {"_target_": self.target, **self.options,
+                **{k: dict(sections[k]) for k in self.sections}}
+
+    def as_yaml(self) -> dict[str, Any]:
+        """The section as written to ``config.yaml``: sections as interpolations, like the YAML."""
+        return {"_target_": self.target, **self.options,
+                **{k: f"${{{k}}}" for k in self.sections}}
 
 
 @dataclass(frozen=True)
@@ -212,14 +302,18 @@ class RunConfig:
 
     seed: int = 0
     device: str = "auto"
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    # The default task's typed sections; any other task's ``data``/``model`` stay plain
+    # mappings that its own constructor validates.
+    data: DataConfig | Mapping[str, Any] = field(default_factory=DataConfig)
+    model: ModelConfig | Mapping[str, Any] = field(default_factory=ModelConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     clip: ClipConfig = field(default_factory=ClipConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     output_dir: str = "."
 
     def __post_init__(self) -> None:
@@ -241,17 +335,85 @@ _SECTIONS: dict[str, type] = {
     "fault": FaultConfig,
     "monitor": MonitorConfig,
     "tracking": TrackingConfig,
+    "telemetry": TelemetryConfig,
 }
+TASK_SECTIONS = ("data", "model")  # sections a task's YAML may hand to it (``data: ${data}``)
 
 
-def _build(cls: type, key: str, values: Mapping[str, Any]) -> Any:
+def _section_errors(cls: type, key: str, values: Mapping[str, Any]) -> list[str]:
+    """Every problem of one section: each unknown key, then each invalid value."""
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ConfigError(
-            f"unknown key {key}.{unknown[0]}: allowed keys are {', '.join(sorted(names))}"
-        )
-    return cls(**values)
+    errors = [f"unknown key {key}.{k}: allowed keys are {', '.join(sorted(names))}"
+              for k in sorted(set(values) - names)]
+    # __post_init__ stops at the first bad value: record it, put the keys it names back to
+    # their defaults and try again, until the section builds or an error names no key.
+    remaining = {k: v for k, v in values.items() if k in names}
+    while True:
+        try:
+            cls(**remaining)
+            return errors
+        except (ConfigError, TypeError) as err:
+            msg = str(err)
+            if msg in errors:
+                return errors
+            errors.append(msg)
+            # Every key the message names goes back to its default (both sides of a check
+            # across keys).
+            culprits = [k for k in remaining if f"{key}.{k}=" in msg
+                        or (k == "name" and f"{key}=" in msg)]
+            if not culprits:
+                return errors
+            for k in culprits:
+                remaining.pop(k)
+
+
+def build_sections(schema: Mapping[str, type], cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Build every section of ``cfg`` named in ``schema``, reporting all mistakes at once.
+
+    The one validation helper of run, report and benchmark configs: each invalid key and its
+    allowed values end up in a single ``ConfigError`` (one line, ``; ``-separated).
+
+    Args:
+        schema: section name -> frozen dataclass validating it.
+        cfg: the plain mapping holding the sections (missing ones take the defaults).
+
+    Returns:
+        Section name -> constructed dataclass.
+
+    Raises:
+        ConfigError: listing every invalid key.
+    """
+    built, errors = {}, []
+    for key, cls in schema.items():
+        values = cfg.get(key) or {}
+        if not isinstance(values, Mapping):
+            errors.append(f"{key}={values!r} is invalid: allowed values are a mapping of keys")
+            continue
+        problems = _section_errors(cls, key, values)
+        if problems:
+            errors.extend(problems)
+        else:
+            built[key] = cls(**values)
+    if errors:
+        raise ConfigError(errors[0] if len(errors) == 1
+                          else f"{len(errors)} invalid keys: " + "; ".join(errors))
+    return built
+
+
+def _task_config(cfg: Mapping[str, Any]) -> TaskConfig:
+    raw = cfg.get("task")
+    if raw is None:
+        return TaskConfig()
+    if not isinstance(raw, Mapping) or "_target_" not in raw:
+        raise ConfigError("task is invalid: allowed values are a mapping with _target_ "
+                          "(conf/task/*.yaml, e.g. task=adding)")
+    options = {k: v for k, v in raw.items() if k != "_target_"}
+    sections = []
+    for key in TASK_SECTIONS:  # ``data: ${data}`` arrives resolved, or verbatim from a file
+        if key in options and options[key] in (cfg.get(key), f"${{{key}}}"):
+            sections.append(key)
+            options.pop(key)
+    return TaskConfig(target=raw["_target_"], options=options, sections=tuple(sections))
 
 
 def to_run_config(cfg: Mapping[str, Any]) -> RunConfig:
@@ -265,17 +427,36 @@ def to_run_config(cfg: Mapping[str, Any]) -> RunConfig:
         The validated, frozen ``RunConfig``.
 
     Raises:
-        ConfigError: a value is out of range; the message names the key.
+        ConfigError: values are out of range; the message names every invalid key.
     """
-    raw = {key: dict(cfg.get(key) or {}) for key in _SECTIONS}
-    raw["precision"].pop("scaler", None)  # config.yaml of runs recorded before it was derived
-    sections = {key: _build(cls, key, raw[key]) for key, cls in _SECTIONS.items()}
+    # config.yaml of runs recorded before the GradScaler switch was derived carries it
+    legacy = dict(cfg.get("precision") or {})
+    if "scaler" in legacy:
+        legacy.pop("scaler")
+        cfg = {**cfg, "precision": legacy}
+    task = _task_config(cfg)
+    schema = dict(_SECTIONS)
+    free: dict[str, Any] = {}
+    if task.target != SIGN_SUM_TARGET:  # another task validates its own data/model sections
+        for key in TASK_SECTIONS:
+            schema.pop(key)
+            free[key] = dict(cfg.get(key) or {})
+    sections = build_sections(schema, cfg)
     return RunConfig(
         seed=cfg.get("seed", 0),
         device=cfg.get("device", "auto"),
         output_dir=str(cfg.get("output_dir", ".")),
+        task=task,
         **sections,
+        **free,
     )
+
+
+def to_yaml_dict(run: RunConfig) -> dict[str, Any]:
+    """The run as the nested mapping ``config.yaml`` holds (``to_run_config`` reads it back)."""
+    out = dataclasses.asdict(run)
+    out["task"] = run.task.as_yaml()
+    return out
 
 
 def flatten(run: RunConfig) -> dict[str, Any]:
@@ -283,9 +464,16 @@ def flatten(run: RunConfig) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
-        if dataclasses.is_dataclass(value):
+        if isinstance(value, TaskConfig):
+            walk(f"{prefix}._target_", value.target)
+            for k, v in value.options.items():
+                walk(f"{prefix}.{k}", v)
+        elif dataclasses.is_dataclass(value):
             for f in dataclasses.fields(value):
                 walk(f"{prefix}.{f.name}" if prefix else f.name, getattr(value, f.name))
+        elif isinstance(value, Mapping) and value:
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
         else:
             out[prefix] = value
 
@@ -298,11 +486,16 @@ def canonical(run: RunConfig) -> dict[str, Any]:
 
     With clipping off, ``clip.method``, ``clip.max_norm`` and ``clip.clip_value`` do not
     influence training, so they are replaced by ``None``; the GradScaler knobs only matter
-    for fp16. Output locations and tracking settings are dropped.
+    for fp16. Output locations, tracking and telemetry settings and ``train.num_workers``
+    (same batches in the same order either way) are dropped, and so is the default task's
+    ``_target_``, which keeps every fingerprint from before tasks existed.
     """
     flat = flatten(run)
-    for key in [k for k in flat if k.startswith("tracking.")] + ["output_dir"]:
+    for key in [k for k in flat if k.startswith(("tracking.", "telemetry."))] + [
+            "output_dir", "train.num_workers"]:
         flat.pop(key)
+    if run.task.target == SIGN_SUM_TARGET:
+        flat.pop("task._target_")
     if not run.clip.enabled:
         flat.update({"clip.method": None, "clip.max_norm": None, "clip.clip_value": None})
     elif run.clip.method == "norm":

@@ -1,4 +1,8 @@
-"""``train(RunConfig)``: build data, model and ``TrainStep``; loop epochs; keep the best checkpoint.
+"""``train(RunConfig)``: build the task, its data and model, and ``TrainStep``; loop epochs.
+
+The task (``stability.tasks``) is instantiated from ``cfg.task``; its model is built after the
+training seed is set, one micro-batch is tried before training (bad input fails as a
+``ConfigError`` naming ``task.*``), and the best-validation checkpoint is kept.
 
 Records flow one way: ``TrainStep.step`` returns a ``StepLog``; this loop hands it to the
 CSV writer (the ground truth, flushed per row), the diagnostics, the skip-rate monitor and
@@ -11,33 +15,32 @@ validation sums are reduced over ranks, and only rank 0 writes files.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
-from torch import nn
 
 from stability.core import checkpoint, distributed
-from stability.core.config import RunConfig
+from stability.core.batches import evaluate_task, task_of, windows
+from stability.core.config import RunConfig, to_yaml_dict
 from stability.core.faults import FaultInjector
+from stability.core.layers import LayerNormRecorder
 from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
-from stability.core.precision import autocast, check_precision_supported, resolve_device
-from stability.core.step import MicroBatch, TrainStep
+from stability.core.precision import check_precision_supported, resolve_device
+from stability.core.rundir import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME, LAYER_NORMS_NAME
+from stability.core.step import TrainStep
 from stability.core.steplog import CsvStepWriter, EpochLog, StepSink
-from stability.tasks.sign_sum import SequenceClassifier, Split, make_splits
+from stability.tasks.base import check_task
 
 log = logging.getLogger(__name__)
 
-CSV_NAME = "steps.csv"
-CONFIG_NAME = "config.yaml"
-CHECKPOINT_NAME = "checkpoints/best.pt"
+__all__ = ["CHECKPOINT_NAME", "CONFIG_NAME", "CSV_NAME", "RunResult", "train", "write_config"]
 
 
 @dataclass
@@ -65,63 +68,9 @@ class RunResult:
         return self.output_dir / CHECKPOINT_NAME
 
 
-@torch.no_grad()
-def evaluate(model: nn.Module, split: Split, precision: str, device: str,
-             batch_size: int = 1024, sharded: bool = False) -> tuple[float, float]:
-    """Mean BCE loss and accuracy of ``model`` on ``split``, under the run's autocast policy.
-
-    Args:
-        model: the classifier.
-        split: the data to evaluate on.
-        precision: the run's precision (``fp32`` | ``fp16`` | ``bf16``).
-        device: ``cpu`` or ``cuda``.
-        batch_size: evaluation batch size.
-        sharded: data-parallel: each rank evaluates every world_size-th sample (no padding)
-            and the sums are all-reduced, so every rank returns the whole split's numbers.
-
-    Returns:
-        ``(loss, accuracy)``.
-    """
-    if sharded:
-        r, w = distributed.rank(), distributed.world_size()
-        split = Split(split.x[r::w], split.y[r::w])
-    model.eval()
-    loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
-    total, correct = 0.0, 0
-    for i in range(0, len(split), batch_size):
-        x = split.x[i : i + batch_size].to(device)
-        y = split.y[i : i + batch_size].to(device)
-        with autocast(precision, device):
-            logits = model(x).float()
-        total += float(loss_fn(logits, y))
-        correct += int(((logits > 0).float() == y).sum())
-    model.train()
-    count = len(split)
-    if sharded:
-        total, correct, count = distributed.all_reduce_sum([total, correct, count], device)
-    return total / count, correct / count
-
-
-def windows(split: Split, batch_size: int, accum_steps: int, generator: torch.Generator,
-            device: str, rank: int = 0, world_size: int = 1) -> Iterator[list[MicroBatch]]:
-    """One epoch of shuffled micro-batches grouped into windows of ``accum_steps``.
-
-    The last window may be shorter; it is still stepped (with its own divisor). With
-    ``world_size > 1`` every rank draws the same permutation (same generator state) and takes
-    its ``DistributedSampler`` share of it, so ranks see disjoint data and the same number of
-    windows.
-    """
-    perm = distributed.shard_indices(torch.randperm(len(split), generator=generator),
-                                     rank, world_size)
-    batches = [perm[i : i + batch_size] for i in range(0, len(perm), batch_size)]
-    for w in range(0, len(batches), accum_steps):
-        yield [(split.x[idx].to(device), split.y[idx].to(device))
-               for idx in batches[w : w + accum_steps]]
-
-
 def write_config(cfg: RunConfig, path: Path) -> None:
-    """Write the resolved config as YAML."""
-    path.write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    """Write the resolved config as YAML (``to_run_config`` reads it back)."""
+    path.write_text(yaml.safe_dump(to_yaml_dict(cfg), sort_keys=False))
 
 
 def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -> RunResult:
@@ -160,38 +109,44 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
         (out / CHECKPOINT_NAME).parent.mkdir(parents=True, exist_ok=True)
         write_config(cfg, out / CONFIG_NAME)
 
-    splits = make_splits(cfg.data)
+    task = task_of(cfg)
+    train_set, val_set = task.train_val()
     torch.manual_seed(cfg.seed)  # the training seed: initialisation and shuffling only
-    model = SequenceClassifier(cfg.model).to(device)
+    model = task.model().to(device)
+    check_task(task, model, train_set, cfg.train.batch_size, device, cfg.task.target)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr,
                                   weight_decay=cfg.train.weight_decay)
     net = distributed.wrap(model, device) if ddp else model
-    faults = FaultInjector(cfg.fault)
-    trainer = TrainStep.for_run(cfg, net, optimizer, nn.BCEWithLogitsLoss(), device,
+    faults = FaultInjector(cfg.fault)  # fault.* exercises the skip path; none by default
+    trainer = TrainStep.for_run(cfg, net, optimizer, task.loss, device,
                                 hooks=[faults] if faults.active else [])
     # Same seed on every rank: the same permutation each epoch, of which each takes its share.
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
+    layers = (LayerNormRecorder(model, cfg.clip.enabled and cfg.clip.method == "norm")
+              if cfg.telemetry.per_layer and main else None)
     monitor = SkipRateMonitor(cfg.monitor)
     diag = Diagnostics()
-    # --- resume (core/checkpoint.py): a killed run's folder continues after its last epoch
+    # A killed run's folder continues after its last whole epoch (core/checkpoint.py).
     parts = checkpoint.Parts(model, optimizer, trainer, shuffle, monitor, diag)
     resumed = checkpoint.restore(out, cfg, parts) if main and not ddp else None
     resume_at = resumed.csv_bytes if resumed else None
     csv_writer = CsvStepWriter(out / CSV_NAME, resume_at=resume_at) if main else None
-    # --- end resume
     all_sinks: list[StepSink] = [] if csv_writer is None else [csv_writer]
     all_sinks.extend(sinks)
     epochs: list[EpochLog] = resumed.epochs if resumed else []
     best_val, best_epoch, best_acc = resumed.best if resumed else (math.inf, 0, math.nan)
+    best_metrics: Mapping[str, float] = resumed.best_metrics if resumed else {}
     status, reason = "finished", ""
     try:
         for epoch in range((resumed.epoch if resumed else 0) + 1, cfg.train.epochs + 1):
             te = time.perf_counter()
             losses, norms, clipped, skipped, n_steps = [], [], 0, 0, 0
-            for window in windows(splits.train, cfg.train.batch_size, cfg.train.accum_steps,
-                                  shuffle, device, rank, world_size):
+            for window in windows(train_set, cfg.train.batch_size, cfg.train.accum_steps,
+                                  shuffle, device, rank, world_size, cfg.train.num_workers):
                 s = trainer.step(window)
+                if layers is not None:
+                    layers.on_step(s)
                 diag.on_step(s)
                 for sink in all_sinks:
                     sink.on_step(s, epoch)
@@ -202,7 +157,9 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
                     losses.append(s.loss)
                     norms.append(s.grad_l2_pre_clip)
                 monitor.update(s.skipped)  # raises DivergedError
-            val_loss, val_acc = evaluate(model, splits.val, cfg.precision.name, device, sharded=ddp)
+            val = evaluate_task(task, model, val_set, cfg.precision.name, device, sharded=ddp,
+                                num_workers=cfg.train.num_workers)
+            val_loss, val_acc = val["loss"], val.get("acc", math.nan)
             record = EpochLog(
                 epoch=epoch,
                 train_loss=sum(losses) / len(losses) if losses else math.nan,
@@ -219,11 +176,12 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
                 sink.on_epoch(record)
             if val_loss < best_val:  # nan never wins; identical on every rank (reduced)
                 best_val, best_epoch, best_acc = val_loss, epoch, val_acc
-                if main:  # the unwrapped module: keys load into SequenceClassifier
+                best_metrics = val
+                if main:  # the unwrapped module: keys load into the task's fresh model
                     torch.save(model.state_dict(), out / CHECKPOINT_NAME)
-            if csv_writer is not None and not ddp:  # resume point (core/checkpoint.py)
+            if csv_writer is not None and not ddp:  # the resume point of this epoch
                 checkpoint.save(out, cfg, parts, epochs, (best_val, best_epoch, best_acc),
-                                csv_writer.position)
+                                csv_writer.position, best_metrics)
             log.log(logging.INFO if main else logging.DEBUG,
                 "epoch %2d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  clip %.2f  "
                 "skips %d", epoch, cfg.train.epochs, record.train_loss, val_loss, val_acc,
@@ -235,6 +193,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     finally:
         if csv_writer is not None:
             csv_writer.close()
+        if layers is not None:
+            layers.write(out / LAYER_NORMS_NAME)
     if main:
         checkpoint.discard(out)  # the run ended (finished or diverged): nothing to resume
 
@@ -242,6 +202,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
         "best_val_loss": best_val,
         "best_epoch": best_epoch,
         "best_val_acc": best_acc,
+        # The task's own metrics at the best epoch (val_mse, val_perplexity...).
+        **{f"best_val_{k}": v for k, v in best_metrics.items() if k not in ("loss", "acc")},
         "final_scaler_scale": trainer.scaler.get_scale() if trainer.scaler.is_enabled() else 1.0,
         "diverged": int(status == "diverged"),
         "effective_batch": cfg.train.batch_size * cfg.train.accum_steps * world_size,

@@ -1,10 +1,11 @@
 """The sealed test split, read once: the winner's checkpoints, after selection, and nothing else.
 
-This module is the only caller of ``stability.tasks.sign_sum.open_test_split`` (a test
-scans the code base for others). Each finished seed of the winning config is evaluated from its
-``checkpoints/best.pt`` artifact under the run's own precision, rebuilt from its
-``config.yaml`` artifact. ``test_loss`` / ``test_acc`` are logged onto the winner's runs, once:
-a run that already carries them is evaluated again (deterministic) but not logged twice.
+This module is the only caller of a task's ``sealed_test`` (the default task's opens
+``open_test_split``; a test scans the code base for other callers of either). Each finished
+seed of the winning config is evaluated from its ``checkpoints/best.pt`` artifact under the
+run's own precision, its model rebuilt through its task from its ``config.yaml`` artifact.
+``test_loss`` / ``test_acc`` are logged onto the winner's runs, once: a run that already
+carries them is evaluated again (deterministic) but not logged twice.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import pandas as pd
 import torch
 import yaml
 
+from stability.core.batches import evaluate_task, task_of
 from stability.core.config import RunConfig, fingerprint, to_run_config
 from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME
-from stability.core.loop import evaluate as evaluate_split
 from stability.core.precision import check_precision_supported, resolve_device
 from stability.report.fetch import download, parallel
 from stability.report.stats import MeanCI, mean_ci
-from stability.tasks.sign_sum import SequenceClassifier, Split, make_splits, open_test_split
+from stability.tasks.base import Task, first_batch
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +35,10 @@ MISMATCH_TOL = 1e-6  # a re-evaluation differing from the logged value by more i
 EXAMPLE_ROWS = 5  # validation sequences in the logged model's input example
 
 
-def rebuild_model(cfg: RunConfig, state: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """The task's model for ``cfg`` with a checkpoint's weights (the one place that knows how).
-
-    A task plugin that rebuilds its own model from config replaces this body.
-    """
-    model = SequenceClassifier(cfg.model)
+def rebuild_model(cfg: RunConfig, state: dict[str, torch.Tensor],
+                  task: Task | None = None) -> torch.nn.Module:
+    """The run's model, rebuilt through its task from ``cfg``, with a checkpoint's weights."""
+    model = (task or task_of(cfg)).model()
     model.load_state_dict(state)
     return model
 
@@ -61,8 +60,10 @@ def load_winner(c: Any, run_id: str, dest: Path) -> LoadableWinner:
     The example comes from the validation split: the test split stays sealed.
     """
     cfg, state = _load(c, run_id, dest)
-    model = rebuild_model(cfg, state).float().eval()
-    example = make_splits(cfg.data).val.x[:EXAMPLE_ROWS].numpy()
+    task = task_of(cfg)
+    model = rebuild_model(cfg, state, task).float().eval()
+    _, val = task.train_val()
+    example = first_batch(val, EXAMPLE_ROWS)[0].numpy()
     return LoadableWinner(run_id, cfg, model, example, (dest / CONFIG_NAME).read_text())
 
 
@@ -118,7 +119,7 @@ def evaluate_winner(c: Any, runs: pd.DataFrame, winner: str, workdir: Path,
     mine = runs[(runs["fingerprint"] == winner) & (runs["outcome"] == "finished")]
     dev = resolve_device(device)
     loaded = parallel(lambda rid: _safe_load(c, rid, workdir / rid), mine["run_id"], workers)
-    splits: dict[str, Split] = {}
+    splits: dict[str, tuple[Task, Any]] = {}
     results: list[SeedTestResult] = []
     for _, row in mine.sort_values("seed").iterrows():
         rid, seed = row["run_id"], int(row["seed"])
@@ -132,14 +133,17 @@ def evaluate_winner(c: Any, runs: pd.DataFrame, winner: str, workdir: Path,
                                     "config.yaml does not match the run's fingerprint tag"))
             continue
         check_precision_supported(cfg.precision.name, dev)
-        key = repr(cfg.data)
-        if key not in splits:  # one data config per fingerprint: the split opens once
-            splits[key] = open_test_split(cfg.data, winner=winner)
-        model = rebuild_model(cfg, state)
-        loss, acc = evaluate_split(model.to(dev), splits[key], cfg.precision.name, dev)
-        results.append(_record(c, row, rid, seed, loss, acc))
+        key = repr((cfg.task, cfg.data, cfg.model))
+        if key not in splits:  # one task config per fingerprint: the split opens once
+            task = task_of(cfg)
+            splits[key] = (task, task.sealed_test(winner=winner))
+        task, test_set = splits[key]
+        model = rebuild_model(cfg, state, task)
+        got = evaluate_task(task, model.to(dev), test_set, cfg.precision.name, dev,
+                            num_workers=cfg.train.num_workers)
+        results.append(_record(c, row, rid, seed, got["loss"], got.get("acc", math.nan)))
     ok = [r for r in results if math.isfinite(r.test_loss)]
-    sizes = {len(s) for s in splits.values()}
+    sizes = {len(s) for _, s in splits.values()}
     return WinnerTestResult(winner, results, mean_ci([r.test_loss for r in ok]),
                       mean_ci([r.test_acc for r in ok]), max(sizes, default=0), dev)
 

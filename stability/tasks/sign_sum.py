@@ -1,7 +1,7 @@
-"""The sequence task: predict whether the sum of a length-30 sequence is positive.
+"""The default task: predict whether the sum of a length-30 sequence is positive.
 
-``SequenceClassifier`` is its model: a one-layer recurrent encoder and a linear head on its
-last state.
+``SignSumTask`` is the task (``conf/task/sign_sum.yaml``); ``SequenceClassifier`` is its model:
+a one-layer recurrent encoder and a linear head on its last state.
 
 The data and its stratified train/val/test split depend on ``data.seed`` alone; the
 training seed never changes them. The test split is sealed: ``make_splits`` never
@@ -12,26 +12,39 @@ report's final evaluation of the selected winner.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from stability.core.config import DataConfig, ModelConfig
+from stability.tasks.base import require_winner
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Split:
-    """Inputs ``x`` of shape (N, seq_len, 1) float32 and labels ``y`` of shape (N,) float32."""
+class Split(TensorDataset):
+    """Inputs ``x`` of shape (N, seq_len, 1) float32 and labels ``y`` of shape (N,) float32.
 
-    x: torch.Tensor
-    y: torch.Tensor
+    A ``TensorDataset``, so the run loop indexes its tensors directly (no DataLoader).
+    """
 
-    def __len__(self) -> int:
-        return int(self.y.shape[0])
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        super().__init__(x, y)
+
+    @property
+    def x(self) -> torch.Tensor:
+        """The inputs."""
+        return self.tensors[0]
+
+    @property
+    def y(self) -> torch.Tensor:
+        """The labels."""
+        return self.tensors[1]
 
 
 @dataclass(frozen=True)
@@ -95,8 +108,7 @@ def open_test_split(cfg: DataConfig, *, winner: str) -> Split:
     Raises:
         PermissionError: no winner was named.
     """
-    if not winner:
-        raise PermissionError("the test split opens only for a winner selected on validation")
+    require_winner(winner)
     log.info("opening the sealed test split for winner %s", winner)
     x, y, idx = _generate(cfg)
     return _split(x, y, idx["test"])
@@ -132,3 +144,42 @@ class SequenceClassifier(nn.Module):
         with torch.autocast("cpu", enabled=False):
             out, _ = torch.func.functional_call(self.rnn, weights, (x.to(dtype),))
         return out
+
+
+class SignSumTask:
+    """The default task: ``SequenceClassifier`` on the sign-of-sum data, BCE loss.
+
+    Args:
+        data: the ``data`` section (``DataConfig`` keys).
+        model: the ``model`` section (``ModelConfig`` keys).
+    """
+
+    def __init__(self, data: Mapping[str, Any] | None = None,
+                 model: Mapping[str, Any] | None = None) -> None:
+        self.data = data if isinstance(data, DataConfig) else DataConfig(**(data or {}))
+        self.model_cfg = model if isinstance(model, ModelConfig) else ModelConfig(**(model or {}))
+        self._bce = nn.BCEWithLogitsLoss()
+        self._bce_sum = nn.BCEWithLogitsLoss(reduction="sum")
+
+    def model(self) -> nn.Module:
+        """A fresh ``SequenceClassifier`` (initialised from the caller's torch seed)."""
+        return SequenceClassifier(self.model_cfg)
+
+    def train_val(self) -> tuple[Split, Split]:
+        """The training and validation splits."""
+        splits = make_splits(self.data)
+        return splits.train, splits.val
+
+    def sealed_test(self, *, winner: str) -> Split:
+        """The sealed test split (``open_test_split``), for the selected winner only."""
+        return open_test_split(self.data, winner=winner)
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Mean binary cross-entropy on logits."""
+        return self._bce(output, target)
+
+    def metrics(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Summed BCE and the count of correct signs."""
+        output = output.float()
+        return {"loss": self._bce_sum(output, target),
+                "acc": ((output > 0).float() == target).sum()}

@@ -93,6 +93,7 @@ class Artifact:
     STEPS_CSV = rundir.CSV_NAME
     CONFIG = rundir.CONFIG_NAME
     CHECKPOINT = rundir.CHECKPOINT_NAME
+    LAYER_NORMS = rundir.LAYER_NORMS_NAME  # only with telemetry.per_layer=true
     ALL = rundir.ARTIFACTS
     REPORT_MD = "report.md"  # report run: the review report
     REPORT_HTML = "report.html"  # report run: the same, self-contained (figures embedded)

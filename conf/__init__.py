@@ -1,0 +1,1 @@
+"""Hydra configs; installed as the package ``stability.conf`` (``pkg://stability.conf``)."""

@@ -1,0 +1,62 @@
+"""Per-layer gradient norms (``telemetry.per_layer=true``): a step x parameter table.
+
+Written as the artifact ``layer_norms.csv``, not as MLflow metrics: one metric key per
+parameter would put thousands of keys on a run, which slows the MLflow UI (mlflow issues
+#11927, #9779).
+
+The recorder runs after ``TrainStep.step`` returned, when ``p.grad`` holds the unscaled
+gradients of that step (``zero_grad`` happens at the start of the next step). With norm
+clipping those are already clipped, by one factor for every parameter; the pre-clip norms are
+the post-clip ones times ``grad_l2_pre_clip / grad_l2_post_clip`` of the same step. With
+``clip.method=value`` no such factor exists, and the table holds the norms after clipping.
+A skipped step keeps its non-finite values, so the first non-finite parameter is visible.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from stability.core.steplog import StepLog
+
+
+class LayerNormRecorder:
+    """One ``torch._foreach_norm`` and one host read per step; rows kept in memory.
+
+    Args:
+        model: the unwrapped module (parameter names without DDP's ``module.`` prefix).
+        rescale_to_pre_clip: norm clipping is on, so post-clip norms are rescaled.
+    """
+
+    def __init__(self, model: nn.Module, rescale_to_pre_clip: bool) -> None:
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.rescale = rescale_to_pre_clip
+        self.rows: list[list[float]] = []
+        self._zeros = [torch.zeros((), device=p.device) for p in self.params]
+
+    def on_step(self, log: StepLog) -> None:
+        """Record this step's per-parameter norms (a parameter without gradient reads 0)."""
+        grads = [p.grad if p.grad is not None else z for p, z in zip(self.params, self._zeros,
+                                                                     strict=True)]
+        norms = torch.stack(torch._foreach_norm(grads)).float()
+        factor = 1.0
+        if self.rescale and log.clipped and log.grad_l2_post_clip > 0:
+            factor = log.grad_l2_pre_clip / log.grad_l2_post_clip
+        values = norms.tolist()
+        if factor != 1.0:
+            values = [v * factor for v in values]
+        self.rows.append([log.step, *values])
+
+    def write(self, path: Path) -> None:
+        """``step`` then one column per parameter name; non-finite values as ``inf``/``nan``."""
+        with path.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["step", *self.names])
+            for step, *values in self.rows:
+                w.writerow([int(step), *(v if math.isfinite(v) else str(v) for v in values)])

@@ -1,0 +1,97 @@
+"""The ``stability`` command: the own-task example end to end, and a non-editable install.
+
+Every run is a real subprocess (the console script, Hydra, the joblib-free basic launcher, the
+embedded SQLite store in the folder the command runs in); nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from stability.tracking.contract import Kind, Tag
+from stability.tracking.server import MlflowServer
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "own_task"
+SCRIPT = Path(sys.executable).parent / "stability"  # this venv's console script
+
+
+def _run(cmd: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_unknown_command_names_the_allowed_ones(tmp_path: Path) -> None:
+    proc = _run([str(SCRIPT), "train"], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: unknown command 'train': allowed values are "
+                                   "sweep | report | ui | sync")
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_the_own_task_example_sweeps_and_reports_against_a_server(
+    tmp_path: Path, mlflow_server: MlflowServer,
+) -> None:
+    """README "Study your own model": -m sweep and report of examples/own_task (narrowed)."""
+    folder = tmp_path / "own_task"
+    shutil.copytree(EXAMPLE, folder)
+    uri = f"tracking.uri={mlflow_server.uri}"
+    sweep = _run([str(SCRIPT), "sweep", "-m", "--config-dir", ".", "task=my_task", uri,
+                  "hydra/launcher=basic", "train.epochs=2", "task.num_samples=400", "seed=0",
+                  "precision=fp32", "tracking.experiment=own-e2e"], folder)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    assert "finished=4" in sweep.stdout + sweep.stderr  # clip off/on x accum 1/4, one seed
+    c = mlflow.MlflowClient(mlflow_server.uri)
+    exp = c.get_experiment_by_name("own-e2e")
+    runs = c.search_runs([exp.experiment_id], f"tags.`{Tag.KIND}` = '{Kind.TRAIN}'")
+    assert len(runs) == 4
+    assert {r.data.params["task._target_"] for r in runs} == {"my_task.MyTask"}
+    assert {r.data.params["task.num_samples"] for r in runs} == {"400"}
+
+    report = _run([str(SCRIPT), "report", "experiment=own-e2e", uri], folder)
+    assert report.returncode == 0, report.stderr[-3000:]
+    md = next(folder.glob("reports/*/report.md")).read_text()
+    assert "Train with" in md
+    winners = [r for r in c.search_runs([exp.experiment_id], f"tags.`{Tag.KIND}` = "
+                                        f"'{Kind.TRAIN}'") if "test_acc" in r.data.metrics]
+    assert winners and all(0 <= r.data.metrics["test_acc"] <= 1 for r in winners)
+    assert not (folder / "mlflow.db").exists()  # everything went to the server
+
+
+@pytest.mark.slow
+def test_a_non_editable_install_runs_a_sweep_from_any_folder(tmp_path: Path) -> None:
+    """``pip install .`` (no -e) into a fresh venv: ``stability`` works in an empty folder."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    # The dependencies (torch, mlflow, hydra...) come from this venv's site-packages through a
+    # .pth line; a path added that way is not scanned for .pth files, so this venv's editable
+    # finder for stability stays inactive and only the installed copy can be imported.
+    site = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python = venv / "bin" / "python"
+    install = _run([str(python), "-m", "pip", "install", "-q", "--no-deps",
+                    "--no-build-isolation", str(ROOT)], tmp_path)
+    assert install.returncode == 0, install.stderr[-3000:]
+
+    work = tmp_path / "somewhere"
+    work.mkdir()
+    where = _run([str(python), "-c", "import stability; print(stability.__file__)"], work)
+    assert where.stdout.strip().startswith(str(site))  # the installed copy, not the checkout
+    proc = _run([str(venv / "bin" / "stability"), "sweep", "train.epochs=1",
+                 "data.num_samples=100", "tracking.experiment=installed"], work)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (work / "mlflow.db").exists()
+    assert not (site / "mlflow.db").exists() and not (ROOT / "stability" / "mlflow.db").exists()
+    exp = mlflow.MlflowClient(f"sqlite:///{work / 'mlflow.db'}").get_experiment_by_name(
+        "installed")
+    assert exp is not None
