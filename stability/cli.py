@@ -40,56 +40,22 @@ def sweep(cfg: DictConfig) -> float:
 @hydra.main(version_base="1.3", config_path=CONFIGS, config_name="report")
 def report(cfg: DictConfig) -> None:
     """``stability report``: the review report, logged to MLflow (as experiments/report.py)."""
-    from stability.core.config import ConfigError
-    from stability.report import build_report, to_report_config
-    from stability.tracking.run import TrackingError
+    from stability.report.entry import run_report
 
-    try:
-        out = build_report(to_report_config(OmegaConf.to_container(cfg, resolve=True)))
-    except (ConfigError, TrackingError) as err:  # a user mistake: one line, no traceback
-        _fail(str(err))
-    print(f"winner {out.winner_label} ({out.winner}) of sweep {out.sweep_id}\n"
-          f"report: {out.folder / 'report.md'}  MLflow report run: {out.report_run_id}")
+    run_report(OmegaConf.to_container(cfg, resolve=True))
 
 
 def ui(args: Sequence[str]) -> None:
-    """``stability ui``: ``mlflow server`` on this folder's store (or ``$MLFLOW_TRACKING_URI``)."""
+    """``stability ui``: the MLflow UI on this folder's store (or ``$MLFLOW_TRACKING_URI``)."""
     import argparse
 
-    from stability.tracking.run import resolve_tracking_uri
+    from stability.tracking.server import serve_ui
+    from stability.tracking.uri import resolve_tracking_uri
 
     parser = argparse.ArgumentParser(prog="stability ui")
-    parser.add_argument("--port", type=int, default=5000)
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1")
     opts = parser.parse_args(args)
-    uri = resolve_tracking_uri(None)
-    mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
-    # One worker: each extra uvicorn worker adds ~40 ms to keep-alive requests (measured).
-    cmd = [mlflow, "server", "--backend-store-uri", uri, "--host", opts.host,
-           "--port", str(opts.port), "--workers", "1"]
-    print(f"MLflow UI on http://{opts.host}:{opts.port} for {uri}", flush=True)
-    os.execv(mlflow, cmd)
-
-
-def sync(args: Sequence[str]) -> int:
-    """``stability sync``: replay pending run folders into their MLflow runs."""
-    import argparse
-
-    try:
-        from stability.tracking.sync import pending_folders, sync_paths
-    except ImportError:
-        _fail("stability sync needs the tracking journal (stability.tracking.sync), which this "
-              "installation lacks")
-    parser = argparse.ArgumentParser(prog="stability sync")
-    parser.add_argument("paths", nargs="*", default=["."])
-    parser.add_argument("--uri", default=None)
-    opts = parser.parse_args(args)
-    wanted = pending_folders(opts.paths)
-    results = sync_paths(opts.paths, opts.uri)
-    for r in results:
-        print(r.line())
-    print(f"synced {len(results)} of {len(wanted)} pending runs")
-    return 1 if len(results) < len(wanted) else 0
+    serve_ui(resolve_tracking_uri(None), opts.port)
 
 
 def _fail(message: str) -> None:
@@ -117,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif command == "ui":
         ui(rest)
     else:
+        from stability.tracking.sync import main as sync
+
         raise SystemExit(sync(rest))
 
 

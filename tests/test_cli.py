@@ -29,6 +29,35 @@ def _run(cmd: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedP
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.server
+def test_ui_serves_the_store_of_the_folder_it_runs_in(tmp_path: Path) -> None:
+    """``stability ui`` (``make ui`` runs the same server) answers /health on ./mlflow.db."""
+    import signal
+    import time
+    import urllib.request
+
+    from stability.tracking.server import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.Popen([str(SCRIPT), "ui", "--port", str(port)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline, healthy = time.monotonic() + 120, False
+        while time.monotonic() < deadline and proc.poll() is None and not healthy:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                    healthy = r.status == 200
+            except OSError:
+                time.sleep(0.5)
+        assert healthy, proc.stdout.read() if proc.poll() is not None else "no /health"
+        assert (tmp_path / "mlflow.db").exists()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
 def test_unknown_command_names_the_allowed_ones(tmp_path: Path) -> None:
     proc = _run([str(SCRIPT), "train"], tmp_path)
     assert proc.returncode == 2

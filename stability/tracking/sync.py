@@ -10,6 +10,7 @@ retried like the run's own sender (a locked SQLite database included).
 
 from __future__ import annotations
 
+import argparse
 import csv
 import logging
 from collections.abc import Iterable, Iterator
@@ -26,6 +27,7 @@ from stability.tracking.queries import metric_steps
 from stability.tracking.uri import (
     TrackingError,
     client,
+    configure_http,
     ensure_experiment,
     is_http,
     reachable_now,
@@ -33,6 +35,7 @@ from stability.tracking.uri import (
 
 log = logging.getLogger(__name__)
 SYNC_RETRY_S = 60.0  # per call: a sync rides out a short blip or a busy SQLite database
+REQUEST_TIMEOUT_S = 30  # one HTTP request (MLflow's own retries off: every call is retried)
 NOT_SYNCED_TAGS = {Tag.HEARTBEAT}  # the journal's copy is older than the server's
 
 
@@ -193,3 +196,27 @@ def sync_paths(paths: Iterable[str | Path], uri: str | None = None,
     for store, experiment in sorted(stores) if end_stale else ():
         end_stale_runs(store, experiment)
     return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``stability sync`` / ``python experiments/sync.py [PATH ...] [--uri URI]``.
+
+    Syncs the paths given (default: the current folder) and prints one line per run and a
+    count. Returns the exit status: 1 if any folder stays pending, else 0.
+    """
+    parser = argparse.ArgumentParser(prog="stability sync",
+                                     description="Upload run folders kept locally while the "
+                                                 "tracking server was away.")
+    parser.add_argument("paths", nargs="*", default=["."], help="run folders or folders above")
+    parser.add_argument("--uri", default=None, help="tracking URI (default: each run's own)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    configure_http(REQUEST_TIMEOUT_S)
+    wanted = pending_folders(args.paths)
+    results = sync_paths(args.paths, args.uri)
+    for r in results:
+        print(r.line())
+    left = len(wanted) - len(results)
+    print(f"synced {len(results)} of {len(wanted)} pending runs" + (f"; {left} stay pending"
+                                                                     if left else ""))
+    return 1 if left else 0
