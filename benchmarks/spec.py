@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from stability.core.config import (
     PRECISIONS,
     ClipConfig,
-    ConfigError,
     DataConfig,
     PrecisionConfig,
     RunConfig,
     TrackingConfig,
     TrainConfig,
 )
+from stability.core.validation import Errors
 
 PARTS = ("overhead", "memory", "precision", "accum", "study")
 DEFAULT_PARTS = ("overhead", "memory", "precision", "accum")  # study needs a finished sweep
@@ -28,11 +28,6 @@ TARGETS = {
     "study_ratio": 1.3,  # study wall time vs (sum of bare training time) / cores
     "memory_ratio": 1.2,  # peak RSS of a run vs the bare loop's
 }
-
-
-def _check(ok: bool, key: str, value: object, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value!r} is invalid: allowed values are {allowed}")
 
 
 @dataclass(frozen=True)
@@ -65,13 +60,16 @@ class BenchSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        e = Errors()  # every invalid option at once (stability.core.validation)
         for key in ("reps", "epochs", "precision_epochs", "accum_rounds", "accum_steps"):
             value = getattr(self, key)
-            _check(isinstance(value, int) and value >= 1, f"--{key.replace('_', '-')}", value,
-                   "an integer >= 1")
-        _check(self.num_samples >= 20, "--num-samples", self.num_samples, "an integer >= 20")
-        _check(self.precision in PRECISIONS, "--precision", self.precision, " | ".join(PRECISIONS))
-        _check(self.max_norm > 0, "--max-norm", self.max_norm, "a number > 0")
+            e.require(isinstance(value, int) and value >= 1, f"--{key.replace('_', '-')}", value,
+                      "an integer >= 1")
+        e.require(self.num_samples >= 20, "--num-samples", self.num_samples, "an integer >= 20")
+        e.require(self.precision in PRECISIONS, "--precision", self.precision,
+                  " | ".join(PRECISIONS))
+        e.require(self.max_norm > 0, "--max-norm", self.max_norm, "a number > 0")
+        e.raise_if_any()
 
     def run_config(self, output_dir: str, *, precision: str | None = None,
                    accum_steps: int | None = None, epochs: int | None = None,

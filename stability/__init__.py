@@ -1,13 +1,7 @@
 """stability: compare gradient clipping, accumulation and mixed precision on one task."""
 
 from stability.core.clipping import clip_global_l2_norm, has_non_finite_grad
-from stability.core.config import (
-    ClipConfig,
-    ConfigError,
-    PrecisionConfig,
-    RunConfig,
-    to_run_config,
-)
+from stability.core.config import ClipConfig, ConfigError, PrecisionConfig, RunConfig, to_run_config
 from stability.core.loop import RunResult, train
 from stability.core.monitor import DivergedError, SkipRateMonitor
 from stability.core.step import TrainStep

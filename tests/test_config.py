@@ -141,7 +141,8 @@ def test_cli_unknown_precision_group_lists_every_option(
 
 def test_fingerprint_separates_world_size_but_not_seed() -> None:
     """A 2-rank run has another effective batch: another config; the seed never matters."""
-    from stability.core.config import RunConfig, fingerprint
+    from stability.core.config import RunConfig
+    from stability.core.identity import fingerprint
 
     one, other_seed = RunConfig(seed=0), RunConfig(seed=3)
     assert fingerprint(one) == fingerprint(other_seed) == fingerprint(one, world_size=1)
@@ -223,3 +224,26 @@ def test_a_bad_key_does_not_hide_the_other_bad_keys_of_its_section() -> None:
     assert message.startswith("2 invalid keys: ")
     assert "precision='fp8' is invalid: allowed values are fp32 | fp16 | bf16" in message
     assert "precision.growth_interval=0 is invalid: allowed values are an integer >= 1" in message
+
+
+def test_the_report_config_reports_every_invalid_key_at_once() -> None:
+    """The report's config goes through the same helper: one line, each key named."""
+    from stability.report.options import ReportError, to_report_config
+
+    with pytest.raises(ReportError) as err:
+        to_report_config({"alpha": 2.0, "history_workers": 0, "verdict": {"spike_factor": -1.0}})
+    message = str(err.value)
+    assert message.startswith("3 invalid keys: ") and "\n" not in message
+    for key in ("alpha=2.0", "history_workers=0", "verdict.spike_factor=-1.0"):
+        assert key in message
+
+
+def test_the_benchmark_spec_reports_every_invalid_option_at_once() -> None:
+    from benchmarks.spec import BenchSpec
+
+    with pytest.raises(ConfigError) as err:
+        BenchSpec(reps=0, max_norm=-1.0, precision="fp8")
+    message = str(err.value)
+    assert message.startswith("3 invalid keys: ")
+    for key in ("--reps=0", "--max-norm=-1.0", "--precision='fp8'"):
+        assert key in message

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from stability.core.config import fingerprint
+from stability.core.identity import fingerprint
 from stability.report import ReportConfig, build_report
 from stability.report.fetch import find_sweep
 from stability.report.select import SELECTION_RULE

@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from stability.core.config import fingerprint, to_run_config
+from stability.core.config import to_run_config
+from stability.core.identity import fingerprint
 from stability.sweep.job import train_tracked
 from stability.tracking.uri import ensure_experiment
 

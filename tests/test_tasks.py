@@ -28,9 +28,9 @@ from stability.core.config import (
     TaskConfig,
     TrackingConfig,
     TrainConfig,
-    fingerprint,
     to_run_config,
 )
+from stability.core.identity import fingerprint
 from stability.core.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]

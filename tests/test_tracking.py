@@ -16,7 +16,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from stability.core.config import fingerprint, flatten, to_run_config
+from stability.core.config import to_run_config
+from stability.core.identity import fingerprint, flatten
 from stability.sweep.job import train_tracked
 from stability.tasks.sign_sum import SequenceClassifier
 from stability.tracking.contract import STEP_METRICS

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from stability.core import rundir
-from stability.core.config import RunConfig, fingerprint
+from stability.core.config import RunConfig
+from stability.core.identity import fingerprint
 from stability.core.steplog import EpochLog
 
 log = logging.getLogger(__name__)

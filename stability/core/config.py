@@ -8,56 +8,27 @@ training with a message that names the key and the allowed values.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib
-import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from stability.core.validation import (
+    ConfigError,
+    build_sections,
+    locate,
+    optional_step,
+    positive_float,
+    positive_int,
+    require,
+)
+
+__all__ = ["ConfigError", "RunConfig", "to_run_config", "to_yaml_dict"]
 
 SIGN_SUM_TARGET = "stability.tasks.sign_sum.SignSumTask"  # the default task
 PRECISIONS = ("fp32", "fp16", "bf16")
 CELLS = ("rnn", "gru", "lstm")
 CLIP_METHODS = ("norm", "value")
 DEVICES = ("auto", "cpu", "cuda")
-
-
-class ConfigError(ValueError):
-    """A user-facing configuration mistake; the message names the key and allowed values."""
-
-
-def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value!r} is invalid: allowed values are {allowed}")
-
-
-def _positive_int(key: str, value: Any) -> None:
-    _require(
-        isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-        key,
-        value,
-        "an integer >= 1",
-    )
-
-
-def _positive_float(key: str, value: Any) -> None:
-    # Finite too: inf passes "> 0" but an inf lr or init_scale turns every step into nan/skip.
-    _require(
-        isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf,
-        key,
-        value,
-        "a finite number > 0",
-    )
-
-
-def _optional_step(key: str, value: Any) -> None:
-    _require(
-        value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
-        key,
-        value,
-        "null or an optimizer step index >= 1",
-    )
 
 
 @dataclass(frozen=True)
@@ -71,17 +42,17 @@ class DataConfig:
     test_fraction: float = 0.15
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.seed, int), "data.seed", self.seed, "an integer")
-        _require(
+        require(isinstance(self.seed, int), "data.seed", self.seed, "an integer")
+        require(
             isinstance(self.num_samples, int) and self.num_samples >= 20,
             "data.num_samples",
             self.num_samples,
             "an integer >= 20",
         )
-        _positive_int("data.seq_len", self.seq_len)
+        positive_int("data.seq_len", self.seq_len)
         for key, frac in (("data.val_fraction", self.val_fraction),
                           ("data.test_fraction", self.test_fraction)):
-            _require(0 < frac < 0.5, key, frac, "a fraction in (0, 0.5)")
+            require(0 < frac < 0.5, key, frac, "a fraction in (0, 0.5)")
 
 
 @dataclass(frozen=True)
@@ -92,8 +63,8 @@ class ModelConfig:
     hidden_size: int = 48
 
     def __post_init__(self) -> None:
-        _require(self.cell in CELLS, "model.cell", self.cell, " | ".join(CELLS))
-        _positive_int("model.hidden_size", self.hidden_size)
+        require(self.cell in CELLS, "model.cell", self.cell, " | ".join(CELLS))
+        positive_int("model.hidden_size", self.hidden_size)
 
 
 @dataclass(frozen=True)
@@ -106,10 +77,10 @@ class ClipConfig:
     clip_value: float = 1.0
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.enabled, bool), "clip.enabled", self.enabled, "true | false")
-        _require(self.method in CLIP_METHODS, "clip.method", self.method, " | ".join(CLIP_METHODS))
-        _positive_float("clip.max_norm", self.max_norm)
-        _positive_float("clip.clip_value", self.clip_value)
+        require(isinstance(self.enabled, bool), "clip.enabled", self.enabled, "true | false")
+        require(self.method in CLIP_METHODS, "clip.method", self.method, " | ".join(CLIP_METHODS))
+        positive_float("clip.max_norm", self.max_norm)
+        positive_float("clip.clip_value", self.clip_value)
 
 
 @dataclass(frozen=True)
@@ -125,18 +96,18 @@ class TrainConfig:
     num_workers: int = 0  # DataLoader workers for datasets that are not in-memory tensors
 
     def __post_init__(self) -> None:
-        _positive_int("train.epochs", self.epochs)
-        _positive_int("train.batch_size", self.batch_size)
-        _positive_int("train.accum_steps", self.accum_steps)
-        _positive_float("train.lr", self.lr)
-        _require(
+        positive_int("train.epochs", self.epochs)
+        positive_int("train.batch_size", self.batch_size)
+        positive_int("train.accum_steps", self.accum_steps)
+        positive_float("train.lr", self.lr)
+        require(
             isinstance(self.weight_decay, int | float) and self.weight_decay >= 0,
             "train.weight_decay",
             self.weight_decay,
             "a number >= 0",
         )
-        _positive_int("train.threads", self.threads)
-        _require(
+        positive_int("train.threads", self.threads)
+        require(
             isinstance(self.num_workers, int) and not isinstance(self.num_workers, bool)
             and self.num_workers >= 0,
             "train.num_workers",
@@ -153,8 +124,8 @@ class FaultConfig:
     loss_spike_at_step: int | None = None
 
     def __post_init__(self) -> None:
-        _optional_step("fault.inf_grad_at_step", self.inf_grad_at_step)
-        _optional_step("fault.loss_spike_at_step", self.loss_spike_at_step)
+        optional_step("fault.inf_grad_at_step", self.inf_grad_at_step)
+        optional_step("fault.loss_spike_at_step", self.loss_spike_at_step)
 
 
 @dataclass(frozen=True)
@@ -167,15 +138,15 @@ class MonitorConfig:
     underflow_every: int = 25
 
     def __post_init__(self) -> None:
-        _positive_int("monitor.window", self.window)
-        _require(
+        positive_int("monitor.window", self.window)
+        require(
             isinstance(self.max_skip_rate, int | float) and 0 <= self.max_skip_rate < 1,
             "monitor.max_skip_rate",
             self.max_skip_rate,
             "a rate in [0, 1)",
         )
-        _positive_int("monitor.abort_after", self.abort_after)
-        _positive_int("monitor.underflow_every", self.underflow_every)
+        positive_int("monitor.abort_after", self.abort_after)
+        positive_int("monitor.underflow_every", self.underflow_every)
 
 
 @dataclass(frozen=True)
@@ -185,7 +156,7 @@ class TelemetryConfig:
     per_layer: bool = False  # every parameter's pre-clip gradient norm -> layer_norms.csv
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.per_layer, bool), "telemetry.per_layer", self.per_layer,
+        require(isinstance(self.per_layer, bool), "telemetry.per_layer", self.per_layer,
                  "true | false")
 
 
@@ -201,36 +172,9 @@ class PrecisionConfig:
     growth_interval: int = 100
 
     def __post_init__(self) -> None:
-        _require(self.name in PRECISIONS, "precision", self.name, " | ".join(PRECISIONS))
-        _positive_float("precision.init_scale", self.init_scale)
-        _positive_int("precision.growth_interval", self.growth_interval)
-
-
-def locate(path: str) -> Any:
-    """The object at a dotted import path (``package.module.Class``), importing as needed.
-
-    Like Hydra's ``_locate`` (which ``instantiate`` uses), without its error log lines.
-    """
-    parts = path.split(".")
-    missing: ModuleNotFoundError | None = None  # the longest module path that is not there
-    for cut in range(len(parts) - 1, 0, -1):
-        module_name = ".".join(parts[:cut])
-        try:
-            obj = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name and not module_name.startswith(err.name):
-                raise  # a module that exists failed to import one of its own dependencies
-            missing = missing or err
-            continue
-        try:
-            for attr in parts[cut:]:
-                obj = getattr(obj, attr)
-        except AttributeError:
-            if missing is not None:
-                raise missing from None
-            raise
-        return obj
-    return importlib.import_module(path)
+        require(self.name in PRECISIONS, "precision", self.name, " | ".join(PRECISIONS))
+        positive_float("precision.init_scale", self.init_scale)
+        positive_int("precision.growth_interval", self.growth_interval)
 
 
 @dataclass(frozen=True)
@@ -250,7 +194,7 @@ class TaskConfig:
     sections: tuple[str, ...] = ("data", "model")
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.target, str) and bool(self.target), "task._target_",
+        require(isinstance(self.target, str) and bool(self.target), "task._target_",
                  self.target, "an import path such as stability.tasks.adding.AddingTask")
         try:
             locate(self.target)
@@ -292,7 +236,7 @@ class TrackingConfig:
     def __post_init__(self) -> None:
         for key in ("retry_s", "heartbeat_s", "stale_after_s", "request_timeout_s"):
             value = getattr(self, key)
-            _require(isinstance(value, int | float) and not isinstance(value, bool)
+            require(isinstance(value, int | float) and not isinstance(value, bool)
                      and value > 0, f"tracking.{key}", value, "a number of seconds > 0")
 
 
@@ -317,13 +261,13 @@ class RunConfig:
     output_dir: str = "."
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             isinstance(self.seed, int) and not isinstance(self.seed, bool),
             "seed",
             self.seed,
             "an integer",
         )
-        _require(self.device in DEVICES, "device", self.device, " | ".join(DEVICES))
+        require(self.device in DEVICES, "device", self.device, " | ".join(DEVICES))
 
 
 _SECTIONS: dict[str, type] = {
@@ -338,66 +282,6 @@ _SECTIONS: dict[str, type] = {
     "telemetry": TelemetryConfig,
 }
 TASK_SECTIONS = ("data", "model")  # sections a task's YAML may hand to it (``data: ${data}``)
-
-
-def _section_errors(cls: type, key: str, values: Mapping[str, Any]) -> list[str]:
-    """Every problem of one section: each unknown key, then each invalid value."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    errors = [f"unknown key {key}.{k}: allowed keys are {', '.join(sorted(names))}"
-              for k in sorted(set(values) - names)]
-    # __post_init__ stops at the first bad value: record it, put the keys it names back to
-    # their defaults and try again, until the section builds or an error names no key.
-    remaining = {k: v for k, v in values.items() if k in names}
-    while True:
-        try:
-            cls(**remaining)
-            return errors
-        except (ConfigError, TypeError) as err:
-            msg = str(err)
-            if msg in errors:
-                return errors
-            errors.append(msg)
-            # Every key the message names goes back to its default (both sides of a check
-            # across keys).
-            culprits = [k for k in remaining if f"{key}.{k}=" in msg
-                        or (k == "name" and f"{key}=" in msg)]
-            if not culprits:
-                return errors
-            for k in culprits:
-                remaining.pop(k)
-
-
-def build_sections(schema: Mapping[str, type], cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Build every section of ``cfg`` named in ``schema``, reporting all mistakes at once.
-
-    The one validation helper of run, report and benchmark configs: each invalid key and its
-    allowed values end up in a single ``ConfigError`` (one line, ``; ``-separated).
-
-    Args:
-        schema: section name -> frozen dataclass validating it.
-        cfg: the plain mapping holding the sections (missing ones take the defaults).
-
-    Returns:
-        Section name -> constructed dataclass.
-
-    Raises:
-        ConfigError: listing every invalid key.
-    """
-    built, errors = {}, []
-    for key, cls in schema.items():
-        values = cfg.get(key) or {}
-        if not isinstance(values, Mapping):
-            errors.append(f"{key}={values!r} is invalid: allowed values are a mapping of keys")
-            continue
-        problems = _section_errors(cls, key, values)
-        if problems:
-            errors.extend(problems)
-        else:
-            built[key] = cls(**values)
-    if errors:
-        raise ConfigError(errors[0] if len(errors) == 1
-                          else f"{len(errors)} invalid keys: " + "; ".join(errors))
-    return built
 
 
 def _task_config(cfg: Mapping[str, Any]) -> TaskConfig:
@@ -457,83 +341,3 @@ def to_yaml_dict(run: RunConfig) -> dict[str, Any]:
     out = dataclasses.asdict(run)
     out["task"] = run.task.as_yaml()
     return out
-
-
-def flatten(run: RunConfig) -> dict[str, Any]:
-    """The run's config as dotted keys (``clip.max_norm``), for MLflow params and tables."""
-    out: dict[str, Any] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, TaskConfig):
-            walk(f"{prefix}._target_", value.target)
-            for k, v in value.options.items():
-                walk(f"{prefix}.{k}", v)
-        elif dataclasses.is_dataclass(value):
-            for f in dataclasses.fields(value):
-                walk(f"{prefix}.{f.name}" if prefix else f.name, getattr(value, f.name))
-        elif isinstance(value, Mapping) and value:
-            for k, v in value.items():
-                walk(f"{prefix}.{k}", v)
-        else:
-            out[prefix] = value
-
-    walk("", run)
-    return out
-
-
-def canonical(run: RunConfig) -> dict[str, Any]:
-    """Dotted config with settings that cannot matter normalised away.
-
-    With clipping off, ``clip.method``, ``clip.max_norm`` and ``clip.clip_value`` do not
-    influence training, so they are replaced by ``None``; the GradScaler knobs only matter
-    for fp16. Output locations, tracking and telemetry settings and ``train.num_workers``
-    (same batches in the same order either way) are dropped, and so is the default task's
-    ``_target_``, which keeps every fingerprint from before tasks existed.
-    """
-    flat = flatten(run)
-    for key in [k for k in flat if k.startswith(("tracking.", "telemetry."))] + [
-            "output_dir", "train.num_workers"]:
-        flat.pop(key)
-    if run.task.target == SIGN_SUM_TARGET:
-        flat.pop("task._target_")
-    if not run.clip.enabled:
-        flat.update({"clip.method": None, "clip.max_norm": None, "clip.clip_value": None})
-    elif run.clip.method == "norm":
-        flat["clip.clip_value"] = None
-    else:
-        flat["clip.max_norm"] = None
-    if run.precision.name != "fp16":
-        flat.update({"precision.init_scale": None, "precision.growth_interval": None})
-    return flat
-
-
-def fingerprint(run: RunConfig, world_size: int = 1) -> str:
-    """Hash of the canonical config without the seed: the identity of a config across seeds.
-
-    ``world_size`` (data-parallel ranks) changes the effective batch, so a multi-rank run is
-    a different config; it enters the hash only above 1, leaving single-process ids stable.
-    """
-    flat = canonical(run)
-    flat.pop("seed")
-    # Until the GradScaler switch was derived from the precision it was a config key; hashing
-    # its value keeps every existing config's identity, so resume and de-dup still match.
-    flat["precision.scaler"] = run.precision.name == "fp16"
-    if world_size > 1:
-        flat["world_size"] = world_size
-    blob = json.dumps(flat, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def config_label(flat: Mapping[str, Any]) -> str:
-    """A readable config name from dotted keys, e.g. ``fp16 clip=1 acc=4`` or ``fp32 noclip acc=1``.
-
-    One function for the MLflow run name (``flatten`` of a ``RunConfig``) and the report's
-    labels (a row of typed params): the two always read the same.
-    """
-    if not flat.get("clip.enabled", False):
-        clip = "noclip"
-    elif flat.get("clip.method", "norm") == "value":
-        clip = f"clipv={flat['clip.clip_value']:g}"
-    else:
-        clip = f"clip={flat['clip.max_norm']:g}"
-    return f"{flat.get('precision.name', '?')} {clip} acc={flat.get('train.accum_steps', '?')}"

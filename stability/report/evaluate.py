@@ -22,7 +22,8 @@ import torch
 import yaml
 
 from stability.core.batches import evaluate_task, task_of
-from stability.core.config import RunConfig, fingerprint, to_run_config
+from stability.core.config import RunConfig, to_run_config
+from stability.core.identity import fingerprint
 from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME
 from stability.core.precision import check_precision_supported, resolve_device
 from stability.report.fetch import download, parallel

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from stability.core.config import ConfigError
+from stability.core.validation import ConfigError, Errors
 from stability.report.advice import ClipAdviceConfig
 from stability.report.health import Thresholds
 
@@ -20,11 +20,6 @@ DEVICES = ("auto", "cpu", "cuda")
 
 class ReportError(ConfigError):
     """A user-facing mistake (unknown sweep, empty experiment...); the message names the key."""
-
-
-def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ReportError(f"{key}={value!r} is invalid: allowed values are {allowed}")
 
 
 @dataclass(frozen=True)
@@ -70,52 +65,58 @@ class ReportConfig:
     advice: ClipAdviceConfig = ClipAdviceConfig()
 
     def __post_init__(self) -> None:
-        _check(self.tracking_uri is None or isinstance(self.tracking_uri, str), "tracking.uri",
-               self.tracking_uri, "null or a tracking URI")
-        _check(isinstance(self.experiment, str) and bool(self.experiment.strip()), "experiment",
-               self.experiment, "a non-empty MLflow experiment name")
-        _check(self.sweep_id is None or (isinstance(self.sweep_id, str) and bool(self.sweep_id)),
-               "sweep_id", self.sweep_id, "null (the latest sweep) or a sweep id")
-        _check(isinstance(self.output_dir, str) and bool(self.output_dir), "output_dir",
-               self.output_dir, "a folder path")
-        _check(self.device in DEVICES, "device", self.device, " | ".join(DEVICES))
+        # Every invalid key at once, like the run config (stability.core.validation).
+        e = Errors(ReportError)
+        e.require(self.tracking_uri is None or isinstance(self.tracking_uri, str),
+                  "tracking.uri", self.tracking_uri, "null or a tracking URI")
+        e.require(isinstance(self.experiment, str) and bool(self.experiment.strip()),
+                  "experiment", self.experiment, "a non-empty MLflow experiment name")
+        e.require(self.sweep_id is None
+                  or (isinstance(self.sweep_id, str) and bool(self.sweep_id)), "sweep_id",
+                  self.sweep_id, "null (the latest sweep) or a sweep id")
+        e.require(isinstance(self.output_dir, str) and bool(self.output_dir), "output_dir",
+                  self.output_dir, "a folder path")
+        e.require(self.device in DEVICES, "device", self.device, " | ".join(DEVICES))
         for key, value in (("confidence", self.confidence), ("alpha", self.alpha),
                            ("power", self.power)):
-            _check(isinstance(value, float) and 0 < value < 1, key, value, "a number in (0, 1)")
-        _check(self.min_effect is None or (isinstance(self.min_effect, float)
-                                           and self.min_effect > 0), "min_effect",
-               self.min_effect, "null (a multiple of the winner's seed SD) or a number > 0")
-        _check(isinstance(self.min_effect_sd, float) and self.min_effect_sd > 0,
-               "min_effect_sd", self.min_effect_sd, "a number > 0")
-        _check(isinstance(self.register, bool), "registry.enabled", self.register, "true | false")
-        _check(isinstance(self.model_name, str) and bool(self.model_name), "registry.model_name",
-               self.model_name, "a non-empty model name")
-        _check(isinstance(self.plots, bool), "plots", self.plots, "true | false")
-        _check(isinstance(self.history_workers, int) and self.history_workers >= 1,
-               "history_workers", self.history_workers, "an integer >= 1")
-        _check_thresholds(self.verdict)
+            e.require(isinstance(value, float) and 0 < value < 1, key, value, "a number in (0, 1)")
+        e.require(self.min_effect is None or (isinstance(self.min_effect, float)
+                                              and self.min_effect > 0), "min_effect",
+                  self.min_effect, "null (a multiple of the winner's seed SD) or a number > 0")
+        e.require(isinstance(self.min_effect_sd, float) and self.min_effect_sd > 0,
+                  "min_effect_sd", self.min_effect_sd, "a number > 0")
+        e.require(isinstance(self.register, bool), "registry.enabled", self.register,
+                  "true | false")
+        e.require(isinstance(self.model_name, str) and bool(self.model_name),
+                  "registry.model_name", self.model_name, "a non-empty model name")
+        e.require(isinstance(self.plots, bool), "plots", self.plots, "true | false")
+        e.require(isinstance(self.history_workers, int) and self.history_workers >= 1,
+                  "history_workers", self.history_workers, "an integer >= 1")
+        _check_thresholds(self.verdict, e)
         share = self.advice.target_share
-        _check(isinstance(share, float) and 0 < share < 1, "advice.target_share", share,
-               "a share of steps in (0, 1), e.g. 0.05")
+        e.require(isinstance(share, float) and 0 < share < 1, "advice.target_share", share,
+                  "a share of steps in (0, 1), e.g. 0.05")
+        e.raise_if_any()
 
 
-def _check_thresholds(t: Thresholds) -> None:
+def _check_thresholds(t: Thresholds, e: Errors) -> None:
     for key in ("skip_rate_marginal", "skip_rate_unstable", "backoff_rate_marginal",
                 "clip_saturation"):
         value = getattr(t, key)
-        _check(isinstance(value, float) and 0 <= value <= 1, f"verdict.{key}", value,
-               "a number in [0, 1]")
-    _check(t.skip_rate_marginal <= t.skip_rate_unstable, "verdict.skip_rate_marginal",
-           t.skip_rate_marginal, "a number <= verdict.skip_rate_unstable")
+        e.require(isinstance(value, float) and 0 <= value <= 1, f"verdict.{key}", value,
+                  "a number in [0, 1]")
+    rates = (t.skip_rate_marginal, t.skip_rate_unstable)
+    e.require(not all(isinstance(r, float) for r in rates) or rates[0] <= rates[1],
+              "verdict.skip_rate_marginal", rates[0], "a number <= verdict.skip_rate_unstable")
     for key in ("scale_floor", "spike_factor"):
         value = getattr(t, key)
-        _check(isinstance(value, float) and value > 0, f"verdict.{key}", value, "a number > 0")
-    _check(isinstance(t.settle_steps, int) and not isinstance(t.settle_steps, bool)
-           and t.settle_steps >= 0, "verdict.settle_steps", t.settle_steps, "an integer >= 0")
+        e.require(isinstance(value, float) and value > 0, f"verdict.{key}", value, "a number > 0")
+    e.require(isinstance(t.settle_steps, int) and not isinstance(t.settle_steps, bool)
+              and t.settle_steps >= 0, "verdict.settle_steps", t.settle_steps, "an integer >= 0")
     for key in ("net_backoffs_unstable", "spike_window", "spike_min_history", "spikes_unstable"):
         value = getattr(t, key)
-        _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-               f"verdict.{key}", value, "an integer >= 1")
+        e.require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                  f"verdict.{key}", value, "an integer >= 1")
 
 
 # Hydra keys (conf/report.yaml) -> ReportConfig fields; nested sections use dotted keys.

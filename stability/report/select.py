@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from stability.core.config import config_label
+from stability.core.identity import config_label
 from stability.report.stats import mean_ci
 
 PRECISION_ORDER = {"fp32": 0, "bf16": 1, "fp16": 2}

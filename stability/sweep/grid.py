@@ -1,7 +1,7 @@
 """A sweep's grid as points: each job's overrides, its validated config and its identity.
 
 Two grid points are the same experiment when their canonical configs and seeds match
-(``stability.core.config.fingerprint``): with clipping off, every ``clip.max_norm`` value trains
+(``stability.core.identity.fingerprint``): with clipping off, every ``clip.max_norm`` value trains
 the identical model, so such a point is launched once, not once per threshold. Overrides
 that cannot matter for a point are dropped before launch so the recorded override string
 says what the run really was.
@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from stability.core.config import RunConfig, canonical, fingerprint, flatten
+from stability.core.config import RunConfig
+from stability.core.identity import canonical, fingerprint, flatten
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from stability.core import checkpoint
-from stability.core.config import RunConfig, fingerprint, flatten
+from stability.core.config import RunConfig
+from stability.core.identity import fingerprint, flatten
 from stability.core.signals import Terminated, sigterm_as_exception
 from stability.tracking import journal
 from stability.tracking.artifacts import upload_artifacts

@@ -20,7 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from stability.core.config import ConfigError, RunConfig, config_label, flatten
+from stability.core.config import ConfigError, RunConfig
+from stability.core.identity import config_label, flatten
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # stability/ (in a checkout: its repo)
 REACH_TIMEOUT_S = 5.0

@@ -1,7 +1,7 @@
 """Sweeps with known validation losses, written to a real MLflow store as docs/TRACKING.md says.
 
 The report tests import ``make_sweep`` from here: each run gets the contract's tags, params
-(``stability.core.config.flatten`` of a real ``RunConfig``), summary/epoch/step metrics, and real
+(``stability.core.identity.flatten`` of a real ``RunConfig``), summary/epoch/step metrics, and real
 artifacts (a ``steps.csv`` from ``CsvStepWriter``, ``config.yaml``, and a ``state_dict`` of a
 real ``SequenceClassifier`` as ``checkpoints/best.pt``). The test below checks that the data
 really follows the contract, so the report tests read what a real sweep writes.
@@ -20,7 +20,8 @@ import yaml
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from stability.core.config import RunConfig, fingerprint, flatten, to_run_config
+from stability.core.config import RunConfig, to_run_config
+from stability.core.identity import fingerprint, flatten
 from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME, write_config
 from stability.core.steplog import CsvStepWriter, StepLog
 from stability.tasks.sign_sum import SequenceClassifier

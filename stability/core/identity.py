@@ -1,0 +1,96 @@
+"""A config's identity: dotted keys, the canonical form, the fingerprint and a readable label.
+
+The fingerprint (hash of the canonical config without the seed) is what de-duplication,
+resume and the report's grouping of seeds rely on; the label is what a person reads in the
+MLflow UI and the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from stability.core.config import SIGN_SUM_TARGET, RunConfig, TaskConfig
+
+
+def flatten(run: RunConfig) -> dict[str, Any]:
+    """The run's config as dotted keys (``clip.max_norm``), for MLflow params and tables."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, TaskConfig):
+            walk(f"{prefix}._target_", value.target)
+            for k, v in value.options.items():
+                walk(f"{prefix}.{k}", v)
+        elif dataclasses.is_dataclass(value):
+            for f in dataclasses.fields(value):
+                walk(f"{prefix}.{f.name}" if prefix else f.name, getattr(value, f.name))
+        elif isinstance(value, Mapping) and value:
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+        else:
+            out[prefix] = value
+
+    walk("", run)
+    return out
+
+
+def canonical(run: RunConfig) -> dict[str, Any]:
+    """Dotted config with settings that cannot matter normalised away.
+
+    With clipping off, ``clip.method``, ``clip.max_norm`` and ``clip.clip_value`` do not
+    influence training, so they are replaced by ``None``; the GradScaler knobs only matter
+    for fp16. Output locations, tracking and telemetry settings and ``train.num_workers``
+    (same batches in the same order either way) are dropped, and so is the default task's
+    ``_target_``, which keeps every fingerprint from before tasks existed.
+    """
+    flat = flatten(run)
+    for key in [k for k in flat if k.startswith(("tracking.", "telemetry."))] + [
+            "output_dir", "train.num_workers"]:
+        flat.pop(key)
+    if run.task.target == SIGN_SUM_TARGET:
+        flat.pop("task._target_")
+    if not run.clip.enabled:
+        flat.update({"clip.method": None, "clip.max_norm": None, "clip.clip_value": None})
+    elif run.clip.method == "norm":
+        flat["clip.clip_value"] = None
+    else:
+        flat["clip.max_norm"] = None
+    if run.precision.name != "fp16":
+        flat.update({"precision.init_scale": None, "precision.growth_interval": None})
+    return flat
+
+
+def fingerprint(run: RunConfig, world_size: int = 1) -> str:
+    """Hash of the canonical config without the seed: the identity of a config across seeds.
+
+    ``world_size`` (data-parallel ranks) changes the effective batch, so a multi-rank run is
+    a different config; it enters the hash only above 1, leaving single-process ids stable.
+    """
+    flat = canonical(run)
+    flat.pop("seed")
+    # Until the GradScaler switch was derived from the precision it was a config key; hashing
+    # its value keeps every existing config's identity, so resume and de-dup still match.
+    flat["precision.scaler"] = run.precision.name == "fp16"
+    if world_size > 1:
+        flat["world_size"] = world_size
+    blob = json.dumps(flat, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def config_label(flat: Mapping[str, Any]) -> str:
+    """A readable config name from dotted keys, e.g. ``fp16 clip=1 acc=4`` or ``fp32 noclip acc=1``.
+
+    One function for the MLflow run name (``flatten`` of a ``RunConfig``) and the report's
+    labels (a row of typed params): the two always read the same.
+    """
+    if not flat.get("clip.enabled", False):
+        clip = "noclip"
+    elif flat.get("clip.method", "norm") == "value":
+        clip = f"clipv={flat['clip.clip_value']:g}"
+    else:
+        clip = f"clip={flat['clip.max_norm']:g}"
+    return f"{flat.get('precision.name', '?')} {clip} acc={flat.get('train.accum_steps', '?')}"
