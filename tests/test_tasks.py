@@ -381,3 +381,24 @@ def test_a_user_task_from_this_module_sweeps_and_reports_against_a_server(
     tested = [r for r in runs if "test_loss" in r.data.metrics]
     assert len(tested) == 2  # the winner's two seeds, and no other run
     assert len({r.data.tags[Tag.FINGERPRINT] for r in tested}) == 1
+
+
+def test_each_task_yaml_repeats_its_task_defaults() -> None:
+    """conf/task/<name>.yaml documents the task's own defaults: the two cannot drift."""
+    import dataclasses
+
+    import yaml
+
+    from stability.tasks.adding import AddingTask
+    from stability.tasks.char_lm import CorpusConfig, TransformerConfig
+
+    def conf(name: str) -> dict:
+        return yaml.safe_load((ROOT / "conf" / "task" / f"{name}.yaml").read_text())
+
+    adding, default = conf("adding"), AddingTask()
+    assert adding["data"] == dataclasses.asdict(default.data)
+    assert adding["model"] == {"hidden_size": default.hidden_size,
+                               "spectral_radius": default.spectral_radius}
+    lm = conf("char_lm")
+    assert lm["data"] == dataclasses.asdict(CorpusConfig())
+    assert lm["model"] == dataclasses.asdict(TransformerConfig())

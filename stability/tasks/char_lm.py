@@ -44,8 +44,8 @@ class CorpusConfig:
     """The ``data`` section: the corpus and its windows."""
 
     seed: int = 42
-    num_samples: int = 2000  # windows of seq_len + 1 characters
-    seq_len: int = 64  # context length
+    num_samples: int = 1000  # windows of seq_len + 1 characters (conf/task/char_lm.yaml)
+    seq_len: int = 32  # context length
     words: int = 300  # pseudo-words in the language
     val_fraction: float = 0.15
     test_fraction: float = 0.15

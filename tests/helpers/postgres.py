@@ -103,6 +103,7 @@ def start_postgres(user: str, password: str, db: str, auth_db: str) -> Postgres:
                     "-o", opts, "-w", "-t", "60", "start"], **run)
     local = os.environ | {"PGHOST": str(root / "sock"), "PGPORT": str(pg.port)}
     subprocess.run([*as_pg, _pg_bin("createdb"), "-U", user, db], env=local, **run)
-    subprocess.run([*as_pg, "sh", str(PG_INIT_SCRIPT)], env=local | {
+    # On stdin: the postgres user may not traverse a checkout under a 0700 folder (a CI clone).
+    subprocess.run([*as_pg, "sh", "-s"], input=PG_INIT_SCRIPT.read_text(), env=local | {
         "POSTGRES_USER": user, "POSTGRES_DB": db, "MLFLOW_AUTH_DB": auth_db}, **run)
     return pg
