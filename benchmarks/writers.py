@@ -133,16 +133,16 @@ def _cost_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[s
                      f"{s['cores']} cores: wall ({what}) {wall:.0f} s vs ideal "
                      f"{s['ideal_s']:.0f} s (bare training time / cores) | "
                      f"{t['value']:.3f} × ideal | {_limit(t)} | {_status(t)} |")
-        lines.append(f"| Same study vs the batched ideal {s['batched_ideal_s']:.0f} s (bare runs "
-                     f"in the sweeper's batches of {s['cores']}, each waiting for its slowest) | "
-                     f"{wall / s['batched_ideal_s']:.3f} × batched | | |")
+        lines.append(f"| Same study vs the pooled ideal {s['pooled_ideal_s']:.0f} s (bare runs "
+                     f"in the sweep's start order, each on the first of {s['cores']} cores to "
+                     f"free) | {wall / s['pooled_ideal_s']:.3f} × pooled | | |")
         b = s["breakdown"]
         lines.append(f"| Where it went: training {b['train_inflation']:.2f} × bare (sum of "
                      f"`run.train` walls {b['train_wall_s_sum']:.0f} s), tracking outside "
                      f"training {b['tracking_outside_train_s_per_run']:.2f} s/run, startup "
-                     f"{b['startup_s']:.1f} s, between batches {b['between_batches_s']:.1f} s, "
-                     f"start skew in batches {b['start_skew_s']:.1f} s, teardown "
-                     f"{b['teardown_s']:.1f} s | | | |")
+                     f"{b['startup_s']:.1f} s, gap between a worker's runs "
+                     f"{b['job_gap_s_per_run']:.2f} s/run, cores busy "
+                     f"{b['busy_core_share']:.0%}, teardown {b['teardown_s']:.1f} s | | | |")
     return lines
 
 

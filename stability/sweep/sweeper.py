@@ -5,8 +5,10 @@ whole sweep early, naming the key), drops duplicates (clip-off points differ onl
 that cannot matter), checks the tracking store, creates the experiment and the sweep's parent
 run once (parallel workers initialising a brand-new SQLite store at the same time crash
 MLflow's migrations), and skips points already FINISHED in the experiment. Jobs are launched
-in batches so progress and an ETA can be printed between them; a failed job never stops the
-sweep. The Hydra plugin in ``hydra_plugins/stability_sweeper`` is a thin subclass of this.
+longest first (``schedule``): through the local worker pool (``pool``) all at once, a job
+starting whenever a core frees, with progress and an ETA printed as each ends; through any
+other launcher in batches, progress between them. A failed job never stops the sweep. The
+Hydra plugin in ``hydra_plugins/stability_sweeper`` is a thin subclass of this.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.signals import StopRequest, Terminated
+from stability.sweep import schedule
 from stability.sweep.grid import SweepPoint, chunks, dedupe, make_point, override_key
 from stability.sweep.parent import (
     SweepRun,
@@ -58,6 +61,14 @@ def _fail(message: str, status: int) -> None:
 
 def _say(message: str) -> None:
     print(f"[sweep] {message}", flush=True)
+
+
+def _on_cpu(points: Sequence[SweepPoint]) -> bool:
+    """Whether the points train on a CPU (``device=auto`` without CUDA here)."""
+    import torch
+
+    devices = {p.cfg.device for p in points}
+    return devices == {"cpu"} or ("cuda" not in devices and not torch.cuda.is_available())
 
 
 def job_ok(result: JobReturn) -> bool:
@@ -196,28 +207,35 @@ class StabilitySweeper(BasicSweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
 
-        progress = Progress(total=len(todo))
-        stop = StopRequest(in_process=self._launcher_target().endswith("BasicLauncher"))
-        status, launched, returns = "FAILED", 0, []
-        job_dirs: dict[tuple[str, int], Path] = {}
+        # Longest first: a pool that takes the next job as a core frees ends soonest that way.
+        costed = schedule.order(todo, run.costs if run else None, on_cpu=_on_cpu(todo))
+        todo, costs = [p for p, _ in costed], [c for _, c in costed]
+        job_dirs = self._job_dirs(todo, offset) | {p.key: resume[p.key] for p in todo
+                                                   if p.key in resume}
+        progress = Progress(total=len(todo), total_cost=sum(costs))
+        stop_file = sweep_dir / f".stop-{sweep_id}"
+        stop = StopRequest(in_process=self._launcher_target().endswith("BasicLauncher"),
+                           stop_file=stop_file)
+        status, started, returns = "FAILED", set(), []
         try:
             with stop.installed():
-                for batch in chunks(todo, self.batch_size()):
-                    first, launched = launched, launched + len(batch)  # before: may be killed
-                    job_dirs |= self._job_dirs(batch, offset + first)
-                    job_dirs |= {p.key: resume[p.key] for p in batch if p.key in resume}
-                    results = self._launch(batch, run, offset + first, resume)
-                    progress.update(len(results), sum(not job_ok(r) for r in results))
-                    _say(progress.line())
-                    returns.append(results)
-                    if stop.requested:
-                        raise stop.exception()
+                if self._streams():
+                    returns = [self._stream(todo, costs, run, offset, resume, stop_file,
+                                            progress, started)]
+                else:
+                    returns = self._batches(todo, costs, run, offset, resume, progress,
+                                            started, stop)
+                if stop.requested:
+                    raise stop.exception()
             status = "FINISHED"
         except (KeyboardInterrupt, Terminated) as err:
             status = "KILLED"
             interrupted = isinstance(err, KeyboardInterrupt)
             raise SystemExit(128 + (signal.SIGINT if interrupted else signal.SIGTERM)) from None
         finally:
+            stop_file.unlink(missing_ok=True)
+            launched = len(started | {i for i, p in enumerate(todo)
+                                      if p.key in job_dirs and job_dirs[p.key].is_dir()})
             summary = {"runs_grid": grid_size, "runs_unique": len(points),
                        "runs_launched": launched, "runs_skipped_done": len(points) - len(todo),
                        "runs_not_finished": progress.failed}
@@ -227,6 +245,52 @@ class StabilitySweeper(BasicSweeper):
                  + ", ".join(f"{k.removeprefix('runs_')}={int(v)}" for k, v in summary.items()))
             if run is not None:
                 _say(f"view: {run.view_hint()}")
+        return returns
+
+    def _streams(self) -> bool:
+        """Whether to hand the launcher the whole grid at once (``pool.PoolLauncher``).
+
+        Not when ``max_batch_size`` is set: the user asked for batches.
+        """
+        return hasattr(self.launcher, "stream") and not self.max_batch_size
+
+    def _stream(self, todo: list[SweepPoint], costs: list[float], run: SweepRun | None,
+                offset: int, resume: dict[tuple[str, int], Path], stop_file: Path,
+                progress: Progress, started: set[int]) -> list[JobReturn]:
+        """Every job through the worker pool; progress is printed as each one ends."""
+        results = []
+        stream = self.launcher.stream(self._jobs(todo, run, resume), offset,  # type: ignore
+                                      stop_file)
+        for i, result in stream:
+            if result is None:  # the sweep was stopped before this job started
+                continue
+            started.add(i)
+            self._log_failure(result)
+            progress.update(1, int(not job_ok(result)), costs[i])
+            _say(progress.line())
+            results.append(result)
+        return results
+
+    def _batches(self, todo: list[SweepPoint], costs: list[float], run: SweepRun | None,
+                 offset: int, resume: dict[tuple[str, int], Path], progress: Progress,
+                 started: set[int], stop: StopRequest) -> list[Sequence[JobReturn]]:
+        """Batch after batch (launchers that run a list of jobs and return at its end)."""
+        assert self.launcher is not None
+        returns = []
+        first = 0
+        for batch in chunks(todo, self.batch_size()):
+            started.update(range(first, first + len(batch)))  # before: it may be killed
+            results = self.launcher.launch(self._jobs(batch, run, resume),
+                                           initial_job_idx=offset + first)
+            for r in results:
+                self._log_failure(r)
+            progress.update(len(results), sum(not job_ok(r) for r in results),
+                            sum(costs[first : first + len(batch)]))
+            _say(progress.line())
+            returns.append(results)
+            first += len(batch)
+            if stop.requested:
+                break
         return returns
 
     def _launcher_target(self) -> str:
@@ -271,19 +335,20 @@ class StabilitySweeper(BasicSweeper):
                   f"{type(err).__name__}: {err}", 1)
             raise
 
-    def _launch(self, batch: list[SweepPoint], run: SweepRun | None,
-                first_index: int, resume: dict[tuple[str, int], Path]) -> Sequence[JobReturn]:
-        assert self.launcher is not None
+    @staticmethod
+    def _jobs(points: list[SweepPoint], run: SweepRun | None,
+              resume: dict[tuple[str, int], Path]) -> list[list[str]]:
+        """Each point's overrides, plus the sweep's tracking and a resumed point's folder."""
         extra = run.job_overrides() if run else []
-        jobs = [[o for o in p.overrides if override_key(o) not in JOB_TRACKING_KEYS] + extra
+        return [[o for o in p.overrides if override_key(o) not in JOB_TRACKING_KEYS] + extra
                 + ([override("output_dir", str(resume[p.key]))] if p.key in resume else [])
-                for p in batch]
-        results = self.launcher.launch(jobs, initial_job_idx=first_index)
-        for r in results:
-            if r.status == JobStatus.FAILED:  # the job's own log has the traceback
-                log.error("job failed, the sweep goes on: %s: %r", " ".join(r.overrides or ()),
-                          r._return_value)
-        return results
+                for p in points]
+
+    @staticmethod
+    def _log_failure(result: JobReturn) -> None:
+        if result.status == JobStatus.FAILED:  # the job's own log has the traceback
+            log.error("job failed, the sweep goes on: %s: %r", " ".join(result.overrides or ()),
+                      result._return_value)
 
     @staticmethod
     def _close(run: SweepRun, status: str, summary: dict[str, int],

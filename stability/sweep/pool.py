@@ -1,0 +1,83 @@
+"""The local launcher: one worker per core, each taking the next job the moment it is free.
+
+Hydra's joblib launcher runs a list of jobs and returns when the last one ends; the sweeper
+used to hand it a batch per core and wait for each batch's slowest run (an fp16 run takes 6x
+an fp32 one on a CPU, so a mixed batch idled a core for most of it). ``PoolLauncher`` is that
+launcher (same loky workers, same ``hydra.launcher.*`` keys) plus ``stream``: the whole grid
+in one call, results yielded as each job ends, so the sweeper reports progress per job.
+
+Stopping: a job is only a function call in a worker; once queued, joblib starts it. So each
+call first looks for the sweep's stop file (written by the sweeper on the first Ctrl-C or
+SIGTERM) and returns at once, unstarted, when it exists. A job interrupted while it runs has
+already closed its MLflow run as KILLED; its worker returns that as a result rather than
+raising, because an exception would make joblib kill the other workers mid-close.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
+from hydra_plugins.hydra_joblib_launcher import _core
+from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+
+from stability.core.signals import Terminated
+
+log = logging.getLogger(__name__)
+
+
+def _run_unless_stopped(idx: int, overrides: Sequence[str], stop_file: str,
+                        *args: Any) -> tuple[int, JobReturn | None]:
+    """Run job ``idx`` in a worker; ``None`` when the sweep was stopped before it started."""
+    if Path(stop_file).exists():
+        return idx, None
+    try:
+        return idx, _core.execute_job(idx, overrides, *args)
+    except (KeyboardInterrupt, Terminated) as err:  # the job closed its run as KILLED
+        ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
+        ret._return_value = err
+        return idx, ret
+
+
+class PoolLauncher(JoblibLauncher):
+    """``JoblibLauncher`` that can also stream a whole grid through its workers.
+
+    Args:
+        **kwargs: ``joblib.Parallel`` options, as for the joblib launcher (``n_jobs``...).
+    """
+
+    def stream(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
+               stop_file: Path) -> Iterator[tuple[int, JobReturn | None]]:
+        """Run every job, at most ``n_jobs`` at a time, in the given order.
+
+        Args:
+            job_overrides: each job's overrides, in the order they should start.
+            initial_job_idx: Hydra job number of the first (``hydra.job.num``, its folder).
+            stop_file: once this file exists, jobs not yet started return unstarted.
+
+        Yields:
+            ``(position in job_overrides, JobReturn or None if it never started)``, in the
+            order the jobs end.
+        """
+        from joblib import Parallel, delayed
+
+        setup_globals()
+        assert self.config is not None and self.hydra_context is not None
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        options = dict(self.joblib) | {"backend": "loky", "return_as": "generator_unordered"}
+        _core.process_joblib_cfg(options)
+        # One job per call: joblib's automatic batching would group short jobs on one worker.
+        options["batch_size"] = 1
+        log.info("streaming %d jobs through joblib (n_jobs=%s)", len(job_overrides),
+                 options.get("n_jobs"))
+        state = Singleton.get_state()
+        calls = (delayed(_run_unless_stopped)(initial_job_idx + i, overrides, str(stop_file),
+                                              self.hydra_context, self.config,
+                                              self.task_function, state)
+                 for i, overrides in enumerate(job_overrides))
+        for idx, ret in Parallel(**options)(calls):
+            yield idx - initial_job_idx, ret
