@@ -10,8 +10,10 @@ from hydra._internal.callbacks import Callbacks
 from hydra.core.utils import JobStatus
 from hydra.types import HydraContext
 from mlflow.entities import Metric, Param, Run, RunData, RunInfo
+from omegaconf import OmegaConf
 
 from stability.core.config import PrecisionConfig, RunConfig, TrainConfig
+from stability.sweep.compose import CachedComposer
 from stability.sweep.grid import make_point
 from stability.sweep.pool import PoolLauncher
 from stability.sweep.progress import Progress
@@ -116,3 +118,23 @@ def test_pool_stop_file_and_an_interrupted_job(tmp_path: Path) -> None:
     stopped = list(pool(tmp_path).stream([["seed=1"]] * 4, 2, tmp_path / "stop"))
     assert sorted(stopped, key=lambda r: r[0]) == [(0, None), (1, None), (2, None), (3, None)]
     assert not (tmp_path / "2").exists()
+
+
+@pytest.mark.parametrize("overrides", [
+    ["clip.enabled=true", "clip.max_norm=5.0", "train.accum_steps=2", "precision=fp16",
+     "seed=3"],
+    ["+study=adding", "precision=bf16", "seed=1", "tracking.uri='http://127.0.0.1:5/a=b'",
+     "tracking.sweep_id=x", "output_dir='/tmp/some folder/3'"],
+    ["task=char_lm", "precision=fp32", "+fault.extra=1"],
+    ["precision=fp16", "hydra.job.chdir=false"],  # a hydra override: Hydra's own path
+])
+def test_cached_composition_equals_hydras_hydra_node_included(overrides: list[str]) -> None:
+    sweeper = in_process_sweeper(["hydra.sweep.dir=/tmp/compose-test"])
+    assert sweeper.config is not None and sweeper.hydra_context is not None
+    composer = CachedComposer(sweeper.hydra_context, sweeper.config)
+    composer.job_config(["precision=fp16", "seed=0"])  # a cached base in play
+    ours = composer.job_config(overrides)
+    hydras = sweeper.hydra_context.config_loader.load_sweep_config(sweeper.config, overrides)
+    assert OmegaConf.to_container(ours) == OmegaConf.to_container(hydras)
+    assert ours.hydra.overrides.task == overrides[:-1] + (
+        [] if overrides[-1].startswith("hydra.") else overrides[-1:])
