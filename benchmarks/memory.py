@@ -54,7 +54,7 @@ def _child(variant: str, payload: dict[str, Any]) -> dict[str, Any]:
     if variant == "tracked":
         import mlflow.tracking  # noqa: F401  (a sweep worker has MLflow loaded before training)
     from benchmarks.spec import BenchSpec
-    from stability.core.config import TrackingConfig
+    from stability.core.config import TelemetryConfig, TrackingConfig
 
     if variant == "bare":
         from benchmarks.bare import bare_epochs as run
@@ -68,7 +68,9 @@ def _child(variant: str, payload: dict[str, Any]) -> dict[str, Any]:
     spec = BenchSpec(**payload["spec"])
     tracking = (TrackingConfig(uri=payload["uri"], experiment=payload["experiment"])
                 if variant == "tracked" else None)
-    run(spec.run_config(payload["output_dir"], tracking=tracking))
+    # tracked is what a sweep worker runs: the default telemetry.per_layer
+    run(spec.run_config(payload["output_dir"], tracking=tracking,
+                        per_layer=variant == "tracked" and TelemetryConfig().per_layer))
     return {"variant": variant, "import_s": import_s, "rss_after_imports_mib": rss_imports,
             "peak_rss_mib": _peak_rss_mib()}
 

@@ -37,8 +37,9 @@ def test_benchmark_default_parts(mlflow_server: MlflowServer, tmp_path: Path) ->
     assert result["machine"]["torch_threads"] == 1
 
     overhead = result["overhead"]
-    assert set(overhead["variants"]) == {"bare", "instrumented", "tracked_server",
-                                         "tracked_sqlite"}
+    assert set(overhead["variants"]) == {"bare", "instrumented", "instrumented_per_layer",
+                                         "tracked_server", "tracked_sqlite"}
+    assert overhead["per_layer_vs_instrumented"]["epoch_s"]["ratio"] > 0
     for variant in overhead["variants"].values():
         assert variant["epoch_s"]["median"] > 0
         assert variant["step_cpu_s"]["n"] > 0  # 4 steps an epoch at accum 1: 3 steady-state
@@ -65,7 +66,8 @@ def test_benchmark_default_parts(mlflow_server: MlflowServer, tmp_path: Path) ->
     assert "| Instrumented: TrainStep" in table and "| Peak RSS, tracked" in table
     assert table.strip() in proc.stdout
     targets = {t["name"] for t in result["targets"]}
-    assert {"instrumented_ratio", "tracked_ratio", "fixed_cost_s"} <= targets
+    assert {"instrumented_ratio", "per_layer_ratio", "tracked_ratio", "fixed_cost_s"} <= targets
+    assert "| Per-layer gradient norms: instrumented + per-layer / instrumented" in table
 
 
 @pytest.mark.slow
