@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from stability.core.config import PrecisionConfig, RunConfig, TrainConfig
 from stability.sweep.compose import CachedComposer
 from stability.sweep.grid import make_point
-from stability.sweep.pool import PoolLauncher
+from stability.sweep.pool import STOP_FILE, PoolLauncher
 from stability.sweep.progress import Progress
 from stability.sweep.schedule import observed_costs, order
 from tests.helpers import pool_jobs
@@ -83,6 +83,17 @@ def test_eta_weighs_runs_by_their_expected_cost() -> None:
     assert p.line() == "runs 2/4 done, 16s elapsed, ETA 6s"
 
 
+def state(tmp_path: Path) -> Path:
+    """The sweep's state folder (the sweeper makes one per sweep)."""
+    folder = tmp_path / ".state"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def job_dirs(tmp_path: Path) -> list[int]:
+    return sorted(int(d.name) for d in tmp_path.iterdir() if d.name.isdigit())
+
+
 def pool(tmp_path: Path, n_jobs: int = 2) -> PoolLauncher:
     sweeper = in_process_sweeper([f"hydra.sweep.dir={tmp_path}"])
     assert sweeper.config is not None and sweeper.hydra_context is not None
@@ -98,26 +109,40 @@ def pool(tmp_path: Path, n_jobs: int = 2) -> PoolLauncher:
 def test_pool_yields_jobs_as_they_end_and_a_short_job_never_waits_for_a_long_one(
         tmp_path: Path) -> None:
     jobs = [["seed=50"], ["seed=0"], ["seed=1"]]  # 5 s, then two short ones
-    results = list(pool(tmp_path).stream(jobs, 10, tmp_path / "stop"))
+    results = list(pool(tmp_path).stream(jobs, 10, state(tmp_path)))
     order_seen = [i for i, _ in results]
     assert sorted(order_seen) == [0, 1, 2]
     assert order_seen[-1] == 0  # the short jobs ran on the other worker meanwhile
     assert {i: r.return_value for i, r in results} == {0: 50, 1: 0, 2: 1}
-    assert sorted(int(d.name) for d in tmp_path.iterdir() if d.is_dir()) == [10, 11, 12]
+    assert job_dirs(tmp_path) == [10, 11, 12]
 
 
 @pytest.mark.slow
 def test_pool_stop_file_and_an_interrupted_job(tmp_path: Path) -> None:
     """Queued jobs see the stop file and never start; an interrupted job is a result."""
     jobs = [["seed=99"], ["seed=1"]]
-    results = dict(pool(tmp_path).stream(jobs, 0, tmp_path / "stop"))
+    results = dict(pool(tmp_path).stream(jobs, 0, state(tmp_path)))
     assert results[0].status == JobStatus.FAILED
     assert isinstance(results[0]._return_value, KeyboardInterrupt)
     assert results[1].return_value == 1  # the other job was not taken down with it
-    (tmp_path / "stop").touch()
-    stopped = list(pool(tmp_path).stream([["seed=1"]] * 4, 2, tmp_path / "stop"))
+    (state(tmp_path) / STOP_FILE).touch()
+    stopped = list(pool(tmp_path).stream([["seed=1"]] * 4, 2, state(tmp_path)))
     assert sorted(stopped, key=lambda r: r[0]) == [(0, None), (1, None), (2, None), (3, None)]
-    assert not (tmp_path / "2").exists()
+    assert job_dirs(tmp_path) == [0, 1]
+
+
+@pytest.mark.slow
+def test_a_dead_worker_costs_its_running_jobs_never_the_rest(tmp_path: Path) -> None:
+    """SIGKILL of a worker breaks joblib's pool: the jobs not started yet run in a new one."""
+    # The first job kills its worker at once; the other worker is inside a 2 s job then (the
+    # pool takes it down too), so the last three jobs cannot have started: they must complete.
+    jobs = [["seed=98"], ["seed=20"], ["seed=2"], ["seed=3"], ["seed=4"]]
+    results = list(pool(tmp_path).stream(jobs, 0, state(tmp_path)))
+    assert sorted(i for i, _ in results) == [0, 1, 2, 3, 4]  # each job answered once
+    by_job = dict(results)
+    assert by_job[0].status == JobStatus.FAILED
+    assert "worker process died" in str(by_job[0]._return_value)
+    assert {i: by_job[i].return_value for i in (2, 3, 4)} == {2: 2, 3: 3, 4: 4}
 
 
 @pytest.mark.parametrize("overrides", [

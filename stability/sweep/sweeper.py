@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import signal
 import sys
 import time
@@ -31,7 +32,7 @@ from omegaconf import OmegaConf
 
 from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.signals import StopRequest, Terminated
-from stability.sweep import schedule
+from stability.sweep import pool, schedule
 from stability.sweep.compose import CachedComposer
 from stability.sweep.grid import SweepPoint, chunks, dedupe, make_point, override_key
 from stability.sweep.parent import (
@@ -191,14 +192,15 @@ class StabilitySweeper(BasicSweeper):
         job_dirs = self._job_dirs(todo, offset) | {p.key: resume[p.key] for p in todo
                                                    if p.key in resume}
         progress = Progress(total=len(todo), total_cost=sum(costs))
-        stop_file = sweep_dir / f".stop-{sweep_id}"
+        state_dir = sweep_dir / f".pool-{sweep_id}"  # stop file, jobs' start marks (pool)
+        state_dir.mkdir(parents=True)
         stop = StopRequest(in_process=self._launcher_target().endswith("BasicLauncher"),
-                           stop_file=stop_file)
+                           stop_file=state_dir / pool.STOP_FILE)
         status, started, returns = "FAILED", set(), []
         try:
             with stop.installed():
                 if self._streams():
-                    returns = [self._stream(todo, costs, run, offset, resume, stop_file,
+                    returns = [self._stream(todo, costs, run, offset, resume, state_dir,
                                             progress, started)]
                 else:
                     returns = self._batches(todo, costs, run, offset, resume, progress,
@@ -211,7 +213,7 @@ class StabilitySweeper(BasicSweeper):
             interrupted = isinstance(err, KeyboardInterrupt)
             raise SystemExit(128 + (signal.SIGINT if interrupted else signal.SIGTERM)) from None
         finally:
-            stop_file.unlink(missing_ok=True)
+            shutil.rmtree(state_dir, ignore_errors=True)
             launched = len(started | {i for i, p in enumerate(todo)
                                       if p.key in job_dirs and job_dirs[p.key].is_dir()})
             summary = {"runs_grid": grid_size, "runs_unique": len(points),
@@ -233,12 +235,12 @@ class StabilitySweeper(BasicSweeper):
         return hasattr(self.launcher, "stream") and not self.max_batch_size
 
     def _stream(self, todo: list[SweepPoint], costs: list[float], run: SweepRun | None,
-                offset: int, resume: dict[tuple[str, int], Path], stop_file: Path,
+                offset: int, resume: dict[tuple[str, int], Path], state_dir: Path,
                 progress: Progress, started: set[int]) -> list[JobReturn]:
         """Every job through the worker pool; progress is printed as each one ends."""
         results = []
         stream = self.launcher.stream(self._jobs(todo, run, resume), offset,  # type: ignore
-                                      stop_file)
+                                      state_dir)
         for i, result in stream:
             if result is None:  # the sweep was stopped before this job started
                 continue
