@@ -49,9 +49,10 @@ def test_the_mark_is_the_first_non_finite_parameter_of_the_first_skipped_step() 
 
 
 def test_the_recorders_table_reads_back_with_its_inf_in_place(tmp_path: Path) -> None:
-    """What training writes (``LayerNormRecorder.write``) is what the report reads."""
+    """What training writes (``LayerNormRecorder.flush``) is what the report reads."""
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
-    recorder = LayerNormRecorder(model, rescale_to_pre_clip=False)
+    recorder = LayerNormRecorder(model, rescale_to_pre_clip=False,
+                                 path=tmp_path / "layer_norms.csv")
     for step in (1, 2):
         for p in model.parameters():
             p.grad = torch.ones_like(p)
@@ -59,7 +60,7 @@ def test_the_recorders_table_reads_back_with_its_inf_in_place(tmp_path: Path) ->
             model[0].bias.grad[0] = math.inf
         recorder.on_step(StepLog(step, 1e-3, 1.0, 1.0, 0.5, step == 2, "", 1.0, False, 1, 8,
                                  int(step == 2)))
-    recorder.write(tmp_path / "layer_norms.csv")
+        recorder.flush()  # once an epoch in training: the table grows on disk
     t = read_table(tmp_path / "layer_norms.csv")
     assert list(t.columns) == ["step", "0.weight", "0.bias", "1.weight", "1.bias"]
     assert t.loc[1, "0.bias"] == INF and t.loc[0, "0.weight"] == 2.0

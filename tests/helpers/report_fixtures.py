@@ -92,7 +92,7 @@ def _layer_norms(path: Path, cfg: RunConfig, logs: list[StepLog]) -> None:
     """A real ``LayerNormRecorder`` fed known gradients: 0.01 * step * (index + 1) per element."""
     model = SequenceClassifier(cfg.model)
     params = list(model.parameters())
-    recorder = LayerNormRecorder(model, cfg.clip.enabled and cfg.clip.method == "norm")
+    recorder = LayerNormRecorder(model, cfg.clip.enabled and cfg.clip.method == "norm", path)
     for s in logs:
         for i, p in enumerate(params):
             p.grad = torch.full_like(p, 0.01 * s.step * (i + 1))
@@ -100,7 +100,7 @@ def _layer_norms(path: Path, cfg: RunConfig, logs: list[StepLog]) -> None:
             params[FIRST_BAD].grad.view(-1)[0] = math.inf
             params[FIRST_BAD + 2].grad.view(-1)[0] = math.nan
         recorder.on_step(s)
-    recorder.write(path)
+    recorder.flush()
 
 
 def log_run(c: MlflowClient, exp_id: str, spec: Spec, seed: int, root: Path, sweep_id: str,
