@@ -167,6 +167,14 @@ def _cost_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[s
                      f"{b['startup_s']:.1f} s, gap between a worker's runs "
                      f"{b['job_gap_s_per_run']:.2f} s/run, cores busy "
                      f"{b['busy_core_share']:.0%}, teardown {b['teardown_s']:.1f} s | | | |")
+        for i, run in enumerate(s.get("repeats", []), 1):
+            b = run["breakdown"]
+            lines.append(f"| Study run {i}/{len(s['repeats'])} ({run['sweep_id']}): wall "
+                         f"{run['command_wall_s']:.0f} s vs ideal {run['ideal_s']:.0f} s, pooled "
+                         f"ideal {run['pooled_ideal_s']:.0f} s; training "
+                         f"{b['train_inflation']:.2f} × bare, cores busy "
+                         f"{b['busy_core_share']:.0%}, gap {b['job_gap_s_per_run']:.2f} s/run | "
+                         f"{run['command_ratio']:.3f} × ideal | | |")
     return lines
 
 
