@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from stability.core.config import RunConfig
 from stability.core.identity import canonical, fingerprint, flatten
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -64,8 +67,8 @@ def dedupe(points: Iterable[SweepPoint]) -> list[SweepPoint]:
     return unique
 
 
-def chunks(points: Sequence[SweepPoint], size: int) -> list[list[SweepPoint]]:
-    """``points`` in consecutive batches of at most ``size`` (``size < 1``: one batch)."""
+def chunks(items: Sequence[T], size: int) -> list[list[T]]:
+    """``items`` in consecutive batches of at most ``size`` (``size < 1``: one batch)."""
     if size < 1:
-        return [list(points)] if points else []
-    return [list(points[i : i + size]) for i in range(0, len(points), size)]
+        return [list(items)] if items else []
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]

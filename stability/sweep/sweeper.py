@@ -14,7 +14,6 @@ Hydra plugin in ``hydra_plugins/stability_sweeper`` is a thin subclass of this.
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 import signal
 import sys
@@ -26,15 +25,15 @@ from pathlib import Path
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.utils import JobReturn
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import OmegaConf
 
 from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.signals import StopRequest, Terminated
-from stability.sweep import pool, schedule
+from stability.sweep import launch, pool, schedule
 from stability.sweep.compose import CachedComposer
-from stability.sweep.grid import SweepPoint, chunks, dedupe, make_point, override_key
+from stability.sweep.grid import SweepPoint, dedupe, make_point, override_key
 from stability.sweep.parent import (
     SweepRun,
     next_job_index,
@@ -68,13 +67,6 @@ def _on_cpu(points: Sequence[SweepPoint]) -> bool:
 
     devices = {p.cfg.device for p in points}
     return devices == {"cpu"} or ("cuda" not in devices and not torch.cuda.is_available())
-
-
-def job_ok(result: JobReturn) -> bool:
-    """A job finished training: it completed and returned a finite validation loss."""
-    value = result._return_value  # .return_value would re-raise a failed job's exception
-    return (result.status == JobStatus.COMPLETED and isinstance(value, int | float)
-            and math.isfinite(value))
 
 
 class StabilitySweeper(BasicSweeper):
@@ -157,7 +149,7 @@ class StabilitySweeper(BasicSweeper):
         return 0  # submitit & co: the scheduler decides the parallelism
 
     def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
-        """Plan, de-duplicate, skip finished points, then launch batch by batch."""
+        """Plan, de-duplicate, skip finished points, then launch longest first."""
         assert self.config is not None
         grid_size, points = self.plan(arguments)
         dupes = grid_size - len(points)
@@ -199,12 +191,13 @@ class StabilitySweeper(BasicSweeper):
         status, started, returns = "FAILED", set(), []
         try:
             with stop.installed():
+                jobs = self._jobs(todo, run, resume)
                 if self._streams():
-                    returns = [self._stream(todo, costs, run, offset, resume, state_dir,
-                                            progress, started)]
+                    returns = [launch.stream(self.launcher, jobs, costs, offset, state_dir,
+                                             progress, started)]
                 else:
-                    returns = self._batches(todo, costs, run, offset, resume, progress,
-                                            started, stop)
+                    returns = launch.batches(self.launcher, jobs, costs, offset,
+                                             self.batch_size(), progress, started, stop)
                 if stop.requested:
                     raise stop.exception()
             status = "FINISHED"
@@ -233,45 +226,6 @@ class StabilitySweeper(BasicSweeper):
         Not when ``max_batch_size`` is set: the user asked for batches.
         """
         return hasattr(self.launcher, "stream") and not self.max_batch_size
-
-    def _stream(self, todo: list[SweepPoint], costs: list[float], run: SweepRun | None,
-                offset: int, resume: dict[tuple[str, int], Path], state_dir: Path,
-                progress: Progress, started: set[int]) -> list[JobReturn]:
-        """Every job through the worker pool; progress is printed as each one ends."""
-        results = []
-        stream = self.launcher.stream(self._jobs(todo, run, resume), offset,  # type: ignore
-                                      state_dir)
-        for i, result in stream:
-            if result is None:  # the sweep was stopped before this job started
-                continue
-            started.add(i)
-            self._log_failure(result)
-            progress.update(1, int(not job_ok(result)), costs[i])
-            _say(progress.line())
-            results.append(result)
-        return results
-
-    def _batches(self, todo: list[SweepPoint], costs: list[float], run: SweepRun | None,
-                 offset: int, resume: dict[tuple[str, int], Path], progress: Progress,
-                 started: set[int], stop: StopRequest) -> list[Sequence[JobReturn]]:
-        """Batch after batch (launchers that run a list of jobs and return at its end)."""
-        assert self.launcher is not None
-        returns = []
-        first = 0
-        for batch in chunks(todo, self.batch_size()):
-            started.update(range(first, first + len(batch)))  # before: it may be killed
-            results = self.launcher.launch(self._jobs(batch, run, resume),
-                                           initial_job_idx=offset + first)
-            for r in results:
-                self._log_failure(r)
-            progress.update(len(results), sum(not job_ok(r) for r in results),
-                            sum(costs[first : first + len(batch)]))
-            _say(progress.line())
-            returns.append(results)
-            first += len(batch)
-            if stop.requested:
-                break
-        return returns
 
     def _launcher_target(self) -> str:
         assert self.config is not None
@@ -323,12 +277,6 @@ class StabilitySweeper(BasicSweeper):
         return [[o for o in p.overrides if override_key(o) not in JOB_TRACKING_KEYS] + extra
                 + ([override("output_dir", str(resume[p.key]))] if p.key in resume else [])
                 for p in points]
-
-    @staticmethod
-    def _log_failure(result: JobReturn) -> None:
-        if result.status == JobStatus.FAILED:  # the job's own log has the traceback
-            log.error("job failed, the sweep goes on: %s: %r", " ".join(result.overrides or ()),
-                      result._return_value)
 
     @staticmethod
     def _close(run: SweepRun, status: str, summary: dict[str, int],
