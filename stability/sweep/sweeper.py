@@ -96,19 +96,25 @@ class StabilitySweeper(BasicSweeper):
         self.dry_run = dry_run
         self.grid: dict[str, str] = {}
         self._composer: CachedComposer | None = None
+        self._composed: dict[tuple[str, ...], RunConfig] = {}
 
     def _compose(self, overrides: Sequence[str]) -> RunConfig:
         """The ``RunConfig`` a job with ``overrides`` will see (``compose.CachedComposer``:
         composing from scratch costs ~0.1 s a point, a minute for the default study)."""
         assert self.hydra_context is not None and self.config is not None
+        key = tuple(overrides)
+        if key in self._composed:  # e.g. every clip-off point once its max_norm is dropped
+            return self._composed[key]
         if self._composer is None:
             self._composer = CachedComposer(self.hydra_context, self.config)
         cfg = self._composer.app_config(overrides)
         try:
-            return to_run_config(OmegaConf.to_container(cfg, resolve=True))
+            run = to_run_config(OmegaConf.to_container(cfg, resolve=True))
         except ConfigError as err:
             _fail(f"{err} (grid point: {' '.join(overrides)})", 2)
             raise  # unreachable: _fail exits
+        self._composed[key] = run  # frozen: points with the same overrides may share it
+        return run
 
     def plan(self, arguments: list[str]) -> tuple[int, list[SweepPoint]]:
         """Expand the grid and compose every point; returns (grid size, unique points).
