@@ -71,7 +71,7 @@ def _child(variant: str, payload: dict[str, Any]) -> dict[str, Any]:
 
         import_mlflow(server=True)  # what client() does first for an http(s):// store
     from benchmarks.spec import BenchSpec
-    from stability.core.config import TrackingConfig
+    from stability.core.config import TelemetryConfig, TrackingConfig
 
     tracked = variant.startswith("tracked")
     if variant == "bare":
@@ -86,7 +86,9 @@ def _child(variant: str, payload: dict[str, Any]) -> dict[str, Any]:
     spec = BenchSpec(**payload["spec"])
     tracking = (TrackingConfig(uri=payload["uri"], experiment=payload["experiment"])
                 if tracked else None)
-    run(spec.run_config(payload["output_dir"], tracking=tracking))
+    # tracked is what a sweep worker runs: the default telemetry.per_layer
+    run(spec.run_config(payload["output_dir"], tracking=tracking,
+                        per_layer=tracked and TelemetryConfig().per_layer))
     return {"variant": variant, "import_s": import_s, "rss_after_imports_mib": rss_imports,
             "peak_rss_mib": _peak_rss_mib(), "modules": len(sys.modules),
             "loaded": [m for m in WATCHED if sys.modules.get(m) is not None]}

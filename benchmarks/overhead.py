@@ -5,10 +5,14 @@ Variants, all on the same ``RunConfig`` (one thread, clipping on):
 - ``bare``: ``benchmarks.bare.BareLoop``, the plain PyTorch reference.
 - ``instrumented``: ``stability.core.loop.train`` with tracking off: ``TrainStep`` (finiteness
   checks, pre/post-clip norms), the loop's per-step telemetry (diagnostics, skip-rate monitor)
-  and ``steps.csv`` flushed per row.
-- ``tracked_server``: ``stability.sweep.job.train_tracked`` (what a sweep worker runs) against a
-  real ``mlflow server``: every per-step metric at full resolution, buffered in process and sent
-  with ``log_batch`` off the training thread, plus params, artifacts and the checkpoint.
+  and ``steps.csv`` flushed per row; ``telemetry.per_layer`` off.
+- ``instrumented_per_layer``: the same with ``telemetry.per_layer=true`` (one ``_foreach_norm``
+  and one host read a step, ``layer_norms.csv`` at the end); its paired ratio to
+  ``instrumented`` is the cost of the per-layer norms.
+- ``tracked_server``: ``stability.sweep.job.train_tracked`` (what a sweep worker runs, so with
+  the default ``telemetry.per_layer``) against a real ``mlflow server``: every per-step metric at
+  full resolution, buffered in process and sent with ``log_batch`` off the training thread,
+  plus params, artifacts and the checkpoint.
 - ``tracked_sqlite``: the same against the embedded SQLite store (the default without a server).
 
 Metrics per variant: ``epoch_s``, wall seconds per epoch (``EpochLog.seconds``: training pass
@@ -41,10 +45,11 @@ from benchmarks.timing import (
     pooled,
     ratio,
 )
-from stability.core.config import PRECISIONS, RunConfig, TrackingConfig
+from stability.core.config import PRECISIONS, RunConfig, TelemetryConfig, TrackingConfig
 from stability.core.loop import train
 
 Progress = Callable[[str], None]
+DEFAULT_PER_LAYER = TelemetryConfig().per_layer  # what a sweep worker runs
 
 
 @dataclass
@@ -169,24 +174,34 @@ def summarise(rounds: dict[str, list[Samples]], base: str) -> dict[str, Any]:
     return out
 
 
+def versus(rounds: dict[str, list[Samples]], name: str, base: str) -> dict[str, Any]:
+    """Per metric: the paired ratio of ``name`` to ``base`` (another variant than bare)."""
+    return {metric: {"ratio": paired_ratio(rounds[name], rounds[base], metric),
+                     "per_round": paired_ratios(rounds[name], rounds[base], metric)}
+            for metric in rounds[name][0]}
+
+
 def overhead_part(spec: BenchSpec, dirs: RunDirs, stores: Stores,
                   say: Progress) -> dict[str, Any]:
     """Interleave bare / instrumented / tracked (server, SQLite); medians and ratios.
 
     Returns:
         per variant and metric (``epoch_s``, ``step_wall_s``, ``step_cpu_s``) the median,
-        quartiles and ratio to ``bare``; ``fixed_cost_s`` per store; the full-resolution
-        check of the tracked runs.
+        quartiles and ratio to ``bare``; ``per_layer_vs_instrumented``, the paired ratios of
+        the per-layer variant to ``instrumented``; ``fixed_cost_s`` per store; the
+        full-resolution check of the tracked runs.
     """
-    def cfg(name: str, uri: str | None = None, epochs: int | None = None) -> RunConfig:
+    def cfg(name: str, uri: str | None = None, epochs: int | None = None,
+            per_layer: bool = False) -> RunConfig:
         tracking = TrackingConfig(uri=uri, experiment=stores.experiment) if uri else None
-        return spec.run_config(dirs.next(name), epochs=epochs, tracking=tracking)
+        return spec.run_config(dirs.next(name), epochs=epochs, tracking=tracking,
+                               per_layer=per_layer)
 
     fixed: dict[str, list[float]] = {"server": [], "sqlite": []}
 
     def tracked(store: str, uri: str) -> Callable[[], Samples]:
         def go() -> Samples:
-            sample = tracked_run(spec, cfg(f"tracked-{store}", uri))
+            sample = tracked_run(spec, cfg(f"tracked-{store}", uri, per_layer=DEFAULT_PER_LAYER))
             fixed[store].append(sample.fixed_s)
             return _samples(spec, sample.epoch_seconds, sample.clock, sample.cpu_s)
         return go
@@ -194,6 +209,8 @@ def overhead_part(spec: BenchSpec, dirs: RunDirs, stores: Stores,
     variants = {
         "bare": lambda: bare_samples(spec, cfg("bare")),
         "instrumented": lambda: instrumented_samples(spec, cfg("instrumented")),
+        "instrumented_per_layer": lambda: instrumented_samples(
+            spec, cfg("per-layer", per_layer=True)),
         "tracked_server": tracked("server", stores.server_uri),
         "tracked_sqlite": tracked("sqlite", stores.sqlite_uri),
     }
@@ -202,12 +219,14 @@ def overhead_part(spec: BenchSpec, dirs: RunDirs, stores: Stores,
     say("overhead: warm-up")
     bare_samples(spec, cfg("warmup-bare", epochs=1))
     instrumented_samples(spec, cfg("warmup-instrumented", epochs=1))
-    tracked_run(spec, cfg("warmup-server", stores.server_uri, epochs=1))
-    tracked_run(spec, cfg("warmup-sqlite", stores.sqlite_uri, epochs=1))
+    instrumented_samples(spec, cfg("warmup-per-layer", epochs=1, per_layer=True))
+    for store, uri in (("server", stores.server_uri), ("sqlite", stores.sqlite_uri)):
+        tracked_run(spec, cfg(f"warmup-{store}", uri, epochs=1, per_layer=DEFAULT_PER_LAYER))
     rounds = interleave(variants, spec.reps,
                         on_rep=lambda r: say(f"overhead: repetition {r + 1}/{spec.reps}"))
     return {
         "variants": summarise(rounds, "bare"),
+        "per_layer_vs_instrumented": versus(rounds, "instrumented_per_layer", "instrumented"),
         "fixed_cost_s": {store: Summary.of(v).as_dict() for store, v in fixed.items()},
         "full_resolution": {store: check_full_resolution(uri, stores.experiment)
                             for store, uri in (("server", stores.server_uri),

@@ -177,12 +177,13 @@ def study_part(sweep: Sweep, bare: dict[BareKey, float], cores: int,
                           "running (its parent run has no end time); wait for it to finish")
     bare_total = sum(r.epochs * bare[r.key] for r in sweep.runs)
     ideal = bare_total / cores
-    # The sweeper launches `cores` jobs at a time and waits for the slowest of each batch (the
-    # default batch size, one per joblib worker). Even with bare-loop runs that costs the sum of
-    # each batch's longest run; the gap to `ideal` is idle cores, not our code.
+    # What the launch order alone costs, with bare-loop runs: batches of `cores` that wait for
+    # their slowest (plain hydra/launcher=joblib) vs a pool that starts the next run whenever a
+    # core frees (the default local launcher), each in the order the sweep started its runs.
     ordered = sorted(sweep.runs, key=lambda r: r.start_ms)
-    batched = sum(max(r.epochs * bare[r.key] for r in ordered[i : i + cores])
-                  for i in range(0, len(ordered), cores))
+    durations = [r.epochs * bare[r.key] for r in ordered]
+    batched = sum(max(durations[i : i + cores]) for i in range(0, len(ordered), cores))
+    pooled = list_schedule(durations, cores)
     out: dict[str, Any] = {
         "sweep_id": sweep.sweep_id,
         "parent_run_id": sweep.parent_run_id,
@@ -194,9 +195,11 @@ def study_part(sweep: Sweep, bare: dict[BareKey, float], cores: int,
         "cores": cores,
         "ideal_s": ideal,
         "batched_ideal_s": batched,
+        "pooled_ideal_s": pooled,
         "parent_wall_s": sweep.wall_s,
         "parent_ratio": sweep.wall_s / ideal if ideal else None,
         "parent_ratio_vs_batched": sweep.wall_s / batched if batched else None,
+        "parent_ratio_vs_pooled": sweep.wall_s / pooled if pooled else None,
     }
     out["breakdown"] = breakdown(sweep, ordered, bare_total, cores)
     if command_wall_s is not None:
@@ -204,6 +207,15 @@ def study_part(sweep: Sweep, bare: dict[BareKey, float], cores: int,
         out["command_ratio"] = command_wall_s / ideal if ideal else None
         out["command_ratio_vs_batched"] = command_wall_s / batched if batched else None
     return out
+
+
+def list_schedule(durations: list[float], cores: int) -> float:
+    """Makespan of ``durations`` started in order, each on the first core to free up."""
+    free = [0.0] * cores
+    for d in durations:
+        i = min(range(cores), key=free.__getitem__)
+        free[i] += d
+    return max(free, default=0.0)
 
 
 def breakdown(sweep: Sweep, ordered: list[StudyRun], bare_total: float,
@@ -219,6 +231,11 @@ def breakdown(sweep: Sweep, ordered: list[StudyRun], bare_total: float,
       run start (launcher dispatch, Hydra job setup), batches of ``cores`` in launch order.
     - ``start_skew_s``: summed spread of start times within each batch.
     - ``teardown_s``: last run end to the parent run's end.
+    - ``busy_core_share``: the runs' MLflow spans summed over ``cores`` x the sweep's wall time
+      (1.0: every core held a run all the time).
+    - ``job_gap_s_per_run``: mean time from a run's end to the next run's start on the same
+      worker slot (Hydra job setup, the worker taking the next job), runs assigned to slots in
+      start order.
     """
     train = sum(r.train_wall_s for r in ordered)
     batches = [ordered[i : i + cores] for i in range(0, len(ordered), cores)]
@@ -236,4 +253,18 @@ def breakdown(sweep: Sweep, ordered: list[StudyRun], bare_total: float,
                             for b in batches) / 1e3,
         "teardown_s": ((sweep.end_ms or 0) - max(r.end_ms for r in ordered)) / 1e3
         if ordered else math.nan,
+        "busy_core_share": (sum(r.end_ms - r.start_ms for r in ordered) / 1e3
+                            / (cores * sweep.wall_s) if ordered and sweep.wall_s else math.nan),
+        "job_gap_s_per_run": _slot_gaps(ordered, cores),
     }
+
+
+def _slot_gaps(ordered: list[StudyRun], cores: int) -> float:
+    """Mean idle time between consecutive runs of a worker slot (runs in start order)."""
+    ends = [r.end_ms for r in ordered[:cores]]
+    gaps = []
+    for r in ordered[cores:]:
+        i = min(range(len(ends)), key=ends.__getitem__)  # the slot that freed first
+        gaps.append(max(r.start_ms - ends[i], 0) / 1e3)
+        ends[i] = r.end_ms
+    return sum(gaps) / len(gaps) if gaps else math.nan

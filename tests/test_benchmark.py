@@ -37,8 +37,9 @@ def test_benchmark_default_parts(mlflow_server: MlflowServer, tmp_path: Path) ->
     assert result["machine"]["torch_threads"] == 1
 
     overhead = result["overhead"]
-    assert set(overhead["variants"]) == {"bare", "instrumented", "tracked_server",
-                                         "tracked_sqlite"}
+    assert set(overhead["variants"]) == {"bare", "instrumented", "instrumented_per_layer",
+                                         "tracked_server", "tracked_sqlite"}
+    assert overhead["per_layer_vs_instrumented"]["epoch_s"]["ratio"] > 0
     for variant in overhead["variants"].values():
         assert variant["epoch_s"]["median"] > 0
         assert variant["step_cpu_s"]["n"] > 0  # 4 steps an epoch at accum 1: 3 steady-state
@@ -68,13 +69,14 @@ def test_benchmark_default_parts(mlflow_server: MlflowServer, tmp_path: Path) ->
     assert "| Instrumented: TrainStep" in table and "| Peak RSS, tracked" in table
     assert table.strip() in proc.stdout
     targets = {t["name"] for t in result["targets"]}
-    assert {"instrumented_ratio", "tracked_ratio", "fixed_cost_s"} <= targets
+    assert {"instrumented_ratio", "per_layer_ratio", "tracked_ratio", "fixed_cost_s"} <= targets
+    assert "| Per-layer gradient norms: instrumented + per-layer / instrumented" in table
 
 
 @pytest.mark.slow
 def test_benchmark_study_runs_and_reads_the_sweep(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    _bench(out, "--part", "study", "--run-study", "--experiment", "smoke",
+    _bench(out, "--part", "study", "--run-study", "--study-runs", "2", "--experiment", "smoke",
            "--study-overrides", "+sweep=smoke train.epochs=1")
     study = json.loads((out / "bench.json").read_text())["study"]
     assert study["runs"] == 12  # the smoke preset: 16 grid points, 12 after de-duplication
@@ -82,6 +84,13 @@ def test_benchmark_study_runs_and_reads_the_sweep(tmp_path: Path) -> None:
     # one bare timing per distinct (precision, accum_steps) of the preset: fp32/fp16 x 1/4
     assert len(study["bare_s_per_epoch"]) == 4
     assert study["ideal_s"] > 0 and study["command_wall_s"] > study["parent_wall_s"] > 0
+    # two study runs, each on its own fresh store; the target is judged on the slower one
+    runs = study["repeats"]
+    assert len(runs) == 2 and runs[0]["sweep_id"] != runs[1]["sweep_id"]
+    assert all(r["runs"] == 12 and r["pooled_ideal_s"] >= r["ideal_s"] for r in runs)
+    assert study["command_ratio"] == max(r["command_ratio"] for r in runs)
+    assert (out / "study-2" / "mlflow.db").exists()
+    assert "| Study run 2/2" in (out / "bench.md").read_text()
 
 
 def test_benchmark_rejects_a_bad_option(tmp_path: Path) -> None:

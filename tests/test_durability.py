@@ -189,6 +189,10 @@ def test_killed_run_resumes_byte_identical(tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resuming after epoch" in resumed.stdout + resumed.stderr
     assert (out / "steps.csv").read_bytes() == (tmp_path / "whole" / "steps.csv").read_bytes()
+    # per-layer norms (on by default): on disk each epoch, cut back to the resume point
+    layers = (out / rundir.LAYER_NORMS_NAME).read_bytes()
+    assert layers == (tmp_path / "whole" / rundir.LAYER_NORMS_NAME).read_bytes()
+    assert len(layers.splitlines()) == rows(out / rundir.CSV_NAME) + 1  # + the header
     assert not (out / rundir.RESUME_NAME).exists()  # a run that ended leaves nothing to resume
 
 

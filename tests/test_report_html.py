@@ -64,6 +64,7 @@ def test_the_report_names_in_the_contract_are_documented():
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "TRACKING.md").read_text()
     names = [Tag.NOTE, Tag.REPORT_RUN_ID, Tag.WINNER_STABILITY, Tag.MAX_NORM_RECOMMENDATION,
-             Tag.MODEL_URI, Artifact.REPORT_MD, Artifact.REPORT_HTML, Artifact.SUMMARY_CSV]
+             Tag.MODEL_URI, Artifact.REPORT_MD, Artifact.REPORT_HTML, Artifact.SUMMARY_CSV,
+             Artifact.LAYER_NORMS_FIGURE]
     assert [n for n in names if f"`{n}`" not in doc] == []
     assert f"named\n  `{Artifact.MODEL}`" in doc or f"named `{Artifact.MODEL}`" in doc

@@ -8,6 +8,7 @@ gradient at step 1 with a monitor that aborts on the first skip).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,7 +83,17 @@ def test_real_sweep_then_report(mlflow_server, tmp_path):
     assert diverged["seeds_diverged"] == 2 and diverged["rank"] == len(summary)
     skipped = summary[summary["fingerprint"] == fps["fp16 accum"]].iloc[0]
     assert skipped["skip_count_mean"] >= 1  # the injected inf gradient was really skipped
-    assert len(list((folder / "plots").glob("*.png"))) == 7  # v2 adds max_norm_advice.png
+    # v2 adds max_norm_advice.png, telemetry.per_layer (on by default) layer_norms.png
+    assert len(list((folder / "plots").glob("*.png"))) == 8
+    # The heatmap names, for the representative fp16 seed, the parameter the step itself found
+    # non-finite (steps.csv's nonfinite_param) on its first such skip.
+    md = (folder / "report.md").read_text()
+    assert "![Per-layer gradient norms](plots/layer_norms.png)" in md
+    [(seed, name, step)] = re.findall(r"\(seed (\d+)\): first non-finite `([^`]+)` at step (\d+)",
+                                      md)
+    steps = pd.read_csv(tmp_path / f"fp16 accum-{seed}" / "steps.csv")
+    first = steps[steps["skip_reason"] == "nonfinite_grad"].iloc[0]
+    assert (name, int(step)) == (first["nonfinite_param"], int(first["step"]))
     assert diverged["stability"] == "unstable" and "diverged" in diverged["stability_reason"]
     assert (folder / "report.html").is_file()
 

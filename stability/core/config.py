@@ -153,7 +153,9 @@ class MonitorConfig:
 class TelemetryConfig:
     """Optional per-step records beyond ``steps.csv`` (none of them changes training)."""
 
-    per_layer: bool = False  # every parameter's pre-clip gradient norm -> layer_norms.csv
+    # On by default since the report draws it (measured cost: docs/performance.md). The one
+    # default: conf/config.yaml repeats it and tests/test_config.py fails when the two drift.
+    per_layer: bool = True  # every parameter's pre-clip gradient norm -> layer_norms.csv
 
     def __post_init__(self) -> None:
         require(isinstance(self.per_layer, bool), "telemetry.per_layer", self.per_layer,

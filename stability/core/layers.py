@@ -25,20 +25,43 @@ from stability.core.steplog import StepLog
 
 
 class LayerNormRecorder:
-    """One ``torch._foreach_norm`` and one host read per step; rows kept in memory.
+    """One ``torch._foreach_norm`` and one host read per step; rows appended once an epoch.
+
+    The table grows on disk at every epoch end, before that epoch's resume checkpoint, so a
+    run killed (even by SIGKILL) and resumed from its checkpoint keeps the rows up to its
+    resume point (``resume``) and ends with the same table as a run never interrupted.
 
     Args:
         model: the unwrapped module (parameter names without DDP's ``module.`` prefix).
         rescale_to_pre_clip: norm clipping is on, so post-clip norms are rescaled.
+        path: the table (``layer_norms.csv`` in the run folder).
     """
 
-    def __init__(self, model: nn.Module, rescale_to_pre_clip: bool) -> None:
+    def __init__(self, model: nn.Module, rescale_to_pre_clip: bool, path: Path) -> None:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.rescale = rescale_to_pre_clip
-        self.rows: list[list[float]] = []
+        self.path = path
+        self.rows: list[list[float]] = []  # not yet on disk
         self._zeros = [torch.zeros((), device=p.device) for p in self.params]
+        self._fresh = True  # the first flush starts the table (unless resume() kept one)
+
+    def resume(self, last_step: int) -> None:
+        """Keep the rows of steps ``<= last_step`` of an earlier attempt (the resume point)."""
+        self.rows = []
+        kept: list[list[str]] = []
+        if self.path.exists():
+            with self.path.open(newline="") as f:
+                reader = csv.reader(f)
+                header = next(reader, None)
+                if header == ["step", *self.names]:  # else another model's table: start over
+                    kept = [row for row in reader if row and int(row[0]) <= last_step]
+        with self.path.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["step", *self.names])
+            w.writerows(kept)
+        self._fresh = False
 
     def on_step(self, log: StepLog) -> None:
         """Record this step's per-parameter norms (a parameter without gradient reads 0)."""
@@ -53,10 +76,16 @@ class LayerNormRecorder:
             values = [v * factor for v in values]
         self.rows.append([log.step, *values])
 
-    def write(self, path: Path) -> None:
+    def flush(self) -> None:
+        """Append the rows recorded since the last flush (every epoch end, and at the end)."""
+        self._write_rows(self.rows, mode="w" if self._fresh else "a")
+        self.rows, self._fresh = [], False
+
+    def _write_rows(self, rows: list[list[float]], mode: str) -> None:
         """``step`` then one column per parameter name; non-finite values as ``inf``/``nan``."""
-        with path.open("w", newline="") as f:
+        with self.path.open(mode, newline="") as f:
             w = csv.writer(f)
-            w.writerow(["step", *self.names])
-            for step, *values in self.rows:
+            if mode == "w":
+                w.writerow(["step", *self.names])
+            for step, *values in rows:
                 w.writerow([int(step), *(v if math.isfinite(v) else str(v) for v in values)])

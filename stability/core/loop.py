@@ -123,7 +123,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     # Same seed on every rank: the same permutation each epoch, of which each takes its share.
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
-    layers = (LayerNormRecorder(model, cfg.clip.enabled and cfg.clip.method == "norm")
+    layers = (LayerNormRecorder(model, cfg.clip.enabled and cfg.clip.method == "norm",
+                                out / LAYER_NORMS_NAME)
               if cfg.telemetry.per_layer and main else None)
     monitor = SkipRateMonitor(cfg.monitor)
     diag = Diagnostics()
@@ -131,6 +132,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     parts = checkpoint.Parts(model, optimizer, trainer, shuffle, monitor, diag)
     resumed = checkpoint.restore(out, cfg, parts) if main and not ddp else None
     resume_at = resumed.csv_bytes if resumed else None
+    if resumed and layers is not None:
+        layers.resume(trainer.step_count)
     csv_writer = CsvStepWriter(out / CSV_NAME, resume_at=resume_at) if main else None
     all_sinks: list[StepSink] = [] if csv_writer is None else [csv_writer]
     all_sinks.extend(sinks)
@@ -179,6 +182,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
                 best_metrics = val
                 if main:  # the unwrapped module: keys load into the task's fresh model
                     torch.save(model.state_dict(), out / CHECKPOINT_NAME)
+            if layers is not None:  # on disk before the resume point that counts it
+                layers.flush()
             if csv_writer is not None and not ddp:  # the resume point of this epoch
                 checkpoint.save(out, cfg, parts, epochs, (best_val, best_epoch, best_acc),
                                 csv_writer.position, best_metrics)
@@ -194,7 +199,7 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
         if csv_writer is not None:
             csv_writer.close()
         if layers is not None:
-            layers.write(out / LAYER_NORMS_NAME)
+            layers.flush()
     if main:
         checkpoint.discard(out)  # the run ended (finished or diverged): nothing to resume
 

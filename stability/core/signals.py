@@ -11,8 +11,9 @@ Three situations, three mechanisms, one module:
 - A sweep (``StopRequest``): out-of-process workers (joblib) get Ctrl-C from the terminal
   themselves, and each job closes its own run as KILLED. If the sweeper raised at once, joblib
   would SIGKILL those workers in the middle of that close; so the first signal only asks to
-  stop: SIGTERM, which a terminal does not deliver to the workers, is forwarded to them, the
-  running batch is collected and no new job starts. A second signal stops at once. A job that
+  stop: a stop file is written (jobs still queued see it and return unstarted), SIGTERM, which
+  a terminal does not deliver to the workers, is forwarded to them, the running jobs are
+  collected and no new job starts. A second signal stops at once. A job that
   runs in the sweeper's own process (the basic launcher) is interrupted directly.
 
 Handlers can only be installed from the main thread; elsewhere (some launchers) every
@@ -109,10 +110,13 @@ class StopRequest:
 
     Args:
         in_process: jobs run in this process (basic launcher): raise at once instead.
+        stop_file: written on the first signal, before the workers hear of it, so that jobs
+            queued in a worker pool (``stability.sweep.pool``) return without starting.
     """
 
-    def __init__(self, in_process: bool) -> None:
+    def __init__(self, in_process: bool, stop_file: Path | None = None) -> None:
         self.in_process = in_process
+        self.stop_file = stop_file
         self.signum: int | None = None
 
     @property
@@ -129,6 +133,8 @@ class StopRequest:
     def _handle(self, signum: int, frame: Any) -> None:
         first = self.signum is None
         self.signum = signum if first else self.signum
+        if first and self.stop_file is not None:
+            self.stop_file.touch()
         if self.in_process or not first:
             raise self.exception()
         if signum == signal.SIGTERM:

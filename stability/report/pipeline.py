@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from stability.report import advice, compare, fetch, health, plots, publish, select
+from stability.report import advice, compare, fetch, health, layers, plots, publish, select
 from stability.report.evaluate import evaluate_winner, load_winner
 from stability.report.html import to_html
 from stability.report.options import ReportConfig, ReportError
@@ -73,9 +73,15 @@ def _series(configs: pd.DataFrame, role: str, fp: str, color: str) -> plots.Seri
 
 
 def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.DataFrame],
-         recs: list[advice.Recommendation], folder: Path, workers: int,
-         notes: list[str]) -> list[plots.Figure]:
-    """Draw from the fetched steps tables; fetch only val_loss histories of a few configs."""
+         recs: list[advice.Recommendation], folder: Path, workers: int, notes: list[str],
+         cache: Path, remarks: list[str]) -> list[plots.Figure]:
+    """Draw from the fetched steps tables; fetch only what a few plotted configs need.
+
+    Beyond ``steps`` that is the val_loss histories of the plotted configs and the
+    ``layer_norms.csv`` of their representative runs (downloaded under ``cache``). A figure
+    that cannot be drawn adds a line to ``notes`` (problems); one with nothing to draw may
+    say why in ``remarks``.
+    """
     roles = _roles(configs)
     series = {fp: _series(configs, role, fp, ROLE_COLORS[i % len(ROLE_COLORS)])
               for i, (role, fp) in enumerate(roles)}
@@ -115,6 +121,9 @@ def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.
         ("skipped steps", lambda: plots.skipped_steps(configs, folder)),
         ("heatmap", lambda: plots.heatmap(configs, folder)),
         ("max_norm advice", lambda: plots.max_norm_advice(recs, folder)),
+        ("per-layer norms", lambda: layers.figure(
+            c, [(series[fp], r) for fp, r in rep.items() if r is not None], steps, folder,
+            cache / "layers", workers, remarks)),
     ]
     figures = []
     for name, job in jobs:
@@ -159,6 +168,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     commit = git_commit()
     report_run = publish.start_report_run(c, sweep, winner, commit)
     notes: list[str] = []
+    remarks: list[str] = []  # figure-section lines: a figure with nothing to draw says why
     try:
         with tempfile.TemporaryDirectory(prefix="stability-report-") as tmp:
             cache = Path(tmp)
@@ -174,12 +184,13 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                 version, created = _register(c, uri, cfg, sweep, runs, winner, test, report_run,
                                              cache / "model", notes)
             figures = draw(c, runs, configs, steps, recs, folder / "plots",
-                           cfg.history_workers, notes) if cfg.plots else []
+                           cfg.history_workers, notes, cache, remarks) if cfg.plots else []
         elapsed = time.perf_counter() - t0
         write_summary(configs, folder / "summary.csv")
         ctx = ReportContext(sweep, uri, runs, configs, comparisons, test, figures, notes,
                             cfg.confidence, cfg.alpha, report_run, version, elapsed,
-                            datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit, recs)
+                            datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit, recs,
+                            remarks)
         markdown = render(ctx)
         (folder / Artifact.REPORT_MD).write_text(markdown)
         (folder / Artifact.REPORT_HTML).write_text(

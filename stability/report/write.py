@@ -55,6 +55,7 @@ class ReportContext:
     generated_at: str
     git_commit: str
     advice: Sequence[Recommendation] = ()
+    remarks: Sequence[str] = ()  # one line each in the figure section: why a figure is absent
 
 
 def fmt(x: float, digits: int = 4) -> str:
@@ -245,6 +246,8 @@ def render(ctx: ReportContext) -> str:
         parts += ["## Problems while writing this report", "",
                   *[f"- {note}" for note in ctx.notes], ""]
     parts += ["## Figures", ""]
+    for remark in ctx.remarks:
+        parts += [remark, ""]
     for f in ctx.figures:
         parts += [f"### {f.title}", "", f"![{f.title}](plots/{f.file})", "", f.caption, ""]
     parts += ["## Reproduce", "", "```bash",

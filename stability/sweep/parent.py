@@ -10,15 +10,16 @@ import re
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stability.core.config import TrackingConfig
+from stability.sweep.schedule import CostKey, observed_costs
 from stability.tracking.artifacts import upload_artifacts
 from stability.tracking.contract import Kind, Outcome, Tag, search_filter
 from stability.tracking.orphans import end_stale_runs
-from stability.tracking.queries import finished_points, point_of, search_all
+from stability.tracking.queries import finished_runs, point_of, points_of, search_all
 from stability.tracking.sync import sync_paths
 from stability.tracking.uri import (
     check_reachable,
@@ -58,6 +59,8 @@ class SweepRun:
     started: float
     synced: int = 0  # pending run folders uploaded before the sweep started
     stale: int = 0  # RUNNING runs without heartbeat ended as KILLED before it started
+    # seconds per epoch the experiment's finished runs took, per kind of job (schedule.order)
+    costs: dict[CostKey, float] = field(default_factory=dict)
 
     def job_overrides(self) -> list[str]:
         """What every job of the sweep gets: the same store, sweep id and parent."""
@@ -157,7 +160,9 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
     exp_id = ensure_experiment(uri, tracking.experiment)
     synced = len(sync_paths([sweep_dir], uri, end_stale=False)) if sweep_dir else 0
     stale = end_stale_runs(uri, tracking.experiment, tracking.stale_after_s)
-    done = finished_points(uri, tracking.experiment) if resume else set()
+    # One read serves resume (what is done) and scheduling (how long each kind of job took).
+    finished = finished_runs(uri, tracking.experiment)
+    done = points_of(finished) if resume else set()
     c = client(uri)
     from mlflow.entities import Param  # after client(): it imports MLflow (lean)
 
@@ -171,7 +176,7 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
     if grid:
         c.log_batch(run.info.run_id, params=grid[:100], synchronous=True)
     return SweepRun(uri, tracking.experiment, exp_id, run.info.run_id, sweep_id,
-                    time.time(), synced, stale), done
+                    time.time(), synced, stale, observed_costs(finished)), done
 
 
 def resumable_folders(run: SweepRun, points: Sequence[Any]) -> dict[tuple[str, int], Path]:

@@ -5,15 +5,17 @@ whole sweep early, naming the key), drops duplicates (clip-off points differ onl
 that cannot matter), checks the tracking store, creates the experiment and the sweep's parent
 run once (parallel workers initialising a brand-new SQLite store at the same time crash
 MLflow's migrations), and skips points already FINISHED in the experiment. Jobs are launched
-in batches so progress and an ETA can be printed between them; a failed job never stops the
-sweep. The Hydra plugin in ``hydra_plugins/stability_sweeper`` is a thin subclass of this.
+longest first (``schedule``): through the local worker pool (``pool``) all at once, a job
+starting whenever a core frees, with progress and an ETA printed as each ends; through any
+other launcher in batches, progress between them. A failed job never stops the sweep. The
+Hydra plugin in ``hydra_plugins/stability_sweeper`` is a thin subclass of this.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
+import shutil
 import signal
 import sys
 import time
@@ -22,16 +24,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.sweeper import Sweeper
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.signals import StopRequest, Terminated
+from stability.sweep import pool, schedule
+from stability.sweep.compose import CachedComposer
 from stability.sweep.grid import SweepPoint, chunks, dedupe, make_point, override_key
 from stability.sweep.parent import (
     SweepRun,
@@ -58,6 +60,14 @@ def _fail(message: str, status: int) -> None:
 
 def _say(message: str) -> None:
     print(f"[sweep] {message}", flush=True)
+
+
+def _on_cpu(points: Sequence[SweepPoint]) -> bool:
+    """Whether the points train on a CPU (``device=auto`` without CUDA here)."""
+    import torch
+
+    devices = {p.cfg.device for p in points}
+    return devices == {"cpu"} or ("cuda" not in devices and not torch.cuda.is_available())
 
 
 def job_ok(result: JobReturn) -> bool:
@@ -93,40 +103,20 @@ class StabilitySweeper(BasicSweeper):
         self.resume = resume
         self.dry_run = dry_run
         self.grid: dict[str, str] = {}
-        self._bases: dict[tuple[str, ...], DictConfig] = {}
+        self._composer: CachedComposer | None = None
 
     def _compose(self, overrides: Sequence[str]) -> RunConfig:
-        """The ``RunConfig`` a job with ``overrides`` will see.
-
-        Composing from scratch costs ~0.1 s a point (a minute for the default study), so the
-        defaults list is composed once per distinct set of config-group choices and the value
-        overrides are applied to a copy, exactly as Hydra applies them after composition.
-        """
+        """The ``RunConfig`` a job with ``overrides`` will see (``compose.CachedComposer``:
+        composing from scratch costs ~0.1 s a point, a minute for the default study)."""
         assert self.hydra_context is not None and self.config is not None
-        loader = self.hydra_context.config_loader
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-        groups = tuple(o.input_line for o in parsed if self._is_group(o))
-        values = [o for o in parsed if o.input_line not in groups
-                  and not o.get_key_element().lstrip("+~").startswith("hydra.")]
-        if groups not in self._bases:
-            base = loader.load_sweep_config(self.config, list(groups))
-            with open_dict(base):
-                del base["hydra"]
-                base.output_dir = "."  # the job's own directory exists only once it runs
-            self._bases[groups] = base
-        cfg = copy.deepcopy(self._bases[groups])
-        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+        if self._composer is None:
+            self._composer = CachedComposer(self.hydra_context, self.config)
+        cfg = self._composer.app_config(overrides)
         try:
             return to_run_config(OmegaConf.to_container(cfg, resolve=True))
         except ConfigError as err:
             _fail(f"{err} (grid point: {' '.join(overrides)})", 2)
             raise  # unreachable: _fail exits
-
-    def _is_group(self, o: Override) -> bool:
-        # Hydra's own rule (hydra._internal.defaults_list.Overrides): a non-dict override of
-        # an existing config group selects a config file; anything else sets a value.
-        repo = self.hydra_context.config_loader.repository  # type: ignore[union-attr]
-        return not isinstance(o.value(), dict) and repo.group_exists(o.key_or_group)
 
     def plan(self, arguments: list[str]) -> tuple[int, list[SweepPoint]]:
         """Expand the grid and compose every point; returns (grid size, unique points).
@@ -196,28 +186,36 @@ class StabilitySweeper(BasicSweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
 
-        progress = Progress(total=len(todo))
-        stop = StopRequest(in_process=self._launcher_target().endswith("BasicLauncher"))
-        status, launched, returns = "FAILED", 0, []
-        job_dirs: dict[tuple[str, int], Path] = {}
+        # Longest first: a pool that takes the next job as a core frees ends soonest that way.
+        costed = schedule.order(todo, run.costs if run else None, on_cpu=_on_cpu(todo))
+        todo, costs = [p for p, _ in costed], [c for _, c in costed]
+        job_dirs = self._job_dirs(todo, offset) | {p.key: resume[p.key] for p in todo
+                                                   if p.key in resume}
+        progress = Progress(total=len(todo), total_cost=sum(costs))
+        state_dir = sweep_dir / f".pool-{sweep_id}"  # stop file, jobs' start marks (pool)
+        state_dir.mkdir(parents=True)
+        stop = StopRequest(in_process=self._launcher_target().endswith("BasicLauncher"),
+                           stop_file=state_dir / pool.STOP_FILE)
+        status, started, returns = "FAILED", set(), []
         try:
             with stop.installed():
-                for batch in chunks(todo, self.batch_size()):
-                    first, launched = launched, launched + len(batch)  # before: may be killed
-                    job_dirs |= self._job_dirs(batch, offset + first)
-                    job_dirs |= {p.key: resume[p.key] for p in batch if p.key in resume}
-                    results = self._launch(batch, run, offset + first, resume)
-                    progress.update(len(results), sum(not job_ok(r) for r in results))
-                    _say(progress.line())
-                    returns.append(results)
-                    if stop.requested:
-                        raise stop.exception()
+                if self._streams():
+                    returns = [self._stream(todo, costs, run, offset, resume, state_dir,
+                                            progress, started)]
+                else:
+                    returns = self._batches(todo, costs, run, offset, resume, progress,
+                                            started, stop)
+                if stop.requested:
+                    raise stop.exception()
             status = "FINISHED"
         except (KeyboardInterrupt, Terminated) as err:
             status = "KILLED"
             interrupted = isinstance(err, KeyboardInterrupt)
             raise SystemExit(128 + (signal.SIGINT if interrupted else signal.SIGTERM)) from None
         finally:
+            shutil.rmtree(state_dir, ignore_errors=True)
+            launched = len(started | {i for i, p in enumerate(todo)
+                                      if p.key in job_dirs and job_dirs[p.key].is_dir()})
             summary = {"runs_grid": grid_size, "runs_unique": len(points),
                        "runs_launched": launched, "runs_skipped_done": len(points) - len(todo),
                        "runs_not_finished": progress.failed}
@@ -227,6 +225,52 @@ class StabilitySweeper(BasicSweeper):
                  + ", ".join(f"{k.removeprefix('runs_')}={int(v)}" for k, v in summary.items()))
             if run is not None:
                 _say(f"view: {run.view_hint()}")
+        return returns
+
+    def _streams(self) -> bool:
+        """Whether to hand the launcher the whole grid at once (``pool.PoolLauncher``).
+
+        Not when ``max_batch_size`` is set: the user asked for batches.
+        """
+        return hasattr(self.launcher, "stream") and not self.max_batch_size
+
+    def _stream(self, todo: list[SweepPoint], costs: list[float], run: SweepRun | None,
+                offset: int, resume: dict[tuple[str, int], Path], state_dir: Path,
+                progress: Progress, started: set[int]) -> list[JobReturn]:
+        """Every job through the worker pool; progress is printed as each one ends."""
+        results = []
+        stream = self.launcher.stream(self._jobs(todo, run, resume), offset,  # type: ignore
+                                      state_dir)
+        for i, result in stream:
+            if result is None:  # the sweep was stopped before this job started
+                continue
+            started.add(i)
+            self._log_failure(result)
+            progress.update(1, int(not job_ok(result)), costs[i])
+            _say(progress.line())
+            results.append(result)
+        return results
+
+    def _batches(self, todo: list[SweepPoint], costs: list[float], run: SweepRun | None,
+                 offset: int, resume: dict[tuple[str, int], Path], progress: Progress,
+                 started: set[int], stop: StopRequest) -> list[Sequence[JobReturn]]:
+        """Batch after batch (launchers that run a list of jobs and return at its end)."""
+        assert self.launcher is not None
+        returns = []
+        first = 0
+        for batch in chunks(todo, self.batch_size()):
+            started.update(range(first, first + len(batch)))  # before: it may be killed
+            results = self.launcher.launch(self._jobs(batch, run, resume),
+                                           initial_job_idx=offset + first)
+            for r in results:
+                self._log_failure(r)
+            progress.update(len(results), sum(not job_ok(r) for r in results),
+                            sum(costs[first : first + len(batch)]))
+            _say(progress.line())
+            returns.append(results)
+            first += len(batch)
+            if stop.requested:
+                break
         return returns
 
     def _launcher_target(self) -> str:
@@ -271,19 +315,20 @@ class StabilitySweeper(BasicSweeper):
                   f"{type(err).__name__}: {err}", 1)
             raise
 
-    def _launch(self, batch: list[SweepPoint], run: SweepRun | None,
-                first_index: int, resume: dict[tuple[str, int], Path]) -> Sequence[JobReturn]:
-        assert self.launcher is not None
+    @staticmethod
+    def _jobs(points: list[SweepPoint], run: SweepRun | None,
+              resume: dict[tuple[str, int], Path]) -> list[list[str]]:
+        """Each point's overrides, plus the sweep's tracking and a resumed point's folder."""
         extra = run.job_overrides() if run else []
-        jobs = [[o for o in p.overrides if override_key(o) not in JOB_TRACKING_KEYS] + extra
+        return [[o for o in p.overrides if override_key(o) not in JOB_TRACKING_KEYS] + extra
                 + ([override("output_dir", str(resume[p.key]))] if p.key in resume else [])
-                for p in batch]
-        results = self.launcher.launch(jobs, initial_job_idx=first_index)
-        for r in results:
-            if r.status == JobStatus.FAILED:  # the job's own log has the traceback
-                log.error("job failed, the sweep goes on: %s: %r", " ".join(r.overrides or ()),
-                          r._return_value)
-        return results
+                for p in points]
+
+    @staticmethod
+    def _log_failure(result: JobReturn) -> None:
+        if result.status == JobStatus.FAILED:  # the job's own log has the traceback
+            log.error("job failed, the sweep goes on: %s: %r", " ".join(result.overrides or ()),
+                      result._return_value)
 
     @staticmethod
     def _close(run: SweepRun, status: str, summary: dict[str, int],

@@ -98,6 +98,7 @@ class Artifact:
     REPORT_MD = "report.md"  # report run: the review report
     REPORT_HTML = "report.html"  # report run: the same, self-contained (figures embedded)
     SUMMARY_CSV = "summary.csv"  # report run: one row per config, ranked
+    LAYER_NORMS_FIGURE = "plots/layer_norms.png"  # report run: parameters x steps heatmap
     MODEL = "model"  # name of the winner's logged MLflow Model
 
 

@@ -41,14 +41,23 @@ def point_of(run: Any) -> tuple[str, int] | None:
     return (fp, int(seed)) if fp and seed is not None else None
 
 
-def finished_points(uri: str, experiment: str) -> set[tuple[str, int]]:
-    """``(fingerprint, seed)`` of every FINISHED training run in ``experiment``."""
+def finished_runs(uri: str, experiment: str) -> list[Any]:
+    """Every FINISHED training run in ``experiment`` (none if it does not exist)."""
     c = client(uri)
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
-        return set()
-    runs = search_all(c, exp.experiment_id, search_filter(Kind.TRAIN, status="FINISHED"))
+        return []
+    return search_all(c, exp.experiment_id, search_filter(Kind.TRAIN, status="FINISHED"))
+
+
+def points_of(runs: Iterable[Any]) -> set[tuple[str, int]]:
+    """``(fingerprint, seed)`` of ``runs`` (those with the tags)."""
     return {p for p in map(point_of, runs) if p is not None}
+
+
+def finished_points(uri: str, experiment: str) -> set[tuple[str, int]]:
+    """``(fingerprint, seed)`` of every FINISHED training run in ``experiment``."""
+    return points_of(finished_runs(uri, experiment))
 
 
 def metric_steps(c: Any, run_id: str, keys: Iterable[str]) -> dict[str, set[int]]:

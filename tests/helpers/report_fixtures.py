@@ -3,7 +3,8 @@
 The report tests import ``make_sweep`` from here: each run gets the contract's tags, params
 (``stability.core.identity.flatten`` of a real ``RunConfig``), summary/epoch/step metrics, and real
 artifacts (a ``steps.csv`` from ``CsvStepWriter``, ``config.yaml``, and a ``state_dict`` of a
-real ``SequenceClassifier`` as ``checkpoints/best.pt``). The test below checks that the data
+real ``SequenceClassifier`` as ``checkpoints/best.pt``; with ``Spec.layer_norms`` also a
+``layer_norms.csv`` from ``LayerNormRecorder``). The test below checks that the data
 really follows the contract, so the report tests read what a real sweep writes.
 """
 
@@ -22,13 +23,18 @@ from mlflow.tracking import MlflowClient
 
 from stability.core.config import RunConfig, to_run_config
 from stability.core.identity import fingerprint, flatten
+from stability.core.layers import LayerNormRecorder
 from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME, write_config
+from stability.core.rundir import LAYER_NORMS_NAME
 from stability.core.steplog import CsvStepWriter, StepLog
 from stability.tasks.sign_sum import SequenceClassifier
 
 OUTCOME_STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED"}
 EPOCHS = 2
 STEPS_PER_EPOCH = 3
+# In layer_norms.csv a skipped step holds inf in this parameter (by named_parameters index)
+# and nan in a later one: the first non-finite parameter is not the table's first column.
+FIRST_BAD = 1
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class Spec:
     accum: int = 1
     losses: dict[int, float | str] = field(default_factory=dict)
     skips: int = 0  # skipped steps per run (fp16 only, to exercise the scaler figure)
+    layer_norms: bool = False  # write layer_norms.csv (telemetry.per_layer=true)
 
 
 def run_config(spec: Spec, seed: int, out: Path, sweep_id: str = "", parent: str = "") -> RunConfig:
@@ -81,6 +88,21 @@ def _steps_csv(path: Path, spec: Spec, seed: int) -> list[StepLog]:
     return logs
 
 
+def _layer_norms(path: Path, cfg: RunConfig, logs: list[StepLog]) -> None:
+    """A real ``LayerNormRecorder`` fed known gradients: 0.01 * step * (index + 1) per element."""
+    model = SequenceClassifier(cfg.model)
+    params = list(model.parameters())
+    recorder = LayerNormRecorder(model, cfg.clip.enabled and cfg.clip.method == "norm", path)
+    for s in logs:
+        for i, p in enumerate(params):
+            p.grad = torch.full_like(p, 0.01 * s.step * (i + 1))
+        if s.skipped:
+            params[FIRST_BAD].grad.view(-1)[0] = math.inf
+            params[FIRST_BAD + 2].grad.view(-1)[0] = math.nan
+        recorder.on_step(s)
+    recorder.flush()
+
+
 def log_run(c: MlflowClient, exp_id: str, spec: Spec, seed: int, root: Path, sweep_id: str,
             parent: str) -> str:
     """One training run with every field of the contract; returns its run id."""
@@ -101,6 +123,8 @@ def log_run(c: MlflowClient, exp_id: str, spec: Spec, seed: int, root: Path, swe
     for i in range(0, len(params), 100):
         c.log_batch(rid, params=params[i:i + 100])
     logs = _steps_csv(out / CSV_NAME, spec, seed)
+    if spec.layer_norms:
+        _layer_norms(out / LAYER_NORMS_NAME, cfg, logs)
     write_config(cfg, out / CONFIG_NAME)
     torch.manual_seed(seed)
     torch.save(SequenceClassifier(cfg.model).state_dict(), out / CHECKPOINT_NAME)
@@ -124,6 +148,8 @@ def log_run(c: MlflowClient, exp_id: str, spec: Spec, seed: int, root: Path, swe
     c.log_batch(rid, metrics=metrics)
     c.log_artifact(rid, str(out / CSV_NAME))
     c.log_artifact(rid, str(out / CONFIG_NAME))
+    if spec.layer_norms:
+        c.log_artifact(rid, str(out / LAYER_NORMS_NAME))
     c.log_artifact(rid, str(out / CHECKPOINT_NAME), artifact_path="checkpoints")
     c.set_terminated(rid, status=OUTCOME_STATUS[outcome])
     return rid
@@ -159,7 +185,7 @@ def make_sweep(uri: str, experiment: str, sweep_id: str, specs: list[Spec], root
 
 @pytest.mark.server
 def test_fixture_runs_follow_the_tracking_contract(mlflow_server, tmp_path):
-    spec = Spec("fp16", 1.0, 2, {0: 0.4, 1: "diverged"}, skips=1)
+    spec = Spec("fp16", 1.0, 2, {0: 0.4, 1: "diverged"}, skips=1, layer_norms=True)
     ids = make_sweep(mlflow_server.uri, "fixture-contract", "fx", [spec], tmp_path)
     c = MlflowClient(mlflow_server.uri)
     (fp, _), rid = next(iter(ids.items()))
@@ -173,7 +199,7 @@ def test_fixture_runs_follow_the_tracking_contract(mlflow_server, tmp_path):
     assert c.get_run(ids[(fp, 1)]).data.tags["stability.outcome"] == "diverged"
     files = {a.path for a in c.list_artifacts(rid)} | {
         a.path for a in c.list_artifacts(rid, "checkpoints")}
-    assert {"steps.csv", "config.yaml", "checkpoints/best.pt"} <= files
+    assert {"steps.csv", "config.yaml", "checkpoints/best.pt", "layer_norms.csv"} <= files
     local = Path(c.download_artifacts(rid, "", str(tmp_path / "dl")))
     state = torch.load(local / "checkpoints" / "best.pt", weights_only=True)
     cfg = to_run_config(yaml.safe_load((local / "config.yaml").read_text()))
