@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "one in a temp folder)")
     p.add_argument("--memory-reps", type=int, default=2,
                    help="child processes per variant for peak memory")
+    p.add_argument("--skinny-python", type=Path, default=None,
+                   help="python of a venv with mlflow-skinny instead of mlflow (docs/cluster.md):"
+                        " adds the tracked-skinny(-full) memory variants (skipped without it)")
     p.add_argument("--profile", action="store_true",
                    help="also cProfile one instrumented and one tracked run")
     g = p.add_argument_group("study")
@@ -176,9 +179,10 @@ def run_parts(args: argparse.Namespace, spec: BenchSpec, parts: list[str], out: 
                 }
         if "memory" in parts:
             _say("memory: one child process per variant and repetition")
-            result["memory"] = memory.memory_part(dataclasses.asdict(spec), work,
-                                                  stores.server_uri, stores.experiment,
-                                                  reps=args.memory_reps)
+            result["memory"] = memory.memory_part(
+                dataclasses.asdict(spec), work, stores.server_uri, stores.experiment,
+                reps=args.memory_reps,
+                skinny_python=str(args.skinny_python) if args.skinny_python else None)
         if "precision" in parts:
             result["precision"] = overhead.precision_part(spec, dirs, _say)
         if "accum" in parts:
@@ -203,6 +207,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     spec = spec_from(args)
     if args.memory_reps < 1:
         _fail(f"--memory-reps={args.memory_reps} is invalid: allowed values are an integer >= 1")
+    if args.skinny_python is not None and not os.access(args.skinny_python, os.X_OK):
+        _fail(f"--skinny-python={args.skinny_python} is invalid: allowed values are the path of "
+              "an executable python (e.g. /tmp/skinny-venv/bin/python)")
     parts = list(PARTS) if args.part and "all" in args.part else (args.part or
                                                                    list(DEFAULT_PARTS))
     torch.set_num_threads(1)  # every variant: one intra-op thread, as in a sweep worker

@@ -9,6 +9,12 @@ process per variant is needed because a peak can never go down: measured in one 
 second variant would inherit the first one's. The RSS right after the imports is reported too,
 so the run's own working set (peak minus that) is visible apart from the libraries.
 
+How MLflow is imported is part of the variant: ``tracked`` imports it in full first (every
+worker did before ``stability.tracking.lean``; a run on the embedded SQLite store still does),
+``tracked-lean`` the way a worker that logs to a server now does (``import_mlflow``: no pandas,
+pyarrow or scipy). ``tracked-skinny-full`` and ``tracked-skinny`` are the same two in a virtual
+environment with ``mlflow-skinny`` instead of ``mlflow``, only when its interpreter is given.
+
 Run as ``python -m benchmarks.memory VARIANT JSON`` (the parent does this).
 """
 
@@ -26,7 +32,12 @@ from typing import Any
 
 from benchmarks import PROJECT_ROOT
 
-VARIANTS = ("bare", "instrumented", "tracked")
+VARIANTS = ("bare", "instrumented", "tracked", "tracked-lean")
+# Run by the interpreter of an mlflow-skinny venv: name -> the child variant it runs there.
+SKINNY = {"tracked-skinny-full": "tracked", "tracked-skinny": "tracked-lean"}
+# Reported per child: which of the libraries a worker should not need ended up imported.
+WATCHED = ("pandas", "pyarrow", "scipy", "sklearn", "matplotlib", "sqlalchemy", "alembic",
+           "flask")
 
 
 def _rss_now_mib() -> float:
@@ -51,11 +62,18 @@ def _peak_rss_mib() -> float:
 
 def _child(variant: str, payload: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
+    # A sweep worker has MLflow loaded before training (its first run's client() imports it):
+    # imported up front, so the RSS after the imports includes it.
     if variant == "tracked":
-        import mlflow.tracking  # noqa: F401  (a sweep worker has MLflow loaded before training)
+        import mlflow.tracking  # noqa: F401  (in full, as before stability.tracking.lean)
+    elif variant.startswith("tracked-"):
+        from stability.tracking.lean import import_mlflow
+
+        import_mlflow(server=True)  # what client() does first for an http(s):// store
     from benchmarks.spec import BenchSpec
     from stability.core.config import TelemetryConfig, TrackingConfig
 
+    tracked = variant.startswith("tracked")
     if variant == "bare":
         from benchmarks.bare import bare_epochs as run
     elif variant == "instrumented":
@@ -67,24 +85,27 @@ def _child(variant: str, payload: dict[str, Any]) -> dict[str, Any]:
 
     spec = BenchSpec(**payload["spec"])
     tracking = (TrackingConfig(uri=payload["uri"], experiment=payload["experiment"])
-                if variant == "tracked" else None)
+                if tracked else None)
     # tracked is what a sweep worker runs: the default telemetry.per_layer
     run(spec.run_config(payload["output_dir"], tracking=tracking,
-                        per_layer=variant == "tracked" and TelemetryConfig().per_layer))
+                        per_layer=tracked and TelemetryConfig().per_layer))
     return {"variant": variant, "import_s": import_s, "rss_after_imports_mib": rss_imports,
-            "peak_rss_mib": _peak_rss_mib()}
+            "peak_rss_mib": _peak_rss_mib(), "modules": len(sys.modules),
+            "loaded": [m for m in WATCHED if sys.modules.get(m) is not None]}
 
 
 def measure(variant: str, spec_fields: dict[str, Any], output_dir: str,
-            uri: str | None = None, experiment: str | None = None) -> dict[str, Any]:
+            uri: str | None = None, experiment: str | None = None,
+            python: str | None = None) -> dict[str, Any]:
     """Run ``variant`` in a child process; its import time, RSS after imports and peak RSS.
 
     Args:
-        variant: ``bare``, ``instrumented`` or ``tracked``.
+        variant: one of ``VARIANTS``.
         spec_fields: ``BenchSpec`` fields (plain values, sent as JSON).
         output_dir: the run's output directory.
-        uri: tracking URI (``tracked`` only).
-        experiment: experiment name (``tracked`` only).
+        uri: tracking URI (``tracked*`` only).
+        experiment: experiment name (``tracked*`` only).
+        python: the child's interpreter (default: this one), e.g. an mlflow-skinny venv's.
 
     Raises:
         RuntimeError: the child failed (its stderr is quoted).
@@ -94,10 +115,11 @@ def measure(variant: str, spec_fields: dict[str, Any], output_dir: str,
                          f"{' | '.join(VARIANTS)}")
     payload = {"spec": spec_fields, "output_dir": output_dir, "uri": uri,
                "experiment": experiment}
+    # This checkout first: another venv's interpreter measures the same code.
     env = os.environ | {"PYTHONPATH": os.pathsep.join(
         p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.memory", variant, json.dumps(payload)],
+        [python or sys.executable, "-m", "benchmarks.memory", variant, json.dumps(payload)],
         capture_output=True, text=True, env=env, timeout=900,
     )
     if proc.returncode != 0:
@@ -109,36 +131,45 @@ def measure(variant: str, spec_fields: dict[str, Any], output_dir: str,
 
 
 def memory_part(spec_fields: dict[str, Any], workdir: Path, uri: str, experiment: str,
-                reps: int = 2) -> dict[str, Any]:
+                reps: int = 2, skinny_python: str | None = None) -> dict[str, Any]:
     """Peak RSS of each variant (median of ``reps`` interleaved child runs) and its ratio.
 
     Args:
         spec_fields: ``BenchSpec`` fields.
         workdir: parent of the runs' output directories.
-        uri: tracking URI of the ``tracked`` variant (an existing experiment).
+        uri: tracking URI of the tracked variants (an existing experiment on a server).
         experiment: its experiment name.
         reps: child runs per variant.
+        skinny_python: interpreter of a venv with ``mlflow-skinny`` instead of ``mlflow``;
+            adds the ``SKINNY`` variants (skipped without it).
     """
-    samples: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    runs = {v: (v, None) for v in VARIANTS}  # name: (child variant, interpreter)
+    if skinny_python:
+        runs |= {name: (child, skinny_python) for name, child in SKINNY.items()}
+    names = list(runs)
+    samples: dict[str, list[dict[str, Any]]] = {v: [] for v in names}
     for rep in range(reps):
-        for variant in VARIANTS if rep % 2 == 0 else VARIANTS[::-1]:
-            out = str(workdir / f"memory-{variant}-{rep}")
-            samples[variant].append(measure(variant, spec_fields, out, uri, experiment))
+        for name in names if rep % 2 == 0 else names[::-1]:
+            variant, python = runs[name]
+            out = str(workdir / f"memory-{name}-{rep}")
+            samples[name].append(measure(variant, spec_fields, out, uri, experiment, python))
 
-    def med(variant: str, key: str) -> float:
-        return statistics.median(s[key] for s in samples[variant])
+    def med(name: str, key: str) -> float:
+        return statistics.median(s[key] for s in samples[name])
 
     bare_peak = med("bare", "peak_rss_mib")
     return {
-        variant: {
-            "peak_rss_mib": med(variant, "peak_rss_mib"),
-            "rss_after_imports_mib": med(variant, "rss_after_imports_mib"),
-            "run_working_set_mib": med(variant, "peak_rss_mib")
-            - med(variant, "rss_after_imports_mib"),
-            "import_s": med(variant, "import_s"),
-            "ratio_vs_bare": med(variant, "peak_rss_mib") / bare_peak,
+        name: {
+            "peak_rss_mib": med(name, "peak_rss_mib"),
+            "rss_after_imports_mib": med(name, "rss_after_imports_mib"),
+            "run_working_set_mib": med(name, "peak_rss_mib")
+            - med(name, "rss_after_imports_mib"),
+            "import_s": med(name, "import_s"),
+            "ratio_vs_bare": med(name, "peak_rss_mib") / bare_peak,
+            "modules": med(name, "modules"),
+            "loaded": sorted({m for s in samples[name] for m in s["loaded"]}),
         }
-        for variant in VARIANTS
+        for name in names
     }
 
 

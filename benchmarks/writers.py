@@ -57,7 +57,7 @@ def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                            result["overhead"]["fixed_cost_s"]["server"]["median"],
                            TARGETS["fixed_cost_s"], "s"))
     if "memory" in result:
-        for variant in ("instrumented", "tracked"):
+        for variant in (v for v in result["memory"] if v != "bare"):
             out.append(_target(f"memory_ratio_{variant}", f"peak RSS {variant} / bare",
                                result["memory"][variant]["ratio_vs_bare"],
                                TARGETS["memory_ratio"]))
@@ -146,8 +146,10 @@ def _cost_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[s
     if "memory" in r:
         for variant, m in r["memory"].items():
             t = targets.get(f"memory_ratio_{variant}")
+            loaded = ", ".join(m.get("loaded", [])) or "none"
             lines.append(f"| Peak RSS, {variant} ({m['rss_after_imports_mib']:.0f} MiB after "
-                         f"imports, {m['import_s']:.1f} s to import) | {m['peak_rss_mib']:.0f} MiB"
+                         f"imports, {m['import_s']:.1f} s to import; of pandas, pyarrow, scipy, "
+                         f"sqlalchemy & co. loaded: {loaded}) | {m['peak_rss_mib']:.0f} MiB"
                          f" = {m['ratio_vs_bare']:.3f} × bare | {_limit(t)} | {_status(t)} |")
     if "study" in r:
         s, t = r["study"], targets["study_ratio"]

@@ -48,9 +48,12 @@ def test_benchmark_default_parts(mlflow_server: MlflowServer, tmp_path: Path) ->
         # every per-step metric of every tracked run reached the store
         assert overhead["full_resolution"][store]["all_complete"]
 
-    for variant in ("bare", "instrumented", "tracked"):
-        mem = result["memory"][variant]
+    assert set(result["memory"]) == {"bare", "instrumented", "tracked", "tracked-lean"}
+    for mem in result["memory"].values():
         assert mem["peak_rss_mib"] >= mem["rss_after_imports_mib"] > 0
+    # MLflow imported in full pulls pandas; the worker's own (lean) path to a server does not
+    assert "pandas" in result["memory"]["tracked"]["loaded"]
+    assert not {"pandas", "pyarrow"} & set(result["memory"]["tracked-lean"]["loaded"])
 
     assert set(result["precision"]) == {"fp32", "fp16", "bf16"}
 
@@ -96,3 +99,12 @@ def test_benchmark_rejects_a_bad_option(tmp_path: Path) -> None:
                           timeout=300)
     assert proc.returncode == 2
     assert "--reps=0 is invalid: allowed values are an integer >= 1" in proc.stderr
+
+
+def test_benchmark_rejects_a_skinny_python_that_is_not_one(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "experiments/benchmark.py", "--part", "memory",
+                           "--skinny-python", str(tmp_path / "nope"), "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert f"--skinny-python={tmp_path / 'nope'} is invalid: allowed values are" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -154,8 +154,6 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
         TrackingError: an HTTP tracking server does not answer.
         ConfigError: the tracking URI is malformed.
     """
-    from mlflow.entities import Param
-
     uri = resolve_tracking_uri(tracking.uri)
     configure_http(tracking.request_timeout_s)
     check_reachable(uri)
@@ -166,6 +164,8 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
     finished = finished_runs(uri, tracking.experiment)
     done = points_of(finished) if resume else set()
     c = client(uri)
+    from mlflow.entities import Param  # after client(): it imports MLflow (lean)
+
     tags = {Tag.KIND: Kind.SWEEP, Tag.SWEEP_ID: sweep_id, Tag.GRID_SIZE: str(grid_size),
             Tag.GRID_UNIQUE: str(unique), Tag.OVERRIDES: " ".join(arguments),
             Tag.GIT_COMMIT: git_commit(), Tag.OUTCOME: Outcome.RUNNING}

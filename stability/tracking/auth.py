@@ -15,6 +15,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from stability.tracking.lean import import_mlflow
 from stability.tracking.uri import REACH_TIMEOUT_S
 
 # MLflow's basic-auth app answers this for any signed-in user; a server without auth has no
@@ -30,7 +31,8 @@ class AuthError(RuntimeError):
 
 def tracking_credentials() -> tuple[str | None, str | None]:
     """(user, password) the MLflow client will send: its environment variables or
-    ``~/.mlflow/credentials``, read the way MLflow reads them."""
+    ``~/.mlflow/credentials``, read the way MLflow reads them (asked for HTTP servers only)."""
+    import_mlflow(server=True)
     from mlflow.utils.credentials import read_mlflow_creds
 
     creds = read_mlflow_creds()

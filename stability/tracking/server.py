@@ -48,9 +48,18 @@ class MlflowServer:
                 continue
 
 
+# `mlflow server` needs the full mlflow package (Flask, SQLAlchemy): a venv with only
+# mlflow-skinny (docs/cluster.md, a worker install) names another venv's python here.
+SERVER_PYTHON_VAR = "STABILITY_SERVER_PYTHON"
+
+
 def server_command(store_uri: str, port: int, extra: list[str] | None = None) -> list[str]:
-    """``mlflow server`` on 127.0.0.1 with one worker, for ``store_uri`` (the UI and the tests)."""
-    return [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+    """``mlflow server`` on 127.0.0.1 with one worker, for ``store_uri`` (the UI and the tests).
+
+    Run by this interpreter, or by ``$STABILITY_SERVER_PYTHON`` when set.
+    """
+    python = os.environ.get(SERVER_PYTHON_VAR) or sys.executable
+    return [python, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
             "--backend-store-uri", store_uri, "--workers", "1", *(extra or [])]
 
 

@@ -101,8 +101,6 @@ def sync_folder(folder: str | Path, uri: str | None = None,
         SyncError: ``folder`` has no journal.
         TrackingError: the HTTP server does not answer.
     """
-    from mlflow.entities import Param, RunTag
-
     folder = Path(folder)
     r = journal.read(folder)
     if r is None:
@@ -115,6 +113,8 @@ def sync_folder(folder: str | Path, uri: str | None = None,
         return retry_call(fn, retry_s)
 
     c = call(lambda: client(uri))
+    from mlflow.entities import Param, RunTag  # after client(): it imports MLflow (lean)
+
     run = call(lambda: _find_run(c, r.run_id))
     result = SyncResult(folder, "")
     if run is None:

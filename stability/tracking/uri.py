@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import importlib.util
 import os
 import re
 import subprocess
@@ -22,6 +23,7 @@ from typing import Any
 
 from stability.core.config import ConfigError, RunConfig
 from stability.core.identity import config_label, flatten
+from stability.tracking.lean import import_mlflow
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # stability/ (in a checkout: its repo)
 REACH_TIMEOUT_S = 5.0
@@ -68,10 +70,29 @@ def validate_uri(uri: str) -> None:
 
 
 def resolve_tracking_uri(uri: str | None = None) -> str:
-    """``tracking.uri`` if given, else ``$MLFLOW_TRACKING_URI``, else the embedded SQLite store."""
+    """``tracking.uri`` if given, else ``$MLFLOW_TRACKING_URI``, else the embedded SQLite store.
+
+    Raises:
+        ConfigError: the URI is malformed, or names a database store that this install of
+            MLflow cannot open (``mlflow-skinny`` has no SQLAlchemy: servers only).
+    """
     resolved = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_store_uri()
     validate_uri(resolved)
+    if not is_http(resolved) and not has_database_store():
+        given = (f"tracking.uri={uri!r}" if uri else
+                 f"MLFLOW_TRACKING_URI={resolved!r}" if os.environ.get("MLFLOW_TRACKING_URI")
+                 else f"tracking.uri=null (the embedded store {resolved})")
+        raise ConfigError(
+            f"{given} needs MLflow's database store (sqlalchemy and alembic, part of the full "
+            "`mlflow` package), which this install (mlflow-skinny) lacks: allowed values here "
+            "are http(s)://host:port, a tracking server (docs/cluster.md), or install mlflow")
     return resolved
+
+
+@functools.cache
+def has_database_store() -> bool:
+    """Whether MLflow can open ``sqlite://`` / ``postgresql://`` stores here (not in skinny)."""
+    return all(importlib.util.find_spec(m) is not None for m in ("sqlalchemy", "alembic"))
 
 
 def is_http(uri: str) -> bool:
@@ -143,8 +164,10 @@ def store_lock(uri: str) -> Iterator[None]:
 def client(uri: str) -> Any:
     """An ``MlflowClient`` for ``uri`` whose store (and schema) exists (MLflow imported lazily).
 
-    For SQLite the store is opened under ``store_lock``, so its creation never races.
+    For SQLite the store is opened under ``store_lock``, so its creation never races. The
+    process's first client imports MLflow, for a server without pandas (``lean``).
     """
+    import_mlflow(server=is_http(uri))
     from mlflow.tracking import MlflowClient
 
     c = MlflowClient(tracking_uri=uri)
@@ -161,6 +184,7 @@ def ensure_experiment(uri: str, name: str, check: bool = True) -> str:
     ``store_lock``; a server that reports the experiment as just created is asked again.
     ``check=False`` skips the ``/health`` probe (a caller that retries on its own).
     """
+    import_mlflow(server=is_http(uri))
     from mlflow.exceptions import MlflowException
 
     if check:
