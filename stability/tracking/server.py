@@ -48,10 +48,12 @@ class MlflowServer:
                 continue
 
 
-def server_command(store_uri: str, port: int, extra: list[str] | None = None) -> list[str]:
-    """``mlflow server`` on 127.0.0.1 with one worker, for ``store_uri`` (the UI and the tests)."""
+def server_command(store_uri: str, port: int, extra: list[str] | None = None,
+                   workers: int = 1) -> list[str]:
+    """``mlflow server`` on 127.0.0.1 with one worker (``workers``: a benchmark's other count),
+    for ``store_uri`` (the UI and the tests)."""
     return [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-            "--backend-store-uri", store_uri, "--workers", "1", *(extra or [])]
+            "--backend-store-uri", store_uri, "--workers", str(workers), *(extra or [])]
 
 
 def server_env() -> dict[str, str]:
@@ -87,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def start_server(
-    root: str | Path, port: int | None = None, timeout_s: float = 90.0
+    root: str | Path, port: int | None = None, timeout_s: float = 90.0,
+    store_uri: str | None = None, workers: int = 1,
 ) -> MlflowServer:
     """Start ``mlflow server`` on 127.0.0.1: SQLite store, proxied artifacts, under ``root``.
 
@@ -95,6 +98,9 @@ def start_server(
         root: directory for ``mlflow.db``, ``artifacts/`` and ``server.log``.
         port: TCP port (a free one by default).
         timeout_s: how long to wait for ``/health``.
+        store_uri: another backend store (e.g. PostgreSQL's SQLAlchemy URL) instead of
+            ``root/mlflow.db``; artifacts stay under ``root``.
+        workers: uvicorn workers (one everywhere but in the scale benchmark's comparison).
 
     Returns:
         The running server.
@@ -106,8 +112,9 @@ def start_server(
     root.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log_path = root / "server.log"
-    cmd = server_command(f"sqlite:///{root / 'mlflow.db'}", port,
-                         ["--artifacts-destination", str(root / "artifacts"), "--serve-artifacts"])
+    cmd = server_command(store_uri or f"sqlite:///{root / 'mlflow.db'}", port,
+                         ["--artifacts-destination", str(root / "artifacts"), "--serve-artifacts"],
+                         workers)
     proc = subprocess.Popen(cmd, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
                             env=server_env(), start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
