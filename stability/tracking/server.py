@@ -56,12 +56,24 @@ def server_command(store_uri: str, port: int, extra: list[str] | None = None,
             "--backend-store-uri", store_uri, "--workers", str(workers), *(extra or [])]
 
 
+# MLflow's SQL store takes a second pooled connection inside most requests (a nested session:
+# create_run looks the experiment up, log_batch logs params and metrics in their own), and the
+# server runs up to 40 requests at once (anyio's thread limit). With SQLAlchemy's default pool
+# (5 + 10 overflow) 16 or more concurrent writers each hold one connection and wait for a
+# second one until the pool times out (30 s): 32 simulated writers logged nothing for the whole
+# window (docs/performance.md, "Ten times the study"). 5 + 40 > 40 cannot deadlock; a value the
+# user exported wins. docker/mlflow-server.sh sets the same for the team server.
+POOL_ENV = {"MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW": "40"}
+
+
 def server_env() -> dict[str, str]:
-    """The server's environment: no client URI, and MLflow's job runner off.
+    """The server's environment: no client URI, MLflow's job runner off, a pool that cannot
+    deadlock (``POOL_ENV``).
 
     The job runner (huey consumers for GenAI jobs) starts ~10 busy processes we never use.
     """
-    return os.environ | {"MLFLOW_TRACKING_URI": "", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    return POOL_ENV | dict(os.environ) | {"MLFLOW_TRACKING_URI": "",
+                                           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def serve_ui(store_uri: str, port: int = 5000) -> None:
