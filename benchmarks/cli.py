@@ -4,9 +4,11 @@
     python experiments/benchmark.py --part overhead --reps 11 --profile
     python experiments/benchmark.py --part study          # the latest finished sweep in MLflow
     python experiments/benchmark.py --part study --run-study   # run the default study, timed
+    python experiments/benchmark.py --part scale          # 1x/3x/10x the study: ~25 min
 
 Writes ``benchmarks/results/bench.json``, ``bench.md`` (docs-ready tables),
-``accum-curve.json`` and ``accum-curve.png``, and prints the tables. See docs/performance.md.
+``accum-curve.json`` and ``accum-curve.png`` (``scale-growth.png`` with ``--part scale``), and
+prints the tables. See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 import torch  # noqa: E402
 
-from benchmarks import accum, memory, overhead, study, writers  # noqa: E402
+from benchmarks import accum, memory, overhead, scale_out, study, writers  # noqa: E402
 from benchmarks.machine import machine_info, usable_cores  # noqa: E402
 from benchmarks.profiling import profile_call  # noqa: E402
 from benchmarks.spec import DEFAULT_PARTS, PARTS, BenchSpec  # noqa: E402
@@ -80,7 +82,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="extra overrides for --run-study, e.g. '+sweep=smoke'")
     g.add_argument("--cores", type=int, default=None,
                    help="cores of the ideal (default: the cores this process may use)")
+    g = p.add_argument_group("scale")
+    g.add_argument("--scale-runs", default="240,720,2400",
+                   help="study sizes, nested grids (1x 3x 10x the default study; tiny: 24,48)")
+    g.add_argument("--scale-stores", default="sqlite,postgres",
+                   help="sqlite and/or postgres, each behind a real mlflow server")
+    g.add_argument("--scale-writers", default="2,8,32",
+                   help="writer processes of the ingest windows at the first size")
+    g.add_argument("--scale-window", type=float, default=12.0,
+                   help="seconds of each measured ingest window (after 4 s of warm-up)")
     return p.parse_args(argv)
+
+
+def scale_spec(args: argparse.Namespace) -> Any:
+    """The validated ``ScaleSpec``; a bad value exits with status 2 naming the option."""
+    from benchmarks.scale import ScaleSpec
+
+    def ints(option: str, text: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(x) for x in text.split(","))
+        except ValueError:
+            _fail(f"{option}={text!r} is invalid: allowed values are comma-separated integers")
+            raise
+
+    try:
+        return ScaleSpec(runs=ints("--scale-runs", args.scale_runs),
+                         stores=tuple(args.scale_stores.split(",")),
+                         writers=ints("--scale-writers", args.scale_writers),
+                         window_s=args.scale_window)
+    except ConfigError as err:
+        _fail(str(err))
 
 
 def spec_from(args: argparse.Namespace) -> BenchSpec:
@@ -195,6 +226,13 @@ def run_parts(args: argparse.Namespace, spec: BenchSpec, parts: list[str], out: 
             accum.plot(curve, out / "accum-curve.png")
         if "study" in parts:
             result["study"] = run_study(args, spec, out)
+        if "scale" in parts:
+            from benchmarks.scale import run_scale
+
+            sspec = scale_spec(args)
+            result["scale"] = run_scale(sspec, work / "scale", _say)
+            result["scale"]["goals"] = scale_out.targets(result["scale"], sspec.size_writers)
+            scale_out.plot(result["scale"], out / "scale-growth.png")
     finally:
         if server is not None:
             server.stop()
@@ -212,6 +250,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "an executable python (e.g. /tmp/skinny-venv/bin/python)")
     parts = list(PARTS) if args.part and "all" in args.part else (args.part or
                                                                    list(DEFAULT_PARTS))
+    if "scale" in parts:
+        scale_spec(args)  # a bad --scale-* value fails before anything runs
     torch.set_num_threads(1)  # every variant: one intra-op thread, as in a sweep worker
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from benchmarks import scale_out
 from benchmarks.machine import describe
 from benchmarks.spec import TARGETS
 
@@ -226,12 +227,16 @@ def markdown(r: dict[str, Any]) -> str:
         f"Machine: {describe(r['machine'])} at the start; "
         f"{' / '.join(str(x) for x in r['machine_after']['load_avg_1_5_15'])} at the end"
         f"{_cpu_during(r)}.",
-        "",
-        f"Settings: {sp['precision']}, clipping on (global norm {sp['max_norm']}), accum_steps "
-        f"{sp['accum_steps']}, micro-batch 64, {sp['num_samples']} sequences (70% train), one "
-        f"torch thread; {sp['reps']} interleaved repetitions of {sp['epochs']} epochs each "
-        "(the first epoch of each is a dropped warm-up when there are two or more); medians.",
     ]
+    if set(r["parts"]) - {"scale"}:  # the training settings; scale trains nothing
+        lines += [
+            "",
+            f"Settings: {sp['precision']}, clipping on (global norm {sp['max_norm']}), "
+            f"accum_steps {sp['accum_steps']}, micro-batch 64, {sp['num_samples']} sequences "
+            f"(70% train), one torch thread; {sp['reps']} interleaved repetitions of "
+            f"{sp['epochs']} epochs each (the first epoch of each is a dropped warm-up when "
+            "there are two or more); medians.",
+        ]
     if "overhead" in r:
         lines += ["", *_overhead_table(r, targets)]
     if {"overhead", "memory", "study"} & set(r):
@@ -240,6 +245,8 @@ def markdown(r: dict[str, Any]) -> str:
         lines += ["", f"Per precision on this device (same settings, {sp['reps']} repetitions "
                   f"of {min(sp['precision_epochs'], sp['epochs'])} epochs):", "",
                   *_precision_table(r)]
+    if "scale" in r:
+        lines += ["", *scale_out.markdown(r["scale"], r["scale"]["spec"]["size_writers"])]
     if "accum" in r:
         lines += ["", "Accumulation throughput curve (micro-batch 64, `TrainStep` on the plain "
                   "model; gradient syncs counted by a comm hook on a world-size-1 DDP model):",

@@ -36,6 +36,12 @@ export MLFLOW_AUTH_CONFIG_PATH="$auth_ini"
 # The server-side job runner (GenAI jobs) starts ~10 busy consumer processes this project
 # never uses.
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false
+# MLflow's SQL store takes a second pooled connection inside most requests and the server runs
+# up to 40 at once: with SQLAlchemy's default pool (5 + 10 overflow), 16 or more concurrent
+# writers (sweep jobs) all wait for a second connection until the pool times out (30 s); 32
+# writers logged nothing (docs/performance.md, "Ten times the study"). 5 + 40 > 40 cannot
+# deadlock, and with the user store's pool (the same settings) stays under PostgreSQL's 100.
+export MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW="${MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW:-40}"
 
 # --workers 1: MLflow 3.x with its default 4 uvicorn workers adds ~40 ms to every keep-alive
 # request (measured on our machines), which a sweep logging every optimizer step pays

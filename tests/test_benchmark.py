@@ -108,3 +108,53 @@ def test_benchmark_rejects_a_skinny_python_that_is_not_one(tmp_path: Path) -> No
     assert proc.returncode == 2
     assert f"--skinny-python={tmp_path / 'nope'} is invalid: allowed values are" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.server
+@pytest.mark.browser
+def test_benchmark_scale_part_measures_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "experiments/benchmark.py", "--part", "scale",
+                           "--scale-runs", "12,24", "--scale-stores", "sqlite",
+                           "--scale-writers", "2", "--scale-window", "2", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads((out / "bench.json").read_text())
+    assert result["parts"] == ["scale"]
+    scale = result["scale"]
+    assert scale["shape"]["step_points_per_run"]["12"] == 2304  # the default study's mean
+    store = scale["stores"]["sqlite"]
+    # the bulk-built runs have every key, history and artifact a server-written run has
+    assert store["shape_check"]["differences"] == 0
+    assert [s["runs"] for s in store["sizes"]] == [12, 24]
+    for size in store["sizes"]:
+        assert size["build"]["runs"] == 12  # each size adds the runs its grid lacks
+        assert size["build"]["metric_rows"] > 0 and size["store_mb_after"] > 0
+        for window in size["ingest"]:
+            assert window["step_points"] > 0 and window["step_points_per_s"] > 0
+            assert window["cpu"]["server_cores"] > 0
+        assert size["report"]["wall_s"] > size["report"]["build_report_s"] > 0
+        assert all(size["ui"][k] > 0 for k in ("runs_page_cold_s", "runs_page_warm_s",
+                                                "grouped_s", "chart_s"))
+        resume = size["resume"]
+        assert resume["finished_points"] == size["runs"]  # the sweeper skipped every run
+        assert resume["sweep_wall_s"] > resume["finished_points_s"] > 0
+    assert [w["writers"] for w in store["sizes"][0]["ingest"]] == [2]
+    assert [w["writers"] for w in store["sizes"][1]["ingest"]] == [8]
+    assert store["sizes"][0]["store_cost"]["us_per_point_cpu"] > 0
+    assert store["two_workers"]["step_points_per_s"] > 0
+    assert {g["name"] for g in scale["goals"]} == {
+        "ingest_points_per_s_sqlite", "report_s_sqlite", "report_marginal_growth_sqlite",
+        "runs_page_s_sqlite"}
+    assert (out / "scale-growth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| SQLite | 24 |" in (out / "bench.md").read_text()
+
+
+def test_benchmark_scale_rejects_sizes_that_are_not_nested_grids(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "experiments/benchmark.py", "--part", "scale",
+                           "--scale-runs", "25", "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "--scale-runs=25 is invalid: allowed values are 12 x (thresholds + 1)" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,22 +186,38 @@ def val_acc_at_best(c: Any, runs: pd.DataFrame, workers: int = 8) -> pd.Series:
     return out
 
 
-def download(c: Any, run_id: str, path: str, dest: Path) -> Path | None:
-    """Download one artifact of a run into ``dest``; ``None`` (with a warning) if it is absent."""
+def download(c: Any, run_id: str, path: str, dest: Path,
+             artifact_uri: str | None = None) -> Path | None:
+    """Download one artifact of a run into ``dest``; ``None`` (with a warning) if it is absent.
+
+    Given the run's ``artifact_uri`` (every fetched run row has it), the file is read from there:
+    2 requests to a tracking server instead of the 6 of ``MlflowClient.download_artifacts``
+    (which looks the run up twice, lists the folder, asks for the server's info and searches
+    logged models), the report's largest request count on a big sweep (one file a run).
+    """
     dest.mkdir(parents=True, exist_ok=True)
     try:
+        if isinstance(artifact_uri, str) and artifact_uri:
+            from mlflow.artifacts import download_artifacts
+
+            return Path(download_artifacts(artifact_uri=f"{artifact_uri.rstrip('/')}/{path}",
+                                           dst_path=str(dest), tracking_uri=c.tracking_uri))
         return Path(c.download_artifacts(run_id, path, str(dest)))
     except Exception as err:  # a missing artifact must not end the report
         log.warning("run %s has no artifact %s (%s)", run_id, path, err)
         return None
 
 
-def steps_tables(c: Any, run_ids: Iterable[str], dest: Path,
-                 workers: int = 8) -> dict[str, pd.DataFrame]:
-    """``steps.csv`` of each run as a DataFrame (runs without one are left out)."""
+def steps_tables(c: Any, run_ids: Iterable[str], dest: Path, workers: int = 8,
+                 artifact_uris: Mapping[str, str] | None = None) -> dict[str, pd.DataFrame]:
+    """``steps.csv`` of each run as a DataFrame (runs without one are left out).
+
+    ``artifact_uris`` (run id -> the run's ``artifact_uri``) saves the run look-ups.
+    """
+    uris = artifact_uris or {}
 
     def one(run_id: str) -> pd.DataFrame | None:
-        path = download(c, run_id, "steps.csv", dest / run_id)
+        path = download(c, run_id, "steps.csv", dest / run_id, uris.get(run_id))
         return pd.read_csv(path) if path is not None else None
 
     return {k: v for k, v in parallel(one, run_ids, workers).items() if v is not None}

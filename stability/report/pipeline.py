@@ -173,7 +173,9 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
         with tempfile.TemporaryDirectory(prefix="stability-report-") as tmp:
             cache = Path(tmp)
             judged = runs[runs["outcome"].isin(["finished", "diverged"])]
-            steps = fetch.steps_tables(c, judged["run_id"], cache / "steps", cfg.history_workers)
+            steps = fetch.steps_tables(c, judged["run_id"], cache / "steps", cfg.history_workers,
+                                       dict(zip(judged["run_id"], judged["artifact_uri"],
+                                                strict=True)))
             configs = health.judge(runs, configs, steps, cfg.verdict)
             recs = advice.recommend(runs, configs, steps, cfg.advice)
             publish.tag_findings(c, report_run, configs, recs)

@@ -187,6 +187,18 @@ def send_metrics(c: Any, run_id: str, points: list[Point]) -> None:
         c.log_batch(run_id, metrics=batch, synchronous=True)
 
 
+def step_points(s: StepLog, ts: int) -> list[Point]:
+    """The points of one optimizer step: the ``STEP_METRICS`` at MLflow step ``s.step``."""
+    values = (s.loss, s.lr, s.grad_l2_pre_clip, s.grad_l2_post_clip, float(s.clipped),
+              float(s.skipped), s.scaler_scale, float(s.skips_cumulative))
+    return [(k, v, s.step, ts) for k, v in zip(STEP_METRICS, values, strict=True)]
+
+
+def epoch_points(e: EpochLog, ts: int) -> list[Point]:
+    """The points of one epoch: the ``EPOCH_METRICS`` at MLflow step ``e.epoch``."""
+    return [(key, float(getattr(e, name)), e.epoch, ts) for key, name in EPOCH_METRICS.items()]
+
+
 class MetricBuffer:
     """Step sink that buffers metrics and hands them to the ``Sender`` in batches.
 
@@ -211,19 +223,13 @@ class MetricBuffer:
 
     def on_step(self, s: StepLog, epoch: int) -> None:
         """Buffer the step's metrics (no I/O on this thread)."""
-        ts = int(time.time() * 1000)
-        values = (s.loss, s.lr, s.grad_l2_pre_clip, s.grad_l2_post_clip, float(s.clipped),
-                  float(s.skipped), s.scaler_scale, float(s.skips_cumulative))
-        self._pending.extend((k, v, s.step, ts)
-                             for k, v in zip(STEP_METRICS, values, strict=True))
+        self._pending.extend(step_points(s, int(time.time() * 1000)))
         if len(self._pending) >= MAX_METRICS:
             self.flush()
 
     def on_epoch(self, e: EpochLog) -> None:
         """Buffer (and journal) the epoch's metrics; send if ``flush_every_s`` has passed."""
-        ts = int(time.time() * 1000)
-        points = [(key, float(getattr(e, name)), e.epoch, ts)
-                  for key, name in EPOCH_METRICS.items()]
+        points = epoch_points(e, int(time.time() * 1000))
         if self._journal is not None:
             self._journal.write("epoch", epoch=e.epoch)  # its ts dates the epoch's steps
         self.add_points(points)

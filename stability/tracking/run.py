@@ -64,6 +64,30 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
+def run_tags(cfg: RunConfig, overrides: Sequence[str], world_size: int,
+             folder: Path) -> dict[str, str]:
+    """The tags a training run is created with (docs/TRACKING.md), its outcome ``running``.
+
+    Args:
+        cfg: the run's config.
+        overrides: its Hydra overrides, without ``tracking.*`` (URIs may carry credentials).
+        world_size: data-parallel ranks.
+        folder: the run folder.
+    """
+    t = cfg.tracking
+    tags = {
+        Tag.KIND: Kind.TRAIN, Tag.SWEEP_ID: t.sweep_id or "",
+        Tag.FINGERPRINT: fingerprint(cfg, world_size),
+        Tag.SEED: str(cfg.seed), Tag.OVERRIDES: " ".join(overrides),
+        Tag.GIT_COMMIT: git_commit(), Tag.OUTCOME: Outcome.RUNNING,
+        Tag.PROCESS: process_tag(), Tag.OUTPUT_DIR: str(folder.resolve()),
+        Tag.HEARTBEAT: str(now_ms()),
+    }
+    if t.parent_run_id:
+        tags[Tag.PARENT_RUN_ID] = t.parent_run_id
+    return {k: str(v) for k, v in tags.items()}
+
+
 class NotCreated(RuntimeError):
     """The MLflow run was never created (its creation was lost in an outage): not retried."""
 
@@ -111,7 +135,7 @@ class TrackedRun:
         if not self.resumed:
             journal.clear_pending(self.folder)  # a run started over: the old marker is void
         previous = journal.read(self.folder) if self.resumed else None
-        tags = self._tags()
+        tags = run_tags(self.cfg, self.overrides, self.world_size, self.folder)
         params = run_params(self.cfg, self.world_size)
         self._client = client(self.uri)
         self._sender = Sender(t.retry_s, heartbeat=self._beat, heartbeat_s=t.heartbeat_s)
@@ -128,20 +152,6 @@ class TrackedRun:
         self.sink = MetricBuffer(self._send_points, self._journal)
         self._signals.enter_context(sigterm_as_exception())
         return self
-
-    def _tags(self) -> dict[str, str]:
-        t = self.cfg.tracking
-        tags = {
-            Tag.KIND: Kind.TRAIN, Tag.SWEEP_ID: t.sweep_id or "",
-            Tag.FINGERPRINT: fingerprint(self.cfg, self.world_size),
-            Tag.SEED: str(self.cfg.seed), Tag.OVERRIDES: " ".join(self.overrides),
-            Tag.GIT_COMMIT: git_commit(), Tag.OUTCOME: Outcome.RUNNING,
-            Tag.PROCESS: process_tag(), Tag.OUTPUT_DIR: str(self.folder.resolve()),
-            Tag.HEARTBEAT: str(now_ms()),
-        }
-        if t.parent_run_id:
-            tags[Tag.PARENT_RUN_ID] = t.parent_run_id
-        return {k: str(v) for k, v in tags.items()}
 
     def _create(self, tags: dict[str, str], params: dict[str, str]) -> None:
         """Sender thread: create the run (retried like any call) and log its params."""

@@ -53,22 +53,36 @@ class MlflowServer:
 SERVER_PYTHON_VAR = "STABILITY_SERVER_PYTHON"
 
 
-def server_command(store_uri: str, port: int, extra: list[str] | None = None) -> list[str]:
-    """``mlflow server`` on 127.0.0.1 with one worker, for ``store_uri`` (the UI and the tests).
+def server_command(store_uri: str, port: int, extra: list[str] | None = None,
+                   workers: int = 1) -> list[str]:
+    """``mlflow server`` on 127.0.0.1 with one worker (``workers``: a benchmark's other count),
+    for ``store_uri`` (the UI and the tests).
 
     Run by this interpreter, or by ``$STABILITY_SERVER_PYTHON`` when set.
     """
     python = os.environ.get(SERVER_PYTHON_VAR) or sys.executable
     return [python, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-            "--backend-store-uri", store_uri, "--workers", "1", *(extra or [])]
+            "--backend-store-uri", store_uri, "--workers", str(workers), *(extra or [])]
+
+
+# MLflow's SQL store takes a second pooled connection inside most requests (a nested session:
+# create_run looks the experiment up, log_batch logs params and metrics in their own), and the
+# server runs up to 40 requests at once (anyio's thread limit). With SQLAlchemy's default pool
+# (5 + 10 overflow) 16 or more concurrent writers each hold one connection and wait for a
+# second one until the pool times out (30 s): 32 simulated writers logged nothing for the whole
+# window (docs/performance.md, "Ten times the study"). 5 + 40 > 40 cannot deadlock; a value the
+# user exported wins. docker/mlflow-server.sh sets the same for the team server.
+POOL_ENV = {"MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW": "40"}
 
 
 def server_env() -> dict[str, str]:
-    """The server's environment: no client URI, and MLflow's job runner off.
+    """The server's environment: no client URI, MLflow's job runner off, a pool that cannot
+    deadlock (``POOL_ENV``).
 
     The job runner (huey consumers for GenAI jobs) starts ~10 busy processes we never use.
     """
-    return os.environ | {"MLFLOW_TRACKING_URI": "", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    return POOL_ENV | dict(os.environ) | {"MLFLOW_TRACKING_URI": "",
+                                           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def serve_ui(store_uri: str, port: int = 5000) -> None:
@@ -96,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def start_server(
-    root: str | Path, port: int | None = None, timeout_s: float = 90.0
+    root: str | Path, port: int | None = None, timeout_s: float = 90.0,
+    store_uri: str | None = None, workers: int = 1,
 ) -> MlflowServer:
     """Start ``mlflow server`` on 127.0.0.1: SQLite store, proxied artifacts, under ``root``.
 
@@ -104,6 +119,9 @@ def start_server(
         root: directory for ``mlflow.db``, ``artifacts/`` and ``server.log``.
         port: TCP port (a free one by default).
         timeout_s: how long to wait for ``/health``.
+        store_uri: another backend store (e.g. PostgreSQL's SQLAlchemy URL) instead of
+            ``root/mlflow.db``; artifacts stay under ``root``.
+        workers: uvicorn workers (one everywhere but in the scale benchmark's comparison).
 
     Returns:
         The running server.
@@ -115,8 +133,9 @@ def start_server(
     root.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log_path = root / "server.log"
-    cmd = server_command(f"sqlite:///{root / 'mlflow.db'}", port,
-                         ["--artifacts-destination", str(root / "artifacts"), "--serve-artifacts"])
+    cmd = server_command(store_uri or f"sqlite:///{root / 'mlflow.db'}", port,
+                         ["--artifacts-destination", str(root / "artifacts"), "--serve-artifacts"],
+                         workers)
     proc = subprocess.Popen(cmd, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
                             env=server_env(), start_new_session=True)
     uri = f"http://127.0.0.1:{port}"

@@ -78,10 +78,13 @@ class Postgres:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start_postgres(user: str, password: str, db: str, auth_db: str) -> Postgres:
+def start_postgres(user: str, password: str, db: str, auth_db: str,
+                   fsync: bool = False) -> Postgres:
     """initdb + pg_ctl start on a free port, then create ``db`` and (the init script) ``auth_db``.
 
     Local-socket connections are trusted (setup only); TCP needs the password, as in compose.
+    ``fsync=True`` keeps PostgreSQL's durable default (the compose image's), for benchmarks;
+    the tests turn it off.
     """
     root = Path(tempfile.mkdtemp(prefix="stability-pg-"))  # not under pytest's 0700 tmp tree
     (root / "sock").mkdir()
@@ -98,7 +101,8 @@ def start_postgres(user: str, password: str, db: str, auth_db: str) -> Postgres:
                     f"--pwfile={pwfile}", "--auth-local=trust", "--auth-host=scram-sha-256",
                     "-E", "UTF8", "--no-locale", "--no-sync"], **run)
     # fsync off: a throwaway cluster, the tests never crash the machine
-    opts = (f"-p {pg.port} -k {root / 'sock'} -c listen_addresses=127.0.0.1 -c fsync=off")
+    opts = (f"-p {pg.port} -k {root / 'sock'} -c listen_addresses=127.0.0.1"
+            + ("" if fsync else " -c fsync=off"))
     subprocess.run([*as_pg, _pg_bin("pg_ctl"), "-D", str(pg.data), "-l", str(root / "log"),
                     "-o", opts, "-w", "-t", "60", "start"], **run)
     local = os.environ | {"PGHOST": str(root / "sock"), "PGPORT": str(pg.port)}
