@@ -72,7 +72,7 @@ class SweepRun:
         if self.uri.startswith(("http://", "https://")):
             return f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}"
         if self.uri == default_store_uri():
-            return "make ui  (then http://127.0.0.1:5000)"
+            return "stability ui  (in the repository also: make ui), then http://127.0.0.1:5000"
         return f"mlflow ui --backend-store-uri {self.uri} --workers 1"
 
     def outcomes(self) -> Counter[str]:
