@@ -97,7 +97,7 @@ def test_a_slurm_sweep_runs_every_point_through_sbatch(env, client, slurm_cluste
 def test_scancel_of_one_task_ends_its_run_killed_and_the_others_finish(
         env, client, slurm_cluster, tmp_path: Path) -> None:
     experiment = f"scancel-{uuid.uuid4().hex[:8]}"
-    # task 1 trains long enough to be cancelled; tasks 0 and 2 are quick
+    # the 400-epoch run trains long enough to be cancelled; the other two are quick
     proc = subprocess.Popen(sweep_cmd(experiment, tmp_path, "train.epochs=2,400,3", "seed=0"),
                             cwd=PROJECT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -114,7 +114,10 @@ def test_scancel_of_one_task_ends_its_run_killed_and_the_others_finish(
                 victim = long[0]
         assert victim is not None, "the long run never started"
         (job,) = array_job_ids(tmp_path)
-        slurm_cluster.run("scancel", f"{job}_1")
+        # the sweeper launches longest first, so find the long run's array task: its job
+        # folder <sweep dir>/<job number> is its index in the array
+        task = int(Path(victim.data.tags[Tag.OUTPUT_DIR]).name)
+        slurm_cluster.run("scancel", f"{job}_{task}")
         out, _ = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:
@@ -128,13 +131,14 @@ def test_scancel_of_one_task_ends_its_run_killed_and_the_others_finish(
     assert "Bypassing sacct error" not in out
     # the sweep waited for every task, counted the cancelled one and closed its parent
     assert proc.returncode == 0, out[-3000:]
-    assert "not_finished=1" in out and f"SLURM task {job}_1 ended CANCELLED" in out, out[-3000:]
+    assert "not_finished=1" in out and f"SLURM task {job}_{task} ended CANCELLED" in out, (
+        out[-3000:])
     (parent,) = runs(client, experiment, Kind.SWEEP)
     assert parent.info.status == "FINISHED"
     states = slurm_cluster.run("sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", job)
     tasks = dict(line.split("|") for line in states.splitlines() if line)
-    assert tasks[f"{job}_1"].startswith("CANCELLED"), tasks
-    assert tasks[f"{job}_0"] == tasks[f"{job}_2"] == "COMPLETED", tasks
+    assert tasks[f"{job}_{task}"].startswith("CANCELLED"), tasks
+    assert [tasks[f"{job}_{i}"] for i in range(3) if i != task] == ["COMPLETED"] * 2, tasks
 
 
 def test_a_task_that_cannot_reach_the_server_fails_at_once_readably(
