@@ -10,9 +10,10 @@ from __future__ import annotations
 from enum import StrEnum
 
 from stability.core import rundir
+from stability.core.cost import COST_METRICS
 from stability.core.steplog import SkipReason
 
-__all__ = ["STEP_METRICS", "EPOCH_METRICS", "Artifact", "Kind", "Outcome", "SkipReason", "Tag",
+__all__ = ["COST_METRICS", "STEP_METRICS", "EPOCH_METRICS", "Artifact", "Kind", "Outcome", "SkipReason", "Tag",
            "search_filter"]
 
 
