@@ -13,8 +13,8 @@ from stability.core import rundir
 from stability.core.cost import COST_METRICS
 from stability.core.steplog import SkipReason
 
-__all__ = ["COST_METRICS", "STEP_METRICS", "EPOCH_METRICS", "Artifact", "Kind", "Outcome", "SkipReason", "Tag",
-           "search_filter"]
+__all__ = ["COST_METRICS", "STEP_METRICS", "EPOCH_METRICS", "Artifact", "Kind", "Outcome",
+           "SkipReason", "Tag", "search_filter"]
 
 
 class Kind(StrEnum):
