@@ -27,7 +27,7 @@ from stability.core.identity import fingerprint
 from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME
 from stability.core.precision import check_precision_supported, resolve_device
 from stability.report.fetch import download, parallel
-from stability.report.stats import MeanCI, mean_ci
+from stability.stats.paired import MeanCI, mean_ci
 from stability.tasks.base import Task, first_batch
 
 log = logging.getLogger(__name__)

@@ -14,14 +14,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from stability.report import decision
 from stability.report.advice import Recommendation, nearest_swept
 from stability.report.compare import Comparison, abs_num, signed, simpler_within_noise
 from stability.report.evaluate import WinnerTestResult
+from stability.report.factors import FactorAnalysis
 from stability.report.fetch import Sweep
 from stability.report.health import summary_sentence
 from stability.report.plots import Figure
 from stability.report.select import SELECTION_RULE
-from stability.report.stats import wilcoxon_min_p
+from stability.stats.paired import wilcoxon_min_p
 
 SUMMARY_COLUMNS = [
     "rank", "label", "fingerprint", "precision", "clip_enabled", "clip_method", "max_norm",
@@ -56,6 +58,7 @@ class ReportContext:
     git_commit: str
     advice: Sequence[Recommendation] = ()
     remarks: Sequence[str] = ()  # one line each in the figure section: why a figure is absent
+    analysis: FactorAnalysis | None = None  # factor effects from every run (factors.analyse)
 
 
 def fmt(x: float, digits: int = 4) -> str:
@@ -99,7 +102,17 @@ def _answer(ctx: ReportContext) -> list[str]:
     w, t, level = ctx.configs.iloc[0], ctx.test, f"{ctx.confidence:.0%}"
     others = len(ctx.configs) - 1
     tested = [s for s in t.seeds if math.isfinite(s.test_loss)]
-    lines = [
+    lines = []
+    an = ctx.analysis
+    if an is not None and an.main:
+        lines += ["What each setting does, from all "
+                  f"{len(ctx.runs)} runs (seeds as blocks; effects on best validation loss, "
+                  f"margin ±{decision.size(an.margin)}):", "",
+                  *decision.factor_sentences(an), ""]
+    if "train_seconds" in ctx.configs:
+        margin = an.margin if an else math.nan
+        lines += [f"- {decision.cost_sentence(ctx.configs, margin, _device(ctx.runs))}", ""]
+    lines += [
         f"**Train with `{w['label']}`** (config fingerprint `{w['fingerprint']}`).", "",
         f"- Validation (the only selection criterion): best validation loss "
         f"{_pm(w['loss_mean'], w['loss_std'])} "
@@ -139,6 +152,40 @@ def _answer(ctx: ReportContext) -> list[str]:
         f"{int(ctx.configs['within_noise'].sum())} of {others} are not significantly different "
         f"from it (paired t, p ≥ {ctx.alpha}, unadjusted).")
     return lines
+
+
+def _device(runs: pd.DataFrame) -> str:
+    devices = sorted(set(runs["device"].astype(str))) if "device" in runs else []
+    named = [d for d in devices if d != "auto"]
+    return "/".join(named) if named else "this study's machine"
+
+
+def _factor_section(ctx: ReportContext) -> list[str]:
+    an = ctx.analysis
+    if an is None or not an.main:
+        return ["The study swept no factor with two or more levels: no factor effects.", ""]
+    parts = [_table(decision.FACTOR_HEADER, decision.factor_table(an)), "",
+             f"Every contrast pairs runs that differ only in that factor: each cell of the other "
+             f"factors and each seed gives one difference (`cells × seeds`). The effect is their "
+             f"mean; its standard error comes from a model with the seed × setting interaction "
+             f"as a random effect (docs/report.md, \"Factor effects\"): when the seeds disagree "
+             f"more than run noise explains the seed is the unit (`df` = seeds − 1), otherwise "
+             f"the within-seed residual carries all differences. `helps` / `hurts`: two-sided "
+             f"t-test, Holm over this table at α = {an.alpha}; `equivalent`: TOST against "
+             f"±{decision.size(an.margin)} (report.margin), Holm over this table; `undecided`: "
+             f"neither. `detectable` is the effect found with {ctx.alpha} / m (Holm's first "
+             "step) at the report's power. Unfinished runs count at the study's worst finished "
+             "loss and a contrast with any is never called equivalent. `training time ×`: the "
+             "level's mean training seconds per run (median step time × optimizer steps) over "
+             "the reference's."]
+    if an.dropped_cells:
+        parts += ["", f"{an.dropped_cells} cell(s) without every seed on both sides were left "
+                  "out of their contrast (a complete cells × seeds table is required)."]
+    if an.interactions:
+        parts += ["", "Two-way interactions (the effect's difference between a level of the "
+                  "other factor and its reference; Holm over this table):", "",
+                  _table(decision.INTERACTION_HEADER, decision.interaction_rows(an))]
+    return parts + [""]
 
 
 def answer_markdown(ctx: ReportContext) -> str:
@@ -211,6 +258,7 @@ def render(ctx: ReportContext) -> str:
         f"MLflow report run `{ctx.report_run_id}`"
         + (f", registered model version {ctx.model_version}." if ctx.model_version else "."), "",
         "## Answer", "", *_answer(ctx), "",
+        "## Factor effects (every run, seeds as blocks)", "", *_factor_section(ctx),
         "## Selection rule", "", SELECTION_RULE + ".", "",
         "The test split played no part in the choice: it was opened only after selection, "
         "for the winner's seeds.", "",
