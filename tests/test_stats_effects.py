@@ -34,8 +34,9 @@ NOISE = {"run": 0.0135, "seed": 0.0020, "loss": 0.078}
 MARGIN = 0.05 * NOISE["loss"]
 
 
-def studies(rng: np.random.Generator, n: int, effect: np.ndarray | None = None, run: float = NOISE["run"],
-            seed_by_clip: float = 0.0, tails: float = math.inf) -> np.ndarray:
+def studies(rng: np.random.Generator, n: int, effect: np.ndarray | None = None,
+            run: float = NOISE["run"], seed_by_clip: float = 0.0,
+            tails: float = math.inf) -> np.ndarray:
     """``n`` synthetic studies: base + planted effects + seed + seed x clip + run noise.
 
     ``tails`` < inf draws the run noise from a Student t with that many df (scaled to ``run``).

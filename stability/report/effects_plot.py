@@ -24,7 +24,7 @@ def main_effects(an: FactorAnalysis, folder: Path, loss_name: str = "loss") -> F
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False,
-                             sharey=True)
+                             sharey=False)
     for ax, f in zip(axes[0], panels, strict=True):
         effects = {e.level: e for e in an.main if e.factor == f.name}
         ax.axhspan(-an.margin, an.margin, color="0.88", zorder=0,

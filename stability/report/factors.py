@@ -30,7 +30,7 @@ from stability.stats.paired import min_detectable
 # Keys that are part of a named factor, or never a factor (where and how runs were tracked).
 _NAMED = ("clip.", "train.accum_steps", "precision.")
 _NEVER = ("tracking.", "telemetry.", "output_dir", "device", "world_size", "train.num_workers",
-          "train.threads")
+          "train.threads", "fault.", "monitor.")  # fault injection and the monitor: not settings
 CLIP, ACCUM, PRECISION = "clipping", "accumulation", "precision"
 
 

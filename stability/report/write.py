@@ -163,21 +163,22 @@ def _device(runs: pd.DataFrame) -> str:
 def _factor_section(ctx: ReportContext) -> list[str]:
     an = ctx.analysis
     if an is None or not an.main:
+        if an is not None and an.factors:
+            return ["No level of a swept factor pairs with its reference on the same seeds (no "
+                    "two configs differ in that factor alone): no factor effects.", ""]
         return ["The study swept no factor with two or more levels: no factor effects.", ""]
     parts = [_table(decision.FACTOR_HEADER, decision.factor_table(an)), "",
              f"Every contrast pairs runs that differ only in that factor: each cell of the other "
-             f"factors and each seed gives one difference (`cells × seeds`). The effect is their "
-             f"mean; its standard error comes from a model with the seed × setting interaction "
-             f"as a random effect (docs/report.md, \"Factor effects\"): when the seeds disagree "
-             f"more than run noise explains the seed is the unit (`df` = seeds − 1), otherwise "
-             f"the within-seed residual carries all differences. `helps` / `hurts`: two-sided "
-             f"t-test, Holm over this table at α = {an.alpha}; `equivalent`: TOST against "
-             f"±{decision.size(an.margin)} (report.margin), Holm over this table; `undecided`: "
-             f"neither. `detectable` is the effect found with {ctx.alpha} / m (Holm's first "
-             "step) at the report's power. Unfinished runs count at the study's worst finished "
-             "loss and a contrast with any is never called equivalent. `training time ×`: the "
-             "level's mean training seconds per run (median step time × optimizer steps) over "
-             "the reference's."]
+             f"factors and each seed gives one difference (`cells × seeds`). Each seed's mean "
+             f"over the cells is one observation and the effect's t-test runs over the seeds "
+             f"(`df` = seeds − 1): every run counts, the seed stays the unit (docs/report.md, "
+             f"\"Factor effects\"). `helps` / `hurts`: two-sided t-test, Holm over this table "
+             f"at α = {an.alpha}; `equivalent`: TOST against ±{decision.size(an.margin)} "
+             f"(report.margin), Holm over this table; `undecided`: neither. `detectable` is "
+             f"the effect found with α / m (Holm's first step) at the report's power. Unfinished "
+             "runs count at the study's worst finished loss and a contrast with any is never "
+             "called equivalent. `training time ×`: the level's mean training seconds per run "
+             "(median step time × optimizer steps) over the reference's."]
     if an.dropped_cells:
         parts += ["", f"{an.dropped_cells} cell(s) without every seed on both sides were left "
                   "out of their contrast (a complete cells × seeds table is required)."]
