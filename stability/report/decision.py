@@ -67,9 +67,11 @@ def phrase(e: Effect, margin: float, confidence: float) -> str:
 
 
 def _cost(e: Effect) -> str:
+    clips = f"; clips {e.clipped:.0%} of steps" if math.isfinite(e.clipped) else ""
     if not math.isfinite(e.cost_ratio):
-        return ""
-    return f"; {e.cost_ratio:.2f}× the training time of {level_name(e.factor, e.reference)}"
+        return clips
+    return (f"{clips}; {e.cost_ratio:.2f}× the training time of "
+            f"{level_name(e.factor, e.reference)}")
 
 
 def _depends(an: FactorAnalysis, factor: str) -> list[str]:

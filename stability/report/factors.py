@@ -71,6 +71,7 @@ class Effect:
     seeds_to_decide: float = math.nan
     detectable: float = math.nan
     cost_ratio: float = math.nan  # training seconds per run, level / reference
+    clipped: float = math.nan  # mean share of steps clipped at this level (clipping levels)
     at: str = ""  # for a simple effect or an interaction: "accumulation 8"
 
 
@@ -132,6 +133,7 @@ def design(runs: pd.DataFrame, configs: pd.DataFrame) -> tuple[pd.DataFrame, lis
         "fingerprint": runs["fingerprint"], "seed": runs["seed"].astype(int),
         "loss": loss.where(np.isfinite(loss), worst), "finished": np.isfinite(loss),
         "seconds": train_seconds(runs),
+        "clip_fraction": pd.to_numeric(runs.get("clip_fraction", math.nan), errors="coerce"),
     })
     factors = []
     for name, by_fp in cols.items():
@@ -246,7 +248,8 @@ def analyse(runs: pd.DataFrame, configs: pd.DataFrame, margin: float, alpha: flo
                               confidence, ref_bad)
             dropped += lost
             if e is not None:
-                main.append(_with_cost(e, seconds))
+                clipped = table.loc[table[f.name] == f.levels[a], "clip_fraction"].mean()
+                main.append(_with_cost(e, seconds, clipped if f.name == CLIP else math.nan))
     inter: list[Effect] = []
     simple: dict[tuple[str, str, str], tuple[Effect, ...]] = {}
     for (i, fa), (j, fb) in itertools.permutations(enumerate(factors), 2):
@@ -271,12 +274,12 @@ def analyse(runs: pd.DataFrame, configs: pd.DataFrame, margin: float, alpha: flo
                           simple, dropped)
 
 
-def _with_cost(e: Effect, seconds: pd.Series | None) -> Effect:
+def _with_cost(e: Effect, seconds: pd.Series | None, clipped: float = math.nan) -> Effect:
     """Training seconds per run at this level over the reference's, over all their configs."""
     if seconds is None:
-        return e
+        return Effect(**{**e.__dict__, "clipped": float(clipped)})
     frame = seconds.reset_index()
     lvl = frame[frame[e.factor] == e.level]["seconds"].mean()
     ref = frame[frame[e.factor] == e.reference]["seconds"].mean()
     ratio = float(lvl / ref) if ref and math.isfinite(ref) else math.nan
-    return Effect(**{**e.__dict__, "cost_ratio": ratio})
+    return Effect(**{**e.__dict__, "cost_ratio": ratio, "clipped": float(clipped)})

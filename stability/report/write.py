@@ -142,16 +142,28 @@ def _answer(ctx: ReportContext) -> list[str]:
     simpler = simpler_within_noise(ctx.configs)
     if simpler is not None:
         lines.append(
-            f"- Simpler alternative: `{simpler['label']}` is within the winner's seed noise "
-            f"(mean difference {signed(simpler['diff_vs_winner'])}, paired t "
-            f"p={_p(simpler['p_vs_winner'])}); the rule picks the lowest mean, but these seeds "
-            f"cannot tell the two apart.")
-    lines.append(
-        f"- Within the winner's seed noise: {int(ctx.configs['within_ci'].sum())} of {others} "
-        f"other configs have a mean inside the winner's {level} CI; "
-        f"{int(ctx.configs['within_noise'].sum())} of {others} are not significantly different "
-        f"from it (paired t, p ≥ {ctx.alpha}, unadjusted).")
+            f"- Simpler alternative: `{simpler['label']}` is "
+            f"**{simpler.get('verdict_vs_winner', 'undecided')}** against the winner (mean "
+            f"difference {signed(simpler['diff_vs_winner'])}, paired t "
+            f"p={_p(simpler['p_vs_winner'])}, unadjusted); the rule picks the lowest mean, "
+            "but these seeds do not show the winner better.")
+    lines.append(f"- Against the winner: {_verdict_counts(ctx.configs)}; "
+                 f"{int(ctx.configs['within_ci'].sum())} of {others} other configs have a mean "
+                 f"inside the winner's {level} CI.")
     return lines
+
+
+def _verdict_counts(configs: pd.DataFrame) -> str:
+    """"0 equivalent, 21 undecided, 26 worse" over the configs other than the winner."""
+    if "verdict_vs_winner" not in configs:
+        return "no per-config verdicts"
+    counts = configs["verdict_vs_winner"].iloc[1:].value_counts()
+    words = {"equivalent": "equivalent", "undecided": "undecided", "helps": "worse (the winner "
+             "helps)", "hurts": "lower on the seeds both finished"}
+    parts = [f"{int(counts.get(k, 0))} {v}" for k, v in words.items() if counts.get(k, 0)
+             or k in ("equivalent", "undecided")]
+    return (", ".join(parts) + " (paired by seed; t-test and TOST each Holm-adjusted over the "
+            "configs)")
 
 
 def _device(runs: pd.DataFrame) -> str:
