@@ -44,6 +44,7 @@ def main_effects(an: FactorAnalysis, folder: Path, loss_name: str = "loss") -> F
                       [level_name(f.name, lv) for lv in f.levels], rotation=20, fontsize=8)
         ax.set_title(f"{TITLES.get(f.name, f.name)} (ref {level_name(f.name, f.reference)})")
         ax.grid(axis="y", alpha=0.3)
+        ax.margins(y=0.12)  # room for the verdict above the highest interval
     axes[0][0].set_ylabel(f"Δ best val loss vs reference ({loss_name})")
     axes[0][0].legend(fontsize=8, loc="best")
     folder.mkdir(parents=True, exist_ok=True)
