@@ -13,12 +13,19 @@ annotations``: see hydra_plugins/stability_sweeper.
 """
 
 import logging
+import shlex
 from collections.abc import Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
+from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
+
+# ``${stability.sh_quote:${oc.env:VAR}}`` in conf/hydra/launcher/slurm.yaml's setup lines: the
+# value is pasted into the sbatch script as one shell word, whatever characters it holds.
+OmegaConf.register_new_resolver("stability.sh_quote", lambda value: shlex.quote(str(value)),
+                                replace=True)
 
 
 class SlurmLauncher(submitit_launcher.SlurmLauncher):
