@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stability.core.validation import (
+    SAFE_NAME_ALLOWED,
     ConfigError,
     build_sections,
+    is_safe_name,
     locate,
     optional_step,
     positive_float,
@@ -236,6 +238,10 @@ class TrackingConfig:
     request_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
+        for key in ("sweep_id", "parent_run_id"):
+            value = getattr(self, key)
+            require(value in (None, "") or is_safe_name(value), f"tracking.{key}", value,
+                    f"null or {SAFE_NAME_ALLOWED}")
         for key in ("retry_s", "heartbeat_s", "stale_after_s", "request_timeout_s"):
             value = getattr(self, key)
             require(isinstance(value, int | float) and not isinstance(value, bool)

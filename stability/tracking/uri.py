@@ -69,6 +69,22 @@ def validate_uri(uri: str) -> None:
         )
 
 
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+
+
+def redact_uri(text: str) -> str:
+    """``text`` with the ``user:password@`` of every URI in it removed (``http://host``).
+
+    Every URI this project logs, tags, writes or prints goes through here first.
+    """
+    return _USERINFO.sub(lambda m: m.group("scheme"), text)
+
+
+def has_userinfo(uri: str) -> bool:
+    """The URI carries ``user[:password]@``."""
+    return redact_uri(uri) != uri
+
+
 def resolve_tracking_uri(uri: str | None = None) -> str:
     """``tracking.uri`` if given, else ``$MLFLOW_TRACKING_URI``, else the embedded SQLite store.
 
