@@ -22,10 +22,20 @@ from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
 
-# ``${stability.sh_quote:${oc.env:VAR}}`` in conf/hydra/launcher/slurm.yaml's setup lines: the
+
+
+def _sh_uri(value: object) -> str:
+    """A URI as one shell word, without ``user:password@`` (credentials reach the tasks in
+    ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` through sbatch's environment, never the
+    script file)."""
+    from stability.tracking.uri import redact_uri
+
+    return shlex.quote(redact_uri(str(value)))
+
+
+# ``${stability.sh_uri:${oc.env:VAR}}`` in conf/hydra/launcher/slurm.yaml's setup lines: the
 # value is pasted into the sbatch script as one shell word, whatever characters it holds.
-OmegaConf.register_new_resolver("stability.sh_quote", lambda value: shlex.quote(str(value)),
-                                replace=True)
+OmegaConf.register_new_resolver("stability.sh_uri", _sh_uri, replace=True)
 
 
 class SlurmLauncher(submitit_launcher.SlurmLauncher):

@@ -345,7 +345,12 @@ def to_run_config(cfg: Mapping[str, Any]) -> RunConfig:
 
 
 def to_yaml_dict(run: RunConfig) -> dict[str, Any]:
-    """The run as the nested mapping ``config.yaml`` holds (``to_run_config`` reads it back)."""
+    """The run as the nested mapping ``config.yaml`` holds (``to_run_config`` reads it back).
+
+    ``tracking`` is left out: where the run went is not what was trained (the fingerprint
+    ignores it), and a URI may carry credentials.
+    """
     out = dataclasses.asdict(run)
+    out.pop("tracking")
     out["task"] = run.task.as_yaml()
     return out

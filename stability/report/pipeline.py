@@ -211,14 +211,14 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             (staging / Artifact.REPORT_MD).write_text(markdown)
             (staging / Artifact.REPORT_HTML).write_text(
                 to_html(markdown, staging, f"Training-stability report: sweep {sweep.sweep_id}"))
-            created = [Artifact.SUMMARY_CSV, Artifact.REPORT_MD, Artifact.REPORT_HTML,
-                       *(f"plots/{f.file}" for f in figures)]
-            publish.install(staging, folder, created)
+            own_files = [Artifact.SUMMARY_CSV, Artifact.REPORT_MD, Artifact.REPORT_HTML,
+                         *(f"plots/{f.file}" for f in figures)]
+            publish.install(staging, folder, own_files)
         metrics = publish.summary_metrics(test) | {
             "winner_best_val_loss_mean": float(winner["loss_mean"]),
             "configs": float(len(configs)), "training_runs": float(len(runs)),
             "report_elapsed_s": time.perf_counter() - t0}
-        publish.finish_report_run(c, report_run, folder, metrics, created)
+        publish.finish_report_run(c, report_run, folder, metrics, own_files)
         publish.annotate_parent(c, sweep, report_run, configs.iloc[0], answer_markdown(ctx),
                                 _model_uri(cfg, version))
     except BaseException as err:

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,7 +65,7 @@ def validate_uri(uri: str) -> None:
     """Reject URIs MLflow 3 would refuse or silently misuse (e.g. the deprecated file store)."""
     if uri.startswith("file:") or "://" not in uri:
         raise ConfigError(
-            f"tracking.uri={uri!r} is invalid: allowed values are http(s)://host:port, "
+            f"tracking.uri={redact_uri(uri)!r} is invalid: allowed values are http(s)://host:port, "
             "sqlite:///path/to/mlflow.db, postgresql://..., or null for the embedded store"
         )
 
@@ -85,6 +86,33 @@ def has_userinfo(uri: str) -> bool:
     return redact_uri(uri) != uri
 
 
+def take_credentials(uri: str) -> str:
+    """An HTTP URI without its ``user:password@``, which MLflow's client then sends from
+    ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` (a value already exported wins).
+
+    The URI is recorded, printed and handed to every job; the credentials must not be. A
+    database URI keeps them (SQLAlchemy needs them): it is redacted wherever it is shown.
+    """
+    if not is_http(uri) or not has_userinfo(uri):
+        return uri
+    parts = urllib.parse.urlsplit(uri)
+    if parts.username is not None:
+        os.environ.setdefault("MLFLOW_TRACKING_USERNAME", urllib.parse.unquote(parts.username))
+    if parts.password is not None:
+        os.environ.setdefault("MLFLOW_TRACKING_PASSWORD", urllib.parse.unquote(parts.password))
+    return redact_uri(uri)
+
+
+def scrub_hydra_files(folder: Path) -> None:
+    """Remove URI credentials from the YAML files Hydra wrote into ``folder/.hydra`` (and a
+    sweep's ``multirun.yaml``) from the command line before any of our code ran."""
+    for path in [*folder.glob(".hydra/*.yaml"), folder / "multirun.yaml"]:
+        if path.is_file():
+            text = path.read_text()
+            if redact_uri(text) != text:
+                path.write_text(redact_uri(text))
+
+
 def resolve_tracking_uri(uri: str | None = None) -> str:
     """``tracking.uri`` if given, else ``$MLFLOW_TRACKING_URI``, else the embedded SQLite store.
 
@@ -92,12 +120,14 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
         ConfigError: the URI is malformed, or names a database store that this install of
             MLflow cannot open (``mlflow-skinny`` has no SQLAlchemy: servers only).
     """
-    resolved = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_store_uri()
+    resolved = take_credentials(uri or os.environ.get("MLFLOW_TRACKING_URI")
+                                or default_store_uri())
     validate_uri(resolved)
     if not is_http(resolved) and not has_database_store():
-        given = (f"tracking.uri={uri!r}" if uri else
-                 f"MLFLOW_TRACKING_URI={resolved!r}" if os.environ.get("MLFLOW_TRACKING_URI")
-                 else f"tracking.uri=null (the embedded store {resolved})")
+        shown = redact_uri(resolved)
+        given = (f"tracking.uri={shown!r}" if uri else
+                 f"MLFLOW_TRACKING_URI={shown!r}" if os.environ.get("MLFLOW_TRACKING_URI")
+                 else f"tracking.uri=null (the embedded store {shown})")
         raise ConfigError(
             f"{given} needs MLflow's database store (sqlalchemy and alembic, part of the full "
             "`mlflow` package), which this install (mlflow-skinny) lacks: allowed values here "
@@ -189,8 +219,33 @@ def client(uri: str) -> Any:
     c = MlflowClient(tracking_uri=uri)
     if sqlite_path(uri) is not None:
         with store_lock(uri):
-            c._tracking_client.store  # noqa: B018 - opening the store creates the schema
+            try:
+                c._tracking_client.store  # noqa: B018 - opening the store creates the schema
+            except Exception as err:
+                # An opener outside our lock (another tool's MLflow client) migrated at the
+                # same moment: the schema is there now, or nearly. Once more, then give up.
+                if not already_exists(err):
+                    raise
+                c = MlflowClient(tracking_uri=uri)
+                c._tracking_client.store  # noqa: B018
     return c
+
+
+_EXISTS = ("already exists", "duplicate column", "duplicate key", "unique constraint")
+
+
+def already_exists(err: BaseException) -> bool:
+    """A schema migration lost a race to another process ("index ... already exists")."""
+    chain, seen = [err], set()
+    while chain:
+        e = chain.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if any(word in str(e).lower() for word in _EXISTS):
+            return True
+        chain += [x for x in (e.__cause__, e.__context__) if x is not None]
+    return False
 
 
 def ensure_experiment(uri: str, name: str, check: bool = True) -> str:
