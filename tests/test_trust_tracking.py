@@ -64,7 +64,10 @@ def test_a_planted_password_is_in_no_output(mlflow_server: MlflowServer, tmp_pat
     refused = _run("sweep.py", "-m", *TINY, "seed=0", f"tracking.uri={secret_uri}",
                    f"hydra.sweep.dir={tmp_path / 'refused'}")
     assert refused.returncode == 2  # a -m sweep refuses it in tracking.uri (Hydra records it)
-    outputs += [one, sweep, report, sync, refused]
+    unreachable = _run("report.py", f"tracking.uri=http://alice:{PASSWORD}@127.0.0.1:{free_port()}",
+                       f"hydra.run.dir={tmp_path / 'report-log2'}")
+    assert unreachable.returncode == 2 and "is not reachable" in unreachable.stderr
+    outputs += [one, sweep, report, sync, refused, unreachable]
 
     # the SLURM script a sweep would submit with that environment
     from hydra import compose, initialize_config_dir
@@ -310,3 +313,39 @@ def test_make_ui_and_a_sweep_on_a_fresh_store_do_not_race(tmp_path: Path) -> Non
         finally:
             os.killpg(ui.pid, 15)
             ui.wait(timeout=30)
+
+
+def test_a_dead_sweeps_parent_is_ended_killed(tmp_path: Path) -> None:
+    """A sweep parent whose process exited is ended KILLED with a reason; a live one is not."""
+    from stability.tracking.contract import Kind, Tag
+    from stability.tracking.orphans import end_stale_runs
+    from stability.tracking.uri import client, ensure_experiment
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp_id = ensure_experiment(uri, "parents")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    c = client(uri)
+    now = str(int(time.time() * 1000))
+    gone = c.create_run(exp_id, tags={Tag.KIND: Kind.SWEEP, Tag.SWEEP_ID: "s1",
+                                      Tag.PROCESS: f"{socket.gethostname()}:{dead}",
+                                      Tag.HEARTBEAT: now}).info.run_id
+    alive = c.create_run(exp_id, tags={Tag.KIND: Kind.SWEEP, Tag.SWEEP_ID: "s2",
+                                       Tag.PROCESS: f"{socket.gethostname()}:{os.getpid()}",
+                                       Tag.HEARTBEAT: now}).info.run_id
+    assert end_stale_runs(uri, "parents") == 1
+    ended = c.get_run(gone)
+    assert ended.info.status == "KILLED" and ended.data.tags[Tag.OUTCOME] == "killed"
+    assert ended.data.tags[Tag.REASON].startswith(
+        "the sweep process ended without closing its run: no heartbeat since ")
+    assert c.get_run(alive).info.status == "RUNNING"
+
+
+def test_filter_values_are_plain_names() -> None:
+    """MLflow does not unescape \\' in a filter: a quote can never reach one."""
+    from stability.core.config import ConfigError
+    from stability.tracking.contract import Kind, search_filter
+
+    assert search_filter(Kind.TRAIN, "20261201-101010-abc123").endswith("'20261201-101010-abc123'")
+    with pytest.raises(ConfigError, match="sweep_id=\"x'y\" is invalid"):
+        search_filter(Kind.TRAIN, "x'y")

@@ -216,22 +216,25 @@ def client(uri: str) -> Any:
     import_mlflow(server=is_http(uri))
     from mlflow.tracking import MlflowClient
 
-    c = MlflowClient(tracking_uri=uri)
-    if sqlite_path(uri) is not None:
-        with store_lock(uri):
-            try:
-                c._tracking_client.store  # noqa: B018 - opening the store creates the schema
-            except Exception as err:
-                # An opener outside our lock (another tool's MLflow client) migrated at the
-                # same moment: the schema is there now, or nearly. Once more, then give up.
-                if not already_exists(err):
-                    raise
-                c = MlflowClient(tracking_uri=uri)
-                c._tracking_client.store  # noqa: B018
+    if sqlite_path(uri) is None:
+        return MlflowClient(tracking_uri=uri)
+    # MlflowClient() itself may open (and migrate) the store: it is created under the lock.
+    with store_lock(uri):
+        try:
+            c = MlflowClient(tracking_uri=uri)
+            c._tracking_client.store  # noqa: B018 - opening the store creates the schema
+        except Exception as err:
+            # An opener outside our lock (another tool's MLflow client) migrated at the same
+            # moment: the schema is there now, or nearly. Once more, then give up.
+            if not already_exists(err):
+                raise
+            c = MlflowClient(tracking_uri=uri)
+            c._tracking_client.store  # noqa: B018
     return c
 
 
-_EXISTS = ("already exists", "duplicate column", "duplicate key", "unique constraint")
+_EXISTS = ("already exists", "duplicate column", "duplicate key", "unique constraint",
+           "no such index", "expected to match one row")  # the other side of the same race
 
 
 def already_exists(err: BaseException) -> bool:
