@@ -28,7 +28,7 @@ from stability.tracking.server import MlflowServer, free_port, start_server
 from tests.helpers.processes import ENV, PROJECT, rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
-SEEDS = (0, 1, 2, 3)
+SEEDS = (0, 1, 2)
 SERVER_KILLS = 3
 
 
@@ -69,7 +69,7 @@ class Chaos:
     def _kill_a_worker(self) -> None:
         for folder in sorted(p for p in self.sweep_dir.iterdir() if p.name.isdigit()):
             pid = _worker_pid(folder)
-            if pid and pid != self.sweep.pid and rows(folder / rundir.CSV_NAME) > 15:
+            if pid and pid != self.sweep.pid and rows(folder / rundir.CSV_NAME) > 9:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -81,14 +81,14 @@ class Chaos:
         try:
             while self.sweep.poll() is None and (self.server_kills < SERVER_KILLS
                                                  or not self.worker_kills):
-                time.sleep(2.0)
+                time.sleep(0.5)
                 if not self.worker_kills:
                     self._kill_a_worker()
                 if self.server_kills < SERVER_KILLS and self.sweep.poll() is None:
                     os.killpg(self.server.process.pid, signal.SIGKILL)
                     self.server.process.wait(timeout=30)
                     self.server_kills += 1
-                    time.sleep(1.0)
+                    time.sleep(0.5)
                     self.server = start_server(self.root, self.port)
         except BaseException as err:  # reported by join()
             self.error = err
@@ -99,7 +99,7 @@ def test_a_sweep_survives_server_and_worker_kills(tmp_path: Path) -> None:
     root, port, sweep_dir = tmp_path / "server", free_port(), tmp_path / "sweep"
     server = start_server(root, port)
     args = ["-m", "data.num_samples=200", "device=cpu", "clip.enabled=false",
-            "clip.max_norm=1.0", "train.accum_steps=1", "precision=fp32", "train.epochs=30",
+            "clip.max_norm=1.0", "train.accum_steps=1", "precision=fp32", "train.epochs=40",
             f"seed={','.join(map(str, SEEDS))}", "hydra.launcher.n_jobs=2",
             f"tracking.uri={server.uri}", "tracking.experiment=chaos",
             f"hydra.sweep.dir={sweep_dir}"]
@@ -122,6 +122,7 @@ def test_a_sweep_survives_server_and_worker_kills(tmp_path: Path) -> None:
     assert chaos.server_kills == SERVER_KILLS and chaos.worker_kills == 1, (
         chaos.server_kills, chaos.worker_kills, (tmp_path / "first.log").read_text()[-3000:])
 
+    t_first = time.monotonic() - t0
     again = _sweep(args, tmp_path / "again.log")
     try:
         assert again.wait(timeout=300) == 0, (tmp_path / "again.log").read_text()[-3000:]
@@ -136,7 +137,7 @@ def test_a_sweep_survives_server_and_worker_kills(tmp_path: Path) -> None:
         for r in finished:
             with (Path(r.data.tags[Tag.OUTPUT_DIR]) / rundir.CSV_NAME).open() as f:
                 steps = [int(row["step"]) for row in csv.DictReader(f)]
-            assert len(steps) == 90  # 30 epochs x 3 optimizer steps
+            assert len(steps) == 120  # 40 epochs x 3 optimizer steps
             for key in STEP_METRICS:
                 got = sorted(m.step for m in c.get_metric_history(r.info.run_id, key))
                 assert got == steps, (r.info.run_id, key)
@@ -148,5 +149,5 @@ def test_a_sweep_survives_server_and_worker_kills(tmp_path: Path) -> None:
         server.stop()
     elapsed = time.monotonic() - t0
     print(f"chaos: {len(SEEDS)} points, {len(train)} training runs, {SERVER_KILLS} server "
-          f"kills, 1 worker kill, {elapsed:.0f} s")
+          f"kills, 1 worker kill, {elapsed:.0f} s ({t_first:.0f} s until the rerun)")
     assert elapsed < 120
