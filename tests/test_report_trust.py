@@ -111,6 +111,17 @@ def test_a_recorded_config_is_rebuilt_only_through_an_allowed_task(tmp_path: Pat
     assert not marker.exists()
 
 
+def test_existing_stores_keep_their_fingerprints() -> None:
+    """config.yaml lost its tracking section; old files with one still match their tags."""
+    old = {"precision": {"name": "fp16"}, "clip": {"enabled": True, "max_norm": 5.0},
+           "train": {"accum_steps": 4},
+           "tracking": {"uri": "http://alice:pw@h:5000", "experiment": "x", "sweep_id": "s1"}}
+    # values computed by main at 645850a, before issue 19
+    assert fingerprint(to_run_config({})) == "0f7301c49a29"
+    assert fingerprint(to_run_config(old)) == "48e72749813f"
+    assert trusted_config(old, "48e72749813f", BUILTIN_TASKS).tracking.sweep_id == "s1"
+
+
 def flatten_to_yaml(cfg):  # noqa: ANN001, ANN201 - config.yaml as the run writes it
     from stability.core.config import to_yaml_dict
     return to_yaml_dict(cfg)
