@@ -24,6 +24,12 @@ from typing import Any
 
 from stability.core.config import ConfigError, RunConfig
 from stability.core.identity import config_label, flatten
+from stability.tracking.credentials import (  # noqa: F401 - part of the URI policy
+    has_userinfo,
+    redact_uri,
+    scrub_hydra_files,
+    take_credentials,
+)
 from stability.tracking.lean import import_mlflow
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # stability/ (in a checkout: its repo)
@@ -68,49 +74,6 @@ def validate_uri(uri: str) -> None:
             f"tracking.uri={redact_uri(uri)!r} is invalid: allowed values are http(s)://host:port, "
             "sqlite:///path/to/mlflow.db, postgresql://..., or null for the embedded store"
         )
-
-
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
-
-
-def redact_uri(text: str) -> str:
-    """``text`` with the ``user:password@`` of every URI in it removed (``http://host``).
-
-    Every URI this project logs, tags, writes or prints goes through here first.
-    """
-    return _USERINFO.sub(lambda m: m.group("scheme"), text)
-
-
-def has_userinfo(uri: str) -> bool:
-    """The URI carries ``user[:password]@``."""
-    return redact_uri(uri) != uri
-
-
-def take_credentials(uri: str) -> str:
-    """An HTTP URI without its ``user:password@``, which MLflow's client then sends from
-    ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` (a value already exported wins).
-
-    The URI is recorded, printed and handed to every job; the credentials must not be. A
-    database URI keeps them (SQLAlchemy needs them): it is redacted wherever it is shown.
-    """
-    if not is_http(uri) or not has_userinfo(uri):
-        return uri
-    parts = urllib.parse.urlsplit(uri)
-    if parts.username is not None:
-        os.environ.setdefault("MLFLOW_TRACKING_USERNAME", urllib.parse.unquote(parts.username))
-    if parts.password is not None:
-        os.environ.setdefault("MLFLOW_TRACKING_PASSWORD", urllib.parse.unquote(parts.password))
-    return redact_uri(uri)
-
-
-def scrub_hydra_files(folder: Path) -> None:
-    """Remove URI credentials from the YAML files Hydra wrote into ``folder/.hydra`` (and a
-    sweep's ``multirun.yaml``) from the command line before any of our code ran."""
-    for path in [*folder.glob(".hydra/*.yaml"), folder / "multirun.yaml"]:
-        if path.is_file():
-            text = path.read_text()
-            if redact_uri(text) != text:
-                path.write_text(redact_uri(text))
 
 
 def resolve_tracking_uri(uri: str | None = None) -> str:
