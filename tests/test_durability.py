@@ -95,7 +95,7 @@ def test_server_down_for_the_whole_run_then_sync(tmp_path: Path) -> None:
     done = run("sweep.py", *TINY, "train.epochs=3", f"tracking.uri={uri}",
                f"tracking.experiment={exp}", "tracking.retry_s=1", f"hydra.run.dir={out}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"run kept locally: `stability sync {out}`" in done.stdout
+    assert f"run kept locally: `stability sync {out} --uri {uri}`" in done.stdout
     assert "finished: best val_loss" in done.stdout  # the job's own result
     assert (out / rundir.PENDING_NAME).exists()
 

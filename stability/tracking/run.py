@@ -232,7 +232,7 @@ class TrackedRun:
                 # SystemExit: submitit's requeue on preemption/timeout (the run resumes later)
                 killed = isinstance(exc, KeyboardInterrupt | Terminated | SystemExit)
                 self.outcome = Outcome.KILLED if killed else Outcome.FAILED
-                self.reason = f"{type(exc).__name__}: {exc}"
+                self.reason = redact_uri(f"{type(exc).__name__}: {exc}")
             outcome = self.outcome or Outcome.FAILED
             self.sink.flush()
             tags = {Tag.OUTCOME: str(outcome)}
@@ -275,7 +275,8 @@ class TrackedRun:
             return
         except Exception as err:
             why = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}" if str(err) else ""
-        journal.mark_pending(self.folder, why or "the tracking store did not answer")
+        journal.mark_pending(self.folder, redact_uri(why) or "the tracking store did not answer")
         self.pending = True
-        print(f"run kept locally: `stability sync {self.folder}` "
-              f"(or `python experiments/sync.py {self.folder}`)", flush=True)
+        to = f" --uri {redact_uri(self.uri)}"  # a sync sends only where it is told to
+        print(f"run kept locally: `stability sync {self.folder}{to}` "
+              f"(or `python experiments/sync.py {self.folder}{to}`)", flush=True)
