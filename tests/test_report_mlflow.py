@@ -104,6 +104,7 @@ def test_report_folder_and_mlflow_report_run_hold_the_report(reported):
     md = (out.folder / "report.md").read_text()
     assert out.folder.name == SWEEP
     assert SELECTION_RULE in md and "Train with `bf16 clip=1 acc=2`" in md
+    assert "## Factor effects (every run, seeds as blocks)" in md
     pngs = {p.name for p in (out.folder / "plots").glob("*.png")}
     assert {"grad_norm.png", "clip_fraction.png", "val_loss_curves.png", "fp16_scaler.png",
             "skipped_steps.png", "heatmap.png"} <= pngs

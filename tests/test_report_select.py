@@ -17,7 +17,7 @@ from stability.report.select import (
     effective_loss,
     representative_seed,
 )
-from stability.report.stats import min_detectable, seeds_needed
+from stability.stats.paired import min_detectable, seeds_needed
 
 
 def runs_table(configs: list[tuple[str, str, bool, float, int, dict[int, float | str]]]
@@ -123,18 +123,22 @@ def five_seeds(base: float, shifts: list[float]) -> dict[int, float]:
     return {s: base + d for s, d in enumerate(shifts)}
 
 
-def test_comparisons_say_when_clipping_made_no_difference():
+def test_an_unclear_winner_comparison_is_undecided_or_equivalent_never_no_difference():
     noise = [0.01, -0.02, 0.015, -0.005, 0.0]
     runs = runs_table([
         ("base", "fp32", False, 1.0, 1, five_seeds(0.40, [0.0] * 5)),
-        ("clip", "fp32", True, 1.0, 1, five_seeds(0.40, noise)),
+        ("other", "bf16", False, 1.0, 1, five_seeds(0.40, noise)),
     ])
     configs = versus_winner(runs, aggregate(runs))
-    result = {c.question: c for c in comparisons(runs, configs)}
-    clip = result["clipping: best clip-on vs best clip-off"]
-    assert clip.verdict.startswith("Clipping made no difference on this task")
-    assert clip.result.p_t == pytest.approx(stats.ttest_rel(
+    [c] = comparisons(runs, configs, margin=0.001)
+    assert c.question == "winner vs best bf16" and c.word == "undecided"
+    assert c.verdict.startswith("**undecided**: neither shown different nor within ±0.0010")
+    assert c.result.p_t == pytest.approx(stats.ttest_rel(
         [0.40 + d for d in noise], [0.40] * 5).pvalue)
+    # The same data with a margin far outside the noise: TOST shows equivalence.
+    [wide] = comparisons(runs, configs, margin=0.05)
+    assert wide.word == "equivalent" and wide.verdict.startswith("**equivalent** within ±0.0500")
+    assert "no significant difference" not in (c.verdict + wide.verdict).lower()
 
 
 def test_comparisons_call_a_clear_effect_significant_and_count_seed_noise():
@@ -148,9 +152,9 @@ def test_comparisons_call_a_clear_effect_significant_and_count_seed_noise():
     by_q = {c.question: c for c in comparisons(runs, configs)}
     base = by_q["winner vs baseline (fp32, clip off, accum 1) / best fp32"]
     assert base.result.mean_diff == pytest.approx(0.2, abs=1e-3)
-    assert base.p_holm < 0.05 and base.verdict.startswith("The winner is significantly better")
+    assert base.p_holm < 0.05 and base.verdict.startswith("**helps**: the winner is lower")
     near = by_q["winner vs best fp16"]
-    assert near.verdict.startswith("No significant difference")
+    assert near.word == "undecided" and near.verdict.startswith("**undecided**")
     rows = configs.set_index("fingerprint")
     assert rows.loc["near", "within_noise"] and not rows.loc["base", "within_noise"]
     assert rows.loc["near", "within_ci"] and not rows.loc["base", "within_ci"]
@@ -177,9 +181,9 @@ def test_a_simpler_config_within_noise_is_named_and_a_reversed_pair_is_one_holm_
     assert configs.iloc[0]["fingerprint"] == "clip"
     assert simpler_within_noise(configs)["fingerprint"] == "plain"
     found = comparisons(runs, configs)
-    assert {c.kind for c in found} == {"winner", "Clipping"}
-    for c in found:  # the same two configs, asked both ways: one test, no Holm penalty
-        assert c.p_holm == pytest.approx(c.result.p_t)
+    # best fp32 is the winner itself: one question, one test, no Holm penalty
+    assert [c.question for c in found] == ["winner vs baseline (fp32, clip off, accum 1)"]
+    assert found[0].p_holm == pytest.approx(found[0].result.p_t)
     worse = runs_table([("a", "fp32", False, 1.0, 1, five_seeds(0.3, [0.0, 0.01, -0.01, 0, 0])),
                         ("b", "fp16", True, 1.0, 1, five_seeds(0.3, [0.001, 0.01, -0.01, 0, 0]))])
     assert simpler_within_noise(versus_winner(worse, aggregate(worse))) is None
@@ -189,17 +193,16 @@ def test_a_non_significant_verdict_says_what_difference_would_go_unseen():
     noise = [0.01, -0.02, 0.015, -0.005, 0.0]
     runs = runs_table([
         ("base", "fp32", False, 1.0, 1, five_seeds(0.40, [0.0, 0.004, -0.004, 0.002, -0.002])),
-        ("clip", "fp32", True, 1.0, 1, five_seeds(0.40, noise)),
+        ("clip", "bf16", True, 1.0, 1, five_seeds(0.40, noise)),
     ])
     configs = versus_winner(runs, aggregate(runs), alpha=0.05, power=0.8)
-    clip = next(c for c in comparisons(runs, configs, alpha=0.05, power=0.8, min_effect=0.005)
-                if c.kind == "Clipping")
+    [clip] = comparisons(runs, configs, alpha=0.05, power=0.8, min_effect=0.005)
     diffs = [n - b for n, b in zip(noise, [0.0, 0.004, -0.004, 0.002, -0.002], strict=True)]
     sd = float(pd.Series(diffs).std(ddof=1))
     expected = min_detectable(sd, 5, 0.05, 0.8)
     assert clip.power.mdd == pytest.approx(expected)
     assert expected > abs(clip.result.mean_diff)  # why nothing was found: too few seeds
-    assert (f"no significant difference; with 5 seeds a difference smaller than {expected:.4f} "
+    assert (f"with 5 seeds a difference smaller than {expected:.4f} "
             "would go unseen (80% power, α = 0.05)") in clip.verdict
     assert clip.power.seeds_for_effect == seeds_needed(0.005, sd, 0.05, 0.8)
     assert f"detecting 0.0050 would take {int(clip.power.seeds_for_effect)} seeds" in clip.verdict
@@ -211,7 +214,7 @@ def test_a_non_significant_verdict_says_what_difference_would_go_unseen():
 def test_the_default_effect_is_the_winners_seed_sd():
     runs = runs_table([
         ("a", "fp32", False, 1.0, 1, five_seeds(0.30, [0.0, 0.01, -0.01, 0.005, -0.005])),
-        ("b", "fp32", True, 1.0, 1, five_seeds(0.31, [0.004, -0.006, 0.0, -0.01, 0.01])),
+        ("b", "bf16", True, 1.0, 1, five_seeds(0.31, [0.004, -0.006, 0.0, -0.01, 0.01])),
     ])
     configs = versus_winner(runs, aggregate(runs))
     [c, *_] = comparisons(runs, configs, min_effect_sd=2.0)

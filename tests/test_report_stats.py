@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from stability.report.stats import (
+from stability.stats.paired import (
     holm,
     mean_ci,
     min_detectable,

@@ -89,6 +89,9 @@ def test_real_sweep_then_report(mlflow_server, tmp_path):
     # non-finite (steps.csv's nonfinite_param) on its first such skip.
     md = (folder / "report.md").read_text()
     assert "![Per-layer gradient norms](plots/layer_norms.png)" in md
+    # No two configs here differ in one factor only: the factor section says so, no figure.
+    assert "## Factor effects (every run, seeds as blocks)" in md
+    assert "no factor effects" in md or "| factor | contrast |" in md
     [(seed, name, step)] = re.findall(r"\(seed (\d+)\): first non-finite `([^`]+)` at step (\d+)",
                                       md)
     steps = pd.read_csv(tmp_path / f"fp16 accum-{seed}" / "steps.csv")

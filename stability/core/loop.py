@@ -29,6 +29,7 @@ import yaml
 from stability.core import checkpoint, distributed
 from stability.core.batches import evaluate_task, task_of, windows
 from stability.core.config import RunConfig, to_yaml_dict
+from stability.core.cost import CostMeter
 from stability.core.faults import FaultInjector
 from stability.core.layers import LayerNormRecorder
 from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
@@ -128,6 +129,7 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
               if cfg.telemetry.per_layer and main else None)
     monitor = SkipRateMonitor(cfg.monitor)
     diag = Diagnostics()
+    cost = CostMeter(device)
     # A killed run's folder continues after its last whole epoch (core/checkpoint.py).
     parts = checkpoint.Parts(model, optimizer, trainer, shuffle, monitor, diag)
     resumed = checkpoint.restore(out, cfg, parts) if main and not ddp else None
@@ -147,7 +149,9 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
             losses, norms, clipped, skipped, n_steps = [], [], 0, 0, 0
             for window in windows(train_set, cfg.train.batch_size, cfg.train.accum_steps,
                                   shuffle, device, rank, world_size, cfg.train.num_workers):
+                ts = time.perf_counter()
                 s = trainer.step(window)
+                cost.on_step(time.perf_counter() - ts)
                 if layers is not None:
                     layers.on_step(s)
                 diag.on_step(s)
@@ -203,7 +207,7 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     if main:
         checkpoint.discard(out)  # the run ended (finished or diverged): nothing to resume
 
-    summary: dict[str, Any] = diag.summary() | {
+    summary: dict[str, Any] = diag.summary() | cost.summary() | {
         "best_val_loss": best_val,
         "best_epoch": best_epoch,
         "best_val_acc": best_acc,

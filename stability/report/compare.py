@@ -1,10 +1,12 @@
-"""How sure is the choice: paired-by-seed comparisons, plain-words verdicts, seed noise.
+"""How sure is the choice: the winner against its alternatives, paired by seed.
 
-Comparisons answer the review's questions: is the winner better than the baseline (fp32, clip
-off, accum 1) and than the best config of each precision, and did clipping or accumulation
-make any difference at all? Each is a paired t-test on the per-seed differences of best
-validation loss over the seeds both configs finished (the Wilcoxon signed-rank p is the
-check); the decision uses Holm-adjusted p-values over the comparisons in the table.
+Comparisons answer the review's questions about the winner: is it better than the baseline
+(fp32, clip off, accum 1) and than the best config of each precision? (What each *factor*
+does is answered from every run in ``factors``.) Each is a paired t-test on the per-seed
+differences of best validation loss over the seeds both configs finished (the Wilcoxon
+signed-rank p is the check) and a TOST against the equivalence margin; both use Holm's
+correction over the comparisons in the table, and each ends as helps / hurts / equivalent /
+undecided (``stability.stats.effects.decide``).
 
 A "no" is only as good as the test's power: every comparison carries the smallest difference
 its seeds could have detected (80% power by default, noncentral t; see ``stats.min_detectable``)
@@ -21,7 +23,8 @@ import numpy as np
 import pandas as pd
 
 from stability.report.select import PRECISION_ORDER, baseline, best_of, per_seed
-from stability.report.stats import Paired, holm, min_detectable, paired, seeds_needed
+from stability.stats import effects as fx
+from stability.stats.paired import Paired, holm, min_detectable, paired, seeds_needed
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,10 @@ class Comparison:
     other_unfinished: int
     result: Paired
     p_holm: float = math.nan
+    p_equiv_holm: float = math.nan
+    word: str = ""  # helps | hurts | equivalent | undecided (the winner's setting vs other)
     verdict: str = ""
+    margin: float = math.nan
     confidence: float = 0.95
     power: Sensitivity = Sensitivity()
 
@@ -91,12 +97,6 @@ def _questions(configs: pd.DataFrame) -> list[tuple[str, str, str, str]]:
     for p in ("fp32", "bf16", "fp16"):
         wanted.append((f"winner vs best {p}", "winner", win,
                        best_of(configs, configs["precision"] == p)))
-    clip = configs["clip_enabled"]
-    wanted.append(("clipping: best clip-on vs best clip-off", "Clipping",
-                   best_of(configs, ~clip), best_of(configs, clip)))
-    acc1 = configs["accum_steps"] == 1
-    wanted.append(("accumulation: best accum>1 vs best accum=1", "Gradient accumulation",
-                   best_of(configs, acc1), best_of(configs, ~acc1)))
     merged: dict[tuple[str, str, str], str] = {}
     for question, kind, ref, other in wanted:
         if ref is None or other is None or ref == other:
@@ -107,9 +107,22 @@ def _questions(configs: pd.DataFrame) -> list[tuple[str, str, str, str]]:
     return [(q, kind, ref, other) for (kind, ref, other), q in merged.items()]
 
 
+def as_estimate(r: Paired) -> fx.Estimate:
+    """A paired comparison as an ``effects.Estimate`` (per-seed differences, ``n - 1`` df)."""
+    se = r.sd / math.sqrt(r.n) if r.n >= 2 else math.nan
+    return fx.Estimate(np.asarray(r.mean_diff), np.asarray(se), np.asarray(float(r.n - 1)),
+                       np.asarray(r.sd), 1, r.n)
+
+
+def _equiv_p(r: Paired, margin: float) -> float:
+    if r.n < 2 or not math.isfinite(margin):
+        return math.nan
+    return float(fx.p_equivalent(as_estimate(r), margin))
+
+
 def comparisons(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0.95,
                 alpha: float = 0.05, power: float = 0.8, min_effect: float | None = None,
-                min_effect_sd: float = 1.0) -> list[Comparison]:
+                min_effect_sd: float = 1.0, margin: float = math.nan) -> list[Comparison]:
     """The review's paired comparisons with Holm-adjusted p-values, power and verdicts.
 
     Args:
@@ -121,6 +134,7 @@ def comparisons(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0
         min_effect: the effect whose seed count is reported (loss units); None uses
             ``min_effect_sd`` times the winner's seed SD.
         min_effect_sd: see ``min_effect``.
+        margin: the equivalence margin (loss units) of the TOST.
     """
     out = []
     effect = named_effect(configs, min_effect, min_effect_sd)
@@ -132,13 +146,27 @@ def comparisons(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0
                               power=sensitivity(result, effect, alpha, power)))
     # A pair asked twice, in either direction (the winner vs the baseline and clip-on vs
     # clip-off can be the same two configs), is one test for Holm.
-    unique = {frozenset((c.reference_fp, c.other_fp)): c.result.p_t for c in out}
-    adjusted = dict(zip(unique, holm(list(unique.values())), strict=True))
+    unique = {frozenset((c.reference_fp, c.other_fp)): c for c in out}
+    adjusted = dict(zip(unique, holm([c.result.p_t for c in unique.values()]), strict=True))
+    equiv = dict(zip(unique, holm([_equiv_p(c.result, margin) for c in unique.values()]),
+                     strict=True))
     done = []
     for c in out:
-        c = replace(c, p_holm=adjusted[frozenset((c.reference_fp, c.other_fp))])
+        key = frozenset((c.reference_fp, c.other_fp))
+        c = replace(c, p_holm=adjusted[key], p_equiv_holm=equiv[key], margin=margin)
+        c = replace(c, word=_word(c, alpha))
         done.append(replace(c, verdict=verdict(c, alpha)))
     return done
+
+
+def _word(c: Comparison, alpha: float) -> str:
+    """The four-word verdict from the winner's side: ``helps`` = the winner's loss is lower."""
+    if c.result.n < 2:
+        return fx.UNDECIDED
+    p_eq = c.p_equiv_holm if c.other_unfinished == 0 else math.nan
+    # other - winner > 0 means the winner's setting lowers the loss: flip the sign for decide.
+    return str(fx.decide(np.asarray(-c.result.mean_diff), np.asarray(c.p_holm),
+                         np.asarray(1.0 if math.isnan(p_eq) else p_eq), alpha))
 
 
 def signed(x: float) -> str:
@@ -176,38 +204,38 @@ def abs_num(x: float) -> str:
 
 
 def verdict(c: Comparison, alpha: float) -> str:
-    """One plain sentence a reviewer can act on."""
+    """One plain sentence a reviewer can act on, opening with its four-word verdict."""
     r = c.result
     lost = (f" {c.other} lost {c.other_unfinished} seed(s) to divergence or failure: +inf in "
-            "the ranking, left out of this pairing." if c.other_unfinished else "")
+            "the ranking, left out of this pairing (never called equivalent)."
+            if c.other_unfinished else "")
     if r.n < 2:
-        return (f"Cannot be tested: only {r.n} seed(s) finished in both {c.reference} and "
-                f"{c.other}.{lost}")
-    significant = c.p_holm < alpha
-    if c.kind == "winner":
-        if not significant:
-            return (f"No significant difference; {unseen(c)}. {c.other} is within the "
-                    f"winner's seed noise ({_numbers(c)}).{lost}")
-        if r.mean_diff > 0:
-            return f"The winner is significantly better than {c.other} ({_numbers(c)}).{lost}"
-        return (f"On the seeds both finished {c.other} is significantly lower ({_numbers(c)}), "
+        return (f"**undecided**: cannot be tested, only {r.n} seed(s) finished in both "
+                f"{c.reference} and {c.other}.{lost}")
+    if c.word == fx.EQUIVALENT:
+        return (f"**equivalent** within ±{abs_num(c.margin)}: {c.other} and the winner "
+                f"({_numbers(c)}, TOST Holm p {c.p_equiv_holm:.3g}).{lost}")
+    if c.word == fx.HELPS:
+        return f"**helps**: the winner is lower than {c.other} ({_numbers(c)}).{lost}"
+    if c.word == fx.HURTS:
+        return (f"**hurts**: on the seeds both finished {c.other} is lower ({_numbers(c)}), "
                 f"but it ranks below the winner.{lost}")
-    if not significant:
-        return (f"{c.kind} made no difference on this task: no significant difference; "
-                f"{unseen(c)} ({c.other} vs {c.reference}: {_numbers(c)}).{lost}")
-    effect = "helped" if r.mean_diff < 0 else "hurt"
-    return f"{c.kind} {effect}: {c.other} vs {c.reference}, {_numbers(c)}.{lost}"
+    return (f"**undecided**: neither shown different nor within ±{abs_num(c.margin)}; "
+            f"{unseen(c)} ({c.other} vs the winner: {_numbers(c)}).{lost}")
 
 
 def versus_winner(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0.95,
-                  alpha: float = 0.05, power: float = 0.8) -> pd.DataFrame:
+                  alpha: float = 0.05, power: float = 0.8,
+                  margin: float = math.nan) -> pd.DataFrame:
     """``configs`` plus each config's paired comparison with the winner and its noise flags.
 
     Adds ``n_paired``, ``diff_vs_winner``, ``p_vs_winner`` (paired t, unadjusted),
     ``p_wilcoxon_vs_winner``, ``within_ci`` (mean inside the winner's CI) and ``within_noise``
     (paired t not significant at ``alpha``) and ``mdd_vs_winner`` (the smallest difference
-    those paired seeds detect with ``power``). Configs with an infinite mean are never within
-    noise: by the +inf rule they cannot win.
+    those paired seeds detect with ``power``), ``verdict_vs_winner`` (helps / hurts /
+    equivalent / undecided: paired t and TOST against ``margin``, each Holm-adjusted over the
+    other configs; a config with unfinished seeds is never equivalent). Configs with an
+    infinite mean are never within noise: by the +inf rule they cannot win.
     """
     win = configs.iloc[0]
     ref = per_seed(runs, str(win["fingerprint"]))
@@ -226,6 +254,16 @@ def versus_winner(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float =
     out.loc[0, ["within_ci", "within_noise"]] = False
     out.loc[0, ["diff_vs_winner", "p_vs_winner", "p_wilcoxon_vs_winner",
                 "mdd_vs_winner"]] = math.nan
+    p_diff = fx.holm(np.array([math.nan] + [r.p_t for r in results[1:]]))
+    unfinished = (out["seeds_diverged"] + out["seeds_failed"]).to_numpy()
+    p_eq = fx.holm(np.array([math.nan] + [_equiv_p(r, margin) if u == 0 else math.nan
+                                          for r, u in zip(results[1:], unfinished[1:],
+                                                          strict=True)]))
+    words = fx.decide(-out["diff_vs_winner"].to_numpy(float), np.nan_to_num(p_diff, nan=1.0),
+                      np.nan_to_num(p_eq, nan=1.0), alpha)
+    out["p_equiv_vs_winner"] = p_eq
+    out["verdict_vs_winner"] = words
+    out.loc[0, "verdict_vs_winner"] = "winner"
     return out
 
 

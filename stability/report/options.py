@@ -40,6 +40,9 @@ class ReportConfig:
         min_effect: the difference (loss units) whose required seed count is reported; None
             means ``min_effect_sd`` times the winner's seed SD.
         min_effect_sd: see ``min_effect``.
+        margin: the equivalence margin: ``"5%"`` of the winner's mean best validation loss,
+            or a number in loss units. Differences inside it are "equivalent" when TOST shows
+            it.
         register: register the winning checkpoint in the Model Registry.
         model_name: registered model name.
         plots: draw the figures.
@@ -60,6 +63,7 @@ class ReportConfig:
     power: float = 0.8
     min_effect: float | None = None
     min_effect_sd: float = 1.0
+    margin: str | float = "5%"
     register: bool = True
     model_name: str = "stability-winner"
     plots: bool = True
@@ -88,6 +92,8 @@ class ReportConfig:
                   self.min_effect, "null (a multiple of the winner's seed SD) or a number > 0")
         e.require(isinstance(self.min_effect_sd, float) and self.min_effect_sd > 0,
                   "min_effect_sd", self.min_effect_sd, "a number > 0")
+        e.require(_margin_ok(self.margin), "margin", self.margin,
+                  "a share of the winner's loss such as '5%' (0-100%), or a number > 0")
         e.require(isinstance(self.register, bool), "registry.enabled", self.register,
                   "true | false")
         e.require(is_safe_name(self.model_name), "registry.model_name", self.model_name,
@@ -103,6 +109,15 @@ class ReportConfig:
         e.require(isinstance(share, float) and 0 < share < 1, "advice.target_share", share,
                   "a share of steps in (0, 1), e.g. 0.05")
         e.raise_if_any()
+
+
+def _margin_ok(m: object) -> bool:
+    if isinstance(m, str) and m.endswith("%"):
+        try:
+            return 0 < float(m[:-1]) < 100
+        except ValueError:
+            return False
+    return isinstance(m, int | float) and not isinstance(m, bool) and 0 < m < float("inf")
 
 
 def _check_thresholds(t: Thresholds, e: Errors) -> None:
@@ -137,6 +152,7 @@ _KEYS = {
     "power": "power",
     "min_effect": "min_effect",
     "min_effect_sd": "min_effect_sd",
+    "margin": "margin",
     "registry.enabled": "register",
     "registry.model_name": "model_name",
     "plots": "plots",

@@ -19,7 +19,19 @@ from typing import Any
 
 import pandas as pd
 
-from stability.report import advice, compare, fetch, health, layers, plots, publish, select
+from stability.report import (
+    advice,
+    compare,
+    effects_plot,
+    factors,
+    fetch,
+    health,
+    layers,
+    plots,
+    publish,
+    select,
+)
+from stability.report.decision import margin_of
 from stability.report.evaluate import evaluate_winner, load_winner
 from stability.report.html import to_html
 from stability.report.options import ReportConfig, ReportError
@@ -81,7 +93,8 @@ def _series(configs: pd.DataFrame, role: str, fp: str, color: str) -> plots.Seri
 
 def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.DataFrame],
          recs: list[advice.Recommendation], folder: Path, workers: int, notes: list[str],
-         cache: Path, remarks: list[str]) -> list[plots.Figure]:
+         cache: Path, remarks: list[str],
+         analysis: factors.FactorAnalysis | None = None) -> list[plots.Figure]:
     """Draw from the fetched steps tables; fetch only what a few plotted configs need.
 
     Beyond ``steps`` that is the val_loss histories of the plotted configs and the
@@ -116,6 +129,8 @@ def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.
         return {int(s): histories[r] for s, r in zip(g["seed"], g["run_id"], strict=True)}
 
     jobs: list[tuple[str, Callable[[], plots.Figure | None]]] = [
+        ("main effects", lambda: effects_plot.main_effects(analysis, folder)
+         if analysis is not None else None),
         ("grad norm", lambda: plots.grad_norm(
             [(series[fp], steps[rep_ids[fp]]) for _, fp in roles
              if rep_ids.get(fp) in steps], folder, configs["max_norm"].dropna().unique())),
@@ -164,9 +179,11 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
         raise NothingToReport(
             f"nothing to recommend: none of the {len(runs)} training runs of sweep "
             f"{sweep.sweep_id!r} finished ({_outcomes(runs)})")
-    configs = compare.versus_winner(runs, configs, cfg.confidence, cfg.alpha, cfg.power)
+    margin = margin_of(cfg.margin, float(configs.iloc[0]["loss_mean"]))
+    configs = compare.versus_winner(runs, configs, cfg.confidence, cfg.alpha, cfg.power, margin)
     comparisons = compare.comparisons(runs, configs, cfg.confidence, cfg.alpha, cfg.power,
-                                      cfg.min_effect, cfg.min_effect_sd)
+                                      cfg.min_effect, cfg.min_effect_sd, margin)
+    analysis = factors.analyse(runs, configs, margin, cfg.alpha, cfg.confidence, cfg.power)
     winner = configs.iloc[0]
     log.info("winner %s (%s) of %d configs", winner["label"], winner["fingerprint"], len(configs))
 
@@ -200,13 +217,14 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                 version, created = _register(c, uri, cfg, sweep, runs, winner, test, report_run,
                                              cache / "model", notes)
             figures = draw(c, runs, configs, steps, recs, staging / "plots",
-                           cfg.history_workers, notes, cache, remarks) if cfg.plots else []
+                           cfg.history_workers, notes, cache, remarks, analysis) \
+                if cfg.plots else []
             elapsed = time.perf_counter() - t0
             write_summary(configs, staging / Artifact.SUMMARY_CSV)
             ctx = ReportContext(sweep, redact_uri(uri), runs, configs, comparisons, test,
                                 figures, notes, cfg.confidence, cfg.alpha, report_run, version,
                                 elapsed, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                                commit, recs, remarks)
+                                commit, recs, remarks, analysis)
             markdown = render(ctx)
             (staging / Artifact.REPORT_MD).write_text(markdown)
             (staging / Artifact.REPORT_HTML).write_text(

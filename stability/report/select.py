@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from stability.core.identity import config_label
-from stability.report.stats import mean_ci
+from stability.stats.paired import mean_ci
 
 PRECISION_ORDER = {"fp32": 0, "bf16": 1, "fp16": 2}
 TIE_DECIMALS = 10  # means equal to 1e-10 are a tie (summation order changes the last bits)
@@ -35,6 +35,21 @@ def effective_loss(runs: pd.DataFrame) -> pd.Series:
                          errors="coerce").astype(float)
     ok = (runs["outcome"] == "finished") & np.isfinite(loss)
     return loss.where(ok, math.inf)
+
+
+def train_seconds(runs: pd.DataFrame) -> pd.Series:
+    """Training seconds of each run: median step time x optimizer steps, else its wall time.
+
+    The product leaves out what every config pays alike (imports, data, validation, a
+    worker's cold start); runs from before the cost metrics existed fall back to
+    ``wall_time_s``.
+    """
+    def col(name: str) -> pd.Series:
+        return pd.to_numeric(runs[name], errors="coerce") if name in runs \
+            else pd.Series(math.nan, index=runs.index)
+
+    steps = col("step_time_median_s") * col("optimizer_steps")
+    return steps.where(np.isfinite(steps), col("wall_time_s"))
 
 
 def base_label(row: pd.Series) -> str:
@@ -125,6 +140,12 @@ def aggregate(runs: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
         wall = pd.to_numeric(g.get("wall_time_s"), errors="coerce").dropna() \
             if "wall_time_s" in g else pd.Series(dtype=float)
         row["wall_time_s_median"] = float(wall.median()) if len(wall) else math.nan
+        for name, values in (("train_seconds", train_seconds(g)),
+                             ("peak_memory_mb", pd.to_numeric(g["peak_memory_mb"],
+                                                              errors="coerce")
+                              if "peak_memory_mb" in g else None)):
+            v = values.dropna() if values is not None else pd.Series(dtype=float)
+            row[name] = float(v.median()) if len(v) else math.nan
         row["wall_time_s_max"] = float(wall.max()) if len(wall) else math.nan
         rows.append(row)
     return rank(pd.DataFrame(rows))

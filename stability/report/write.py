@@ -14,14 +14,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from stability.report import decision
 from stability.report.advice import Recommendation, nearest_swept
 from stability.report.compare import Comparison, abs_num, signed, simpler_within_noise
 from stability.report.evaluate import WinnerTestResult
+from stability.report.factors import FactorAnalysis
 from stability.report.fetch import Sweep
 from stability.report.health import summary_sentence
 from stability.report.plots import Figure
 from stability.report.select import SELECTION_RULE
-from stability.report.stats import wilcoxon_min_p
+from stability.stats.paired import wilcoxon_min_p
 
 SUMMARY_COLUMNS = [
     "rank", "label", "fingerprint", "precision", "clip_enabled", "clip_method", "max_norm",
@@ -56,6 +58,7 @@ class ReportContext:
     git_commit: str
     advice: Sequence[Recommendation] = ()
     remarks: Sequence[str] = ()  # one line each in the figure section: why a figure is absent
+    analysis: FactorAnalysis | None = None  # factor effects from every run (factors.analyse)
 
 
 def fmt(x: float, digits: int = 4) -> str:
@@ -100,7 +103,17 @@ def _answer(ctx: ReportContext) -> list[str]:
     w, t, level = ctx.configs.iloc[0], ctx.test, f"{ctx.confidence:.0%}"
     others = len(ctx.configs) - 1
     tested = [s for s in t.seeds if math.isfinite(s.test_loss)]
-    lines = [
+    lines = []
+    an = ctx.analysis
+    if an is not None and an.main:
+        lines += ["What each setting does, from all "
+                  f"{len(ctx.runs)} runs (seeds as blocks; effects on best validation loss, "
+                  f"margin ±{decision.size(an.margin)}):", "",
+                  *decision.factor_sentences(an), ""]
+    if "train_seconds" in ctx.configs:
+        margin = an.margin if an else math.nan
+        lines += [f"- {decision.cost_sentence(ctx.configs, margin, _device(ctx.runs))}", ""]
+    lines += [
         f"**Train with `{w['label']}`** (config fingerprint `{w['fingerprint']}`).", "",
         f"- Validation (the only selection criterion): best validation loss "
         f"{_pm(w['loss_mean'], w['loss_std'])} "
@@ -140,6 +153,41 @@ def _answer(ctx: ReportContext) -> list[str]:
         f"{int(ctx.configs['within_noise'].sum())} of {others} are not significantly different "
         f"from it (paired t, p ≥ {ctx.alpha}, unadjusted).")
     return lines
+
+
+def _device(runs: pd.DataFrame) -> str:
+    devices = sorted(set(runs["device"].astype(str))) if "device" in runs else []
+    named = [d for d in devices if d != "auto"]
+    return "/".join(named) if named else "this study's machine"
+
+
+def _factor_section(ctx: ReportContext) -> list[str]:
+    an = ctx.analysis
+    if an is None or not an.main:
+        if an is not None and an.factors:
+            return ["No level of a swept factor pairs with its reference on the same seeds (no "
+                    "two configs differ in that factor alone): no factor effects.", ""]
+        return ["The study swept no factor with two or more levels: no factor effects.", ""]
+    parts = [_table(decision.FACTOR_HEADER, decision.factor_table(an)), "",
+             f"Every contrast pairs runs that differ only in that factor: each cell of the other "
+             f"factors and each seed gives one difference (`cells × seeds`). Each seed's mean "
+             f"over the cells is one observation and the effect's t-test runs over the seeds "
+             f"(`df` = seeds − 1): every run counts, the seed stays the unit (docs/report.md, "
+             f"\"Factor effects\"). `helps` / `hurts`: two-sided t-test, Holm over this table "
+             f"at α = {an.alpha}; `equivalent`: TOST against ±{decision.size(an.margin)} "
+             f"(report.margin), Holm over this table; `undecided`: neither. `detectable` is "
+             f"the effect found with α / m (Holm's first step) at the report's power. Unfinished "
+             "runs count at the study's worst finished loss and a contrast with any is never "
+             "called equivalent. `training time ×`: the level's mean training seconds per run "
+             "(median step time × optimizer steps) over the reference's."]
+    if an.dropped_cells:
+        parts += ["", f"{an.dropped_cells} cell(s) without every seed on both sides were left "
+                  "out of their contrast (a complete cells × seeds table is required)."]
+    if an.interactions:
+        parts += ["", "Two-way interactions (the effect's difference between a level of the "
+                  "other factor and its reference; Holm over this table):", "",
+                  _table(decision.INTERACTION_HEADER, decision.interaction_rows(an))]
+    return parts + [""]
 
 
 def answer_markdown(ctx: ReportContext) -> str:
@@ -212,6 +260,7 @@ def render(ctx: ReportContext) -> str:
         f"MLflow report run `{ctx.report_run_id}`"
         + (f", registered model version {ctx.model_version}." if ctx.model_version else "."), "",
         "## Answer", "", *_answer(ctx), "",
+        "## Factor effects (every run, seeds as blocks)", "", *_factor_section(ctx),
         "## Selection rule", "", SELECTION_RULE + ".", "",
         "The test split played no part in the choice: it was opened only after selection, "
         "for the winner's seeds.", "",

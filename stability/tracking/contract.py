@@ -10,11 +10,12 @@ from __future__ import annotations
 from enum import StrEnum
 
 from stability.core import rundir
+from stability.core.cost import COST_METRICS
 from stability.core.steplog import SkipReason
 from stability.core.validation import safe_name
 
-__all__ = ["STEP_METRICS", "EPOCH_METRICS", "Artifact", "Kind", "Outcome", "SkipReason", "Tag",
-           "search_filter"]
+__all__ = ["COST_METRICS", "STEP_METRICS", "EPOCH_METRICS", "Artifact", "Kind", "Outcome",
+           "SkipReason", "Tag", "search_filter"]
 
 
 class Kind(StrEnum):

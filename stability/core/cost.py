@@ -1,0 +1,68 @@
+"""What a run costs on its device: median seconds per optimizer step and peak memory.
+
+The report weighs these against the loss (issue 18: "the cheapest config among those
+equivalent to the best"), so both are measured the same way for every config of a study:
+
+- ``step_time_median_s``: the median wall time of ``TrainStep.step`` over the run's optimizer
+  steps (forward, backward, unscale, clip, optimizer step of one window). The median, not the
+  mean: a worker's first steps pay its cold start (allocator, first kernels). Each step ends
+  with one host read of its results, so on CUDA the timed interval includes the device work.
+- ``peak_memory_mb``: on CUDA, ``torch.cuda.max_memory_allocated`` (reset at the start of the
+  run): the tensors the run allocated. On CPU there is no allocator statistic, so it is the
+  process's peak resident set during the run: Linux's ``VmHWM`` after resetting it through
+  ``/proc/self/clear_refs`` at the start of the run. It includes the interpreter and the
+  imported libraries (the same for every config of a study), so compare configs by its
+  differences. Where the peak cannot be reset (not Linux), nothing is recorded: a lifetime peak
+  of a worker process that ran other configs before would be a number about another run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import statistics
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+COST_METRICS = ("step_time_median_s", "peak_memory_mb")  # summary metrics (contract.py)
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _vm_hwm_mb() -> float:
+    match = re.search(r"VmHWM:\s+(\d+)\s*kB", _STATUS.read_text())
+    return int(match.group(1)) / 1024 if match else math.nan
+
+
+class CostMeter:
+    """Times optimizer steps and tracks the run's peak memory on ``device`` (``cpu``/``cuda``)."""
+
+    def __init__(self, device: str | torch.device) -> None:
+        self.device = torch.device(device)
+        self.step_seconds: list[float] = []
+        self._cpu_peak = False
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            try:  # "5" resets the peak RSS (VmHWM) of this process (Linux >= 4.0)
+                _CLEAR_REFS.write_text("5")
+                self._cpu_peak = math.isfinite(_vm_hwm_mb())
+            except OSError:
+                log.debug("peak RSS cannot be reset here: peak_memory_mb not recorded")
+
+    def on_step(self, seconds: float) -> None:
+        """Record one optimizer step's wall time."""
+        self.step_seconds.append(seconds)
+
+    def summary(self) -> dict[str, float]:
+        """``step_time_median_s`` and ``peak_memory_mb`` (NaN where not measured)."""
+        median = statistics.median(self.step_seconds) if self.step_seconds else math.nan
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**20
+        else:
+            peak = _vm_hwm_mb() if self._cpu_peak else math.nan
+        return {"step_time_median_s": median, "peak_memory_mb": peak}

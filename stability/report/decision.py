@@ -1,0 +1,198 @@
+"""The answer as a decision: what each factor does, with its CI, verdict and cost.
+
+Sentences are built from ``factors.FactorAnalysis`` only; every number in them is an estimate
+from the study's runs. "No significant difference" never ends a sentence: a contrast is
+helps / hurts (with its size and CI), equivalent (within the margin, TOST), or undecided (with
+the seeds that would decide it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from stability.report.factors import ACCUM, CLIP, PRECISION, Effect, FactorAnalysis
+from stability.stats.effects import EQUIVALENT, HELPS, HURTS, UNDECIDED
+
+TITLES = {CLIP: "Clipping", ACCUM: "Accumulation", PRECISION: "Precision"}
+
+
+def num(x: float) -> str:
+    """A signed loss difference with enough digits for small effects."""
+    if not math.isfinite(x):
+        return "—"
+    return f"{x:+.2e}" if 0 < abs(x) < 5e-4 else f"{x:+.4f}"
+
+
+def size(x: float) -> str:
+    """An unsigned size (a margin, a detectable difference)."""
+    if not math.isfinite(x):
+        return "—"
+    return f"{x:.2e}" if 0 < abs(x) < 5e-4 else f"{x:.4f}"
+
+
+def level_name(factor: str, level: str) -> str:
+    """``accum 8``, ``max_norm 5``, ``bf16``, ``train.lr=0.01``."""
+    if factor == ACCUM:
+        return f"accum {level}"
+    if factor == CLIP:
+        return "clip off" if level == "off" else level
+    if factor == PRECISION:
+        return level
+    return f"{factor}={level}"
+
+
+def _seeds(n: float) -> str:
+    if math.isnan(n):
+        return "more seeds (no spread to size them by)"
+    return "more than 10000 seeds" if math.isinf(n) else f"{int(n)} seeds"
+
+
+def phrase(e: Effect, margin: float, confidence: float) -> str:
+    """``helps: −0.0098 (95% CI −0.017 to −0.003, Holm p 0.04)``, and the other three words."""
+    ci = f"{confidence:.0%} CI {num(e.low)} to {num(e.high)}"
+    if e.verdict == EQUIVALENT:
+        real = "" if e.p_holm >= 0.05 else f"; a real but negligible {num(e.mean)}"
+        return (f"**equivalent** within ±{size(margin)} ({num(e.mean)}, {ci}, TOST Holm p "
+                f"{e.p_equiv_holm:.2g}{real})")
+    if e.verdict in (HELPS, HURTS):
+        word = "lowers" if e.verdict == HELPS else "raises"
+        return (f"**{e.verdict}**: {word} the loss by {size(abs(e.mean))} ({ci}, Holm p "
+                f"{e.p_holm:.2g})")
+    why = " (unfinished runs: never called equivalent)" if e.unfinished != (0, 0) else ""
+    return (f"**undecided**: {num(e.mean)} ({ci}, Holm p {e.p_holm:.2g}); "
+            f"{_seeds(e.seeds_to_decide)} would decide it{why}")
+
+
+def _cost(e: Effect) -> str:
+    if not math.isfinite(e.cost_ratio):
+        return ""
+    return f"; {e.cost_ratio:.2f}× the training time of {level_name(e.factor, e.reference)}"
+
+
+def _depends(an: FactorAnalysis, factor: str) -> list[str]:
+    """"its effect depends on accumulation: ..." for each significant interaction."""
+    out = []
+    for i in an.interactions:
+        if i.p_holm >= an.alpha:
+            continue
+        other, b = i.at.split(" vs ")[0].rsplit(" ", 1)
+        if i.factor == factor:
+            lvl, by = i.level, other
+        elif other == factor:
+            lvl, by = b, i.factor
+        else:
+            continue
+        simple = an.simple.get((factor, lvl, by), ())
+        parts = ", ".join(f"{num(s.mean)} at {level_name(by, s.at.rsplit(' ', 1)[1])}"
+                          for s in simple)
+        out.append(f"the effect of {level_name(factor, lvl)} depends on {by} "
+                   f"(interaction {num(i.mean)}, Holm p {i.p_holm:.2g}): {parts}")
+    return list(dict.fromkeys(out))
+
+
+def factor_sentences(an: FactorAnalysis) -> list[str]:
+    """One bullet per factor: every level against the reference, then its interactions."""
+    lines = []
+    for f in an.factors:
+        effects = [e for e in an.main if e.factor == f.name]
+        if not effects:
+            continue
+        parts = "; ".join(f"{level_name(f.name, e.level)} {phrase(e, an.margin, an.confidence)}"
+                          f"{_cost(e)}" for e in effects)
+        text = (f"- **{TITLES.get(f.name, f.name)}** vs {level_name(f.name, f.reference)}, "
+                f"pooled over every other setting and seed: {parts}.")
+        lost = [e for e in effects if e.unfinished != (0, 0)]
+        for e in lost:
+            text += (f" {level_name(f.name, e.level)}: {e.unfinished[0]} unfinished run(s), "
+                     f"{level_name(f.name, e.reference)}: {e.unfinished[1]} (counted at the "
+                     "study's worst finished loss).")
+        depends = _depends(an, f.name)
+        if depends:
+            text += " " + "; ".join(d[0].upper() + d[1:] for d in depends) + "."
+        lines.append(text)
+    return lines
+
+
+def factor_table(an: FactorAnalysis) -> list[list[str]]:
+    """Rows of the factor-effects table (header: ``FACTOR_HEADER``)."""
+    rows = []
+    for e in an.main:
+        rows.append([TITLES.get(e.factor, e.factor), f"{level_name(e.factor, e.level)} vs "
+                     f"{level_name(e.factor, e.reference)}", num(e.mean),
+                     f"[{num(e.low)}, {num(e.high)}]", f"{e.p:.2g}", f"{e.p_holm:.2g}",
+                     "—" if math.isnan(e.p_equiv_holm) else f"{e.p_equiv_holm:.2g}",
+                     e.verdict, f"{e.cells} × {e.seeds}", f"{e.df:g}",
+                     f"{e.unfinished[0]} / {e.unfinished[1]}", size(e.detectable),
+                     "—" if math.isnan(e.cost_ratio) else f"{e.cost_ratio:.2f}×"])
+    return rows
+
+
+FACTOR_HEADER = ["factor", "contrast", "effect", "CI", "p", "Holm p", "TOST Holm p", "verdict",
+                 "cells × seeds", "df", "unfinished (level / ref)", "detectable",
+                 "training time ×"]
+
+
+def interaction_rows(an: FactorAnalysis) -> list[list[str]]:
+    """Rows of the interaction table: the 2 x 2 differences of differences."""
+    return [[f"{level_name(i.factor, i.level)} vs {level_name(i.factor, i.reference)}", i.at,
+             num(i.mean), f"[{num(i.low)}, {num(i.high)}]", f"{i.p_holm:.2g}",
+             "depends" if i.p_holm < an.alpha else "no evidence"] for i in an.interactions]
+
+
+INTERACTION_HEADER = ["contrast", "at (vs its reference)", "difference of effects", "CI",
+                      "Holm p", "reading"]
+
+
+def cheapest(configs: pd.DataFrame) -> tuple[pd.Series | None, str]:
+    """The cheapest config equivalent to the winner, else not distinguishable from it.
+
+    ``configs`` carries ``verdict_vs_winner`` and ``train_seconds`` (``compare.versus_winner``).
+    Returns the row (None if the winner is already the cheapest candidate) and which kind.
+    """
+    w = configs.iloc[0]
+    for kind in (EQUIVALENT, UNDECIDED):
+        pool = configs[(configs["verdict_vs_winner"] == kind)
+                       & configs["train_seconds"].notna()]
+        if len(pool):
+            best = pool.sort_values(["train_seconds", "rank"]).iloc[0]
+            if best["train_seconds"] < w["train_seconds"]:
+                return best, kind
+    return None, ""
+
+
+def cost_sentence(configs: pd.DataFrame, margin: float, device: str) -> str:
+    """Recommend the cheapest config that the data cannot tell from (or show equal to) the best."""
+    w = configs.iloc[0]
+    if not math.isfinite(w.get("train_seconds", math.nan)):
+        return ("Cost: this study's runs did not record their training time; no cost-aware "
+                "recommendation.")
+    row, kind = cheapest(configs)
+    own = (f"the winner trains in {w['train_seconds']:.1f} s a run on {device}"
+           + (f", peak memory {w['peak_memory_mb']:.0f} MiB"
+              if math.isfinite(w.get("peak_memory_mb", math.nan)) else ""))
+    if row is None:
+        return f"Cost: {own}; no config shown equivalent or indistinguishable is cheaper."
+    how = (f"**equivalent** to the winner within ±{size(margin)} (TOST, Holm over the configs)"
+           if kind == EQUIVALENT else "**not distinguishable** from the winner (undecided: "
+           "neither shown different nor shown equivalent)")
+    return (f"Cost: {own}. The cheapest config {how} is `{row['label']}`: "
+            f"{row['train_seconds']:.1f} s a run ({w['train_seconds'] / row['train_seconds']:.2f}× "
+            f"faster on {device}), best val loss {num(row['diff_vs_winner'])} vs the winner.")
+
+
+def margin_of(spec: str | float, winner_loss: float) -> float:
+    """``report.margin``: ``"5%"`` of the winner's mean loss, or an absolute loss difference."""
+    if isinstance(spec, str) and spec.endswith("%"):
+        # No finite winner (every config lost a seed): no margin, so nothing is "equivalent".
+        share = float(spec[:-1]) / 100
+        return share * abs(winner_loss) if math.isfinite(winner_loss) else math.nan
+    return float(spec)
+
+
+def effect_lines(effects: Sequence[Effect]) -> list[str]:
+    """Plain lines for the parent run's description (the MLflow UI note)."""
+    return [f"{TITLES.get(e.factor, e.factor)} {level_name(e.factor, e.level)}: {e.verdict} "
+            f"{num(e.mean)}" for e in effects]

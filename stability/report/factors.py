@@ -1,0 +1,282 @@
+"""Factor effects of the whole study: every run is evidence, seeds are blocks.
+
+Each config is a point of the design: a level of every swept factor (clipping: off or a
+threshold; accumulation; precision; any other key the sweep varied, e.g. ``train.lr``). For a
+factor's level against its reference (clip off, accum 1, fp32, the smallest value otherwise)
+every cell of the other factors and every seed gives one paired difference of best validation
+loss; ``stability.stats.effects`` turns the cells x seeds table into an effect, a CI, Holm-
+adjusted p-values and a verdict (helps / hurts / equivalent / undecided). Two-way interactions
+are the same analysis on 2 x 2 differences of differences.
+
+A run that did not finish (diverged, failed, killed) has no best validation loss. It is not
+dropped: it counts as the worst finished loss of the study (a floor on how bad it was), its
+level's divergence count is shown beside the effect, and a contrast with unfinished runs can
+never be called equivalent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from stability.report.select import PRECISION_ORDER, effective_loss, train_seconds
+from stability.stats import effects as fx
+from stability.stats.paired import min_detectable
+
+# Keys that are part of a named factor, or never a factor (where and how runs were tracked).
+_NAMED = ("clip.", "train.accum_steps", "precision.")
+_NEVER = ("tracking.", "telemetry.", "output_dir", "device", "world_size", "train.num_workers",
+          "train.threads", "fault.", "monitor.")  # fault injection and the monitor: not settings
+CLIP, ACCUM, PRECISION = "clipping", "accumulation", "precision"
+
+
+@dataclass(frozen=True)
+class Factor:
+    """A swept factor: its levels in display order, the first is the reference."""
+
+    name: str
+    levels: tuple[str, ...]
+
+    @property
+    def reference(self) -> str:
+        """The level every other level is compared with."""
+        return self.levels[0]
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One contrast (``level`` vs the factor's reference), or an interaction or simple effect."""
+
+    factor: str
+    level: str
+    reference: str
+    mean: float
+    low: float
+    high: float
+    p: float
+    p_equiv: float
+    df: float
+    sd_seed: float
+    cells: int
+    seeds: int
+    unfinished: tuple[int, int] = (0, 0)  # runs of (level, reference) that did not finish
+    runs: int = 0
+    p_holm: float = math.nan
+    p_equiv_holm: float = math.nan
+    verdict: str = ""
+    seeds_to_decide: float = math.nan
+    detectable: float = math.nan
+    cost_ratio: float = math.nan  # training seconds per run, level / reference
+    at: str = ""  # for a simple effect or an interaction: "accumulation 8"
+
+
+@dataclass(frozen=True)
+class FactorAnalysis:
+    """The study's factors, main effects, interactions and the simple effects behind them."""
+
+    factors: tuple[Factor, ...]
+    margin: float
+    alpha: float
+    confidence: float
+    main: tuple[Effect, ...] = ()
+    interactions: tuple[Effect, ...] = ()
+    simple: dict[tuple[str, str, str], tuple[Effect, ...]] = field(default_factory=dict)
+    dropped_cells: int = 0
+
+
+def _clip_level(row: pd.Series) -> str:
+    if not row["clip_enabled"]:
+        return "off"
+    if row.get("clip_method", "norm") == "value":
+        return f"value {float(row['clip.clip_value']):g}"
+    return f"max_norm {row['max_norm']:g}"
+
+
+def _sort_key(name: str, level: str) -> tuple:
+    if name == CLIP:
+        return (level != "off", level.split()[0], float(level.split()[-1]) if level != "off"
+                else 0.0)
+    if name == PRECISION:
+        return (PRECISION_ORDER.get(level, 9), level)
+    try:
+        return (0, float(level), level)
+    except ValueError:
+        return (1, 0.0, level)
+
+
+def design(runs: pd.DataFrame, configs: pd.DataFrame) -> tuple[pd.DataFrame, list[Factor]]:
+    """One row per run with its factor levels (strings), seed, loss and training seconds.
+
+    Returns:
+        ``(table, factors)``; factors with a single level are not factors and are left out.
+    """
+    first = runs.drop_duplicates("fingerprint").set_index("fingerprint")
+    cols: dict[str, dict[str, str]] = {CLIP: {}, ACCUM: {}, PRECISION: {}}
+    for _, c in configs.iterrows():
+        fp = c["fingerprint"]
+        cols[CLIP][fp] = _clip_level(pd.concat([c, first.loc[fp]]))
+        cols[ACCUM][fp] = str(int(c["accum_steps"]))
+        cols[PRECISION][fp] = str(c["precision"])
+    other = [k for k in first.columns if "." in k and not k.startswith(_NAMED + _NEVER)
+             and first[k].astype(str).nunique() > 1]
+    for key in other:
+        cols[key] = {fp: str(first.loc[fp, key]) for fp in first.index}
+    loss = effective_loss(runs)
+    finite = loss[np.isfinite(loss)]
+    worst = float(finite.max()) if len(finite) else math.nan
+    table = pd.DataFrame({
+        "fingerprint": runs["fingerprint"], "seed": runs["seed"].astype(int),
+        "loss": loss.where(np.isfinite(loss), worst), "finished": np.isfinite(loss),
+        "seconds": train_seconds(runs),
+    })
+    factors = []
+    for name, by_fp in cols.items():
+        table[name] = table["fingerprint"].map(by_fp)
+        levels = sorted(set(by_fp.values()), key=lambda v, n=name: _sort_key(n, v))
+        if len(levels) > 1:
+            factors.append(Factor(name, tuple(levels)))
+    return table, factors
+
+
+@dataclass(frozen=True)
+class Cube:
+    """Loss, unfinished runs and run counts as arrays ``[level of factor 1, ..., seed]``.
+
+    A point the study did not run is NaN in ``loss`` and 0 in ``ran``.
+    """
+
+    loss: np.ndarray
+    unfinished: np.ndarray
+    ran: np.ndarray
+
+    @classmethod
+    def of(cls, table: pd.DataFrame, factors: list[Factor]) -> Cube:
+        """Place every run of ``design``'s table in the cube (the mean, if a point repeats)."""
+        seeds = sorted(table["seed"].unique())
+        shape = [len(f.levels) for f in factors] + [len(seeds)]
+        idx = tuple(table[f.name].map({lv: i for i, lv in enumerate(f.levels)}).to_numpy(int)
+                    for f in factors)
+        idx += (table["seed"].map({s: i for i, s in enumerate(seeds)}).to_numpy(int),)
+        total, count, bad = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+        np.add.at(total, idx, table["loss"].to_numpy(float))
+        np.add.at(count, idx, 1)
+        np.add.at(bad, idx, (~table["finished"].to_numpy(bool)).astype(float))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return cls(total / count, bad, count)
+
+    def contrast(self, axis: int, a: int, r: int) -> Cube:
+        """Level ``a`` minus level ``r`` along ``axis`` (that axis removed; counts of ``a``)."""
+        def pick(x: np.ndarray, i: int) -> np.ndarray:
+            return np.take(x, i, axis=axis)
+        return Cube(pick(self.loss, a) - pick(self.loss, r), pick(self.unfinished, a),
+                    pick(self.ran, a) + pick(self.ran, r))
+
+    def at(self, axis: int, i: int) -> Cube:
+        """The slice at level ``i`` of ``axis``."""
+        return Cube(*(np.take(x, i, axis=axis) for x in (self.loss, self.unfinished, self.ran)))
+
+    def cells_by_seeds(self) -> tuple[np.ndarray, int]:
+        """The complete rows of the cells x seeds table, and how many rows were incomplete."""
+        d = self.loss.reshape(-1, self.loss.shape[-1])
+        ran = np.isfinite(d).any(axis=1)
+        complete = np.isfinite(d).all(axis=1)
+        return d[complete], int((ran & ~complete).sum())
+
+
+def _effect(c: Cube, factor: str, level: str, ref: str, margin: float, confidence: float,
+            ref_unfinished: int = 0, at: str = "") -> tuple[Effect | None, int]:
+    d, lost = c.cells_by_seeds()
+    if d.size == 0 or d.shape[1] < 2:
+        return None, lost
+    e = fx.estimate(d)
+    low, high = fx.interval(e, confidence)
+    return Effect(factor, level, ref, float(e.mean), float(low), float(high),
+                  float(fx.p_two_sided(e)), float(fx.p_equivalent(e, margin)), float(e.df),
+                  float(e.sd_seed), e.cells, e.seeds,
+                  (int(c.unfinished.sum()), ref_unfinished), int(c.ran.sum()), at=at), lost
+
+
+def _decide(effects: list[Effect], alpha: float, power: float, margin: float,
+            equivalence: bool = True) -> list[Effect]:
+    """Holm over the family, then the verdicts and what an undecided one would need."""
+    if not effects:
+        return []
+    p_holm = fx.holm(np.array([e.p for e in effects]))
+    p_eq = np.array([e.p_equiv if equivalence and e.unfinished == (0, 0) else math.nan
+                     for e in effects])
+    p_eq_holm = fx.holm(p_eq)
+    verdicts = fx.decide(np.array([e.mean for e in effects]), p_holm,
+                         np.nan_to_num(p_eq_holm, nan=1.0), alpha)
+    first = alpha / len(effects)  # the level Holm's first step tests at: what power is quoted at
+    out = []
+    for e, ph, pq, v in zip(effects, p_holm, p_eq_holm, verdicts, strict=True):
+        need = fx.seeds_to_decide(e.mean, e.sd_seed, margin, first, power) \
+            if v == fx.UNDECIDED and equivalence else math.nan
+        out.append(Effect(**{**e.__dict__, "p_holm": float(ph), "p_equiv_holm": float(pq),
+                             "verdict": str(v), "seeds_to_decide": need,
+                             "detectable": min_detectable(e.sd_seed, e.seeds, first, power)}))
+    return out
+
+
+def analyse(runs: pd.DataFrame, configs: pd.DataFrame, margin: float, alpha: float = 0.05,
+            confidence: float = 0.95, power: float = 0.8) -> FactorAnalysis:
+    """Main effects, two-way interactions and simple effects of every swept factor.
+
+    Args:
+        runs: one row per training run (``fetch.fetch_runs``).
+        configs: ``select.aggregate(runs)``.
+        margin: the equivalence margin (loss units).
+        alpha: family-wise error of each family (main effects; interactions).
+        confidence: level of the intervals.
+        power: power at which undecided contrasts quote the seeds that would decide them.
+    """
+    table, factors = design(runs, configs)
+    cube = Cube.of(table, factors)
+    seconds = table.groupby([f.name for f in factors])["seconds"].mean() if factors else None
+    main: list[Effect] = []
+    dropped = 0
+    for i, f in enumerate(factors):
+        ref_bad = int(cube.at(i, 0).unfinished.sum())
+        for a in range(1, len(f.levels)):
+            e, lost = _effect(cube.contrast(i, a, 0), f.name, f.levels[a], f.reference, margin,
+                              confidence, ref_bad)
+            dropped += lost
+            if e is not None:
+                main.append(_with_cost(e, seconds))
+    inter: list[Effect] = []
+    simple: dict[tuple[str, str, str], tuple[Effect, ...]] = {}
+    for (i, fa), (j, fb) in itertools.permutations(enumerate(factors), 2):
+        jj = j - (j > i)  # fb's axis once fa's axis is contrasted away
+        for a in range(1, len(fa.levels)):
+            diff = cube.contrast(i, a, 0)
+            by_b = [_effect(diff.at(jj, b), fa.name, fa.levels[a], fa.reference, margin,
+                            confidence, int(cube.at(i, 0).at(jj, b).unfinished.sum()),
+                            at=f"{fb.name} {fb.levels[b]}")[0] for b in range(len(fb.levels))]
+            simple[(fa.name, fa.levels[a], fb.name)] = tuple(e for e in by_b if e is not None)
+            if i > j:  # each 2 x 2 interaction once
+                continue
+            for b in range(1, len(fb.levels)):
+                twice = Cube(diff.at(jj, b).loss - diff.at(jj, 0).loss, np.zeros(1), np.zeros(1))
+                e, _ = _effect(twice, fa.name, fa.levels[a], fa.reference, margin, confidence,
+                               at=f"{fb.name} {fb.levels[b]} vs {fb.reference}")
+                if e is not None:
+                    inter.append(e)
+    return FactorAnalysis(tuple(factors), margin, alpha, confidence,
+                          tuple(_decide(main, alpha, power, margin)),
+                          tuple(_decide(inter, alpha, power, margin, equivalence=False)),
+                          simple, dropped)
+
+
+def _with_cost(e: Effect, seconds: pd.Series | None) -> Effect:
+    """Training seconds per run at this level over the reference's, over all their configs."""
+    if seconds is None:
+        return e
+    frame = seconds.reset_index()
+    lvl = frame[frame[e.factor] == e.level]["seconds"].mean()
+    ref = frame[frame[e.factor] == e.reference]["seconds"].mean()
+    ratio = float(lvl / ref) if ref and math.isfinite(ref) else math.nan
+    return Effect(**{**e.__dict__, "cost_ratio": ratio})

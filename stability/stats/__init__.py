@@ -1,0 +1,6 @@
+"""Statistics shared by the report (the answer) and the sweep (adaptive seeds): no MLflow, no I/O.
+
+``paired``: seed statistics of two configs (means, paired tests, power, Holm).
+``effects``: a factor's effect from every run of a study, seeds as blocks, and the
+helps / hurts / equivalent / undecided decision rule.
+"""
