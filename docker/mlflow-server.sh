@@ -12,13 +12,29 @@
 #   MLFLOW_AUTH_ADMIN_PASSWORD      first admin's password (MLflow reads it; >= 12 characters)
 #   MLFLOW_FLASK_SERVER_SECRET_KEY  signs the UI's session cookies and CSRF tokens
 #   MLFLOW_ALLOWED_HOSTS       Host headers accepted (DNS-rebinding guard)
-#   MLFLOW_HOST, MLFLOW_PORT   where to listen (default 0.0.0.0:5000, inside the container)
+#   MLFLOW_HOST, MLFLOW_PORT   where to listen (default 127.0.0.1:5000; docker-compose.yml sets
+#                              MLFLOW_HOST=0.0.0.0 inside the container, published on loopback)
 set -eu
 
 : "${MLFLOW_BACKEND_STORE_URI:?}" "${MLFLOW_AUTH_DATABASE_URI:?}" "${MLFLOW_BUCKET:?}"
 : "${MLFLOW_S3_ENDPOINT_URL:?}" "${AWS_ACCESS_KEY_ID:?}" "${AWS_SECRET_ACCESS_KEY:?}"
 : "${MLFLOW_AUTH_ADMIN_PASSWORD:?}" "${MLFLOW_FLASK_SERVER_SECRET_KEY:?}"
 : "${MLFLOW_ALLOWED_HOSTS:?}"
+
+# A secret still holding .env.example's placeholder is refused: a server started with a
+# password everyone can read in the repository is open to anyone who reaches it.
+for name in MLFLOW_AUTH_ADMIN_PASSWORD MLFLOW_FLASK_SERVER_SECRET_KEY AWS_SECRET_ACCESS_KEY \
+            MLFLOW_BACKEND_STORE_URI MLFLOW_AUTH_DATABASE_URI; do
+  eval "value=\${$name}"
+  case "$value" in
+    *change-me*)
+      echo "error: $name holds the .env.example placeholder (change-me...): allowed values are your own secret (docs/team-server.md)" >&2
+      exit 2 ;;
+  esac
+done
+
+# MLflow 3 sends usage telemetry unless told not to; a team server reports nothing outside.
+export MLFLOW_DISABLE_TELEMETRY=true
 
 # basic-auth reads its settings from an ini file only; it holds the user-store URI (a
 # password), so it is written here, readable by this user alone (mktemp creates it 0600).
@@ -50,7 +66,7 @@ export MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW="${MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLO
 # training nodes need no S3 credentials and no route to the S3 server.
 exec mlflow server \
   --app-name basic-auth \
-  --host "${MLFLOW_HOST:-0.0.0.0}" \
+  --host "${MLFLOW_HOST:-127.0.0.1}" \
   --port "${MLFLOW_PORT:-5000}" \
   --workers 1 \
   --serve-artifacts \

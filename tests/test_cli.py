@@ -86,7 +86,8 @@ def test_the_own_task_example_sweeps_and_reports_against_a_server(
     assert {r.data.params["task._target_"] for r in runs} == {"my_task.MyTask"}
     assert {r.data.params["task.num_samples"] for r in runs} == {"400"}
 
-    report = _run([str(SCRIPT), "report", "experiment=own-e2e", uri], folder)
+    report = _run([str(SCRIPT), "report", "experiment=own-e2e", "task_target=my_task.MyTask",
+                   uri], folder)
     assert report.returncode == 0, report.stderr[-3000:]
     md = next(folder.glob("reports/*/report.md")).read_text()
     assert "Train with" in md

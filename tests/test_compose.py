@@ -245,7 +245,7 @@ def test_mlflow_serves_artifacts_from_s3_with_one_worker_and_auth(services):
     assert value("--artifacts-destination") == "s3://$MLFLOW_BUCKET/"
     assert "--default-artifact-root" not in cmd  # would bypass the proxy
     assert value("--app-name") == "basic-auth"
-    assert value("--host") == "${MLFLOW_HOST:-0.0.0.0}"
+    assert value("--host") == "${MLFLOW_HOST:-127.0.0.1}"  # natively: loopback
     assert value("--port") == "${MLFLOW_PORT:-5000}"
     assert value("--allowed-hosts") == "$MLFLOW_ALLOWED_HOSTS"
     env = services["mlflow"]["environment"]
@@ -253,7 +253,7 @@ def test_mlflow_serves_artifacts_from_s3_with_one_worker_and_auth(services):
     assert env["MLFLOW_AUTH_DATABASE_URI"].startswith("postgresql+psycopg2://")
     assert env["MLFLOW_AUTH_DATABASE_URI"].endswith("@postgres:5432/${MLFLOW_AUTH_DB}")
     assert env["MLFLOW_S3_ENDPOINT_URL"] == "http://minio:9000"
-    assert "MLFLOW_HOST" not in env and "MLFLOW_PORT" not in env  # 0.0.0.0:5000 in the container
+    assert env["MLFLOW_HOST"] == "0.0.0.0" and "MLFLOW_PORT" not in env  # in the container
 
 
 def test_the_server_script_gets_every_setting_it_requires(services):
@@ -336,7 +336,45 @@ def test_slurm_launcher_composes_without_a_cluster(monkeypatch):
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow-host:5000")
     setup = OmegaConf.to_container(launcher.setup, resolve=True)
-    assert "export MLFLOW_TRACKING_URI='http://mlflow-host:5000'" in setup
+    assert "export MLFLOW_TRACKING_URI=http://mlflow-host:5000" in setup
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     with pytest.raises(InterpolationResolutionError, match="MLFLOW_TRACKING_URI"):
         OmegaConf.to_container(launcher.setup, resolve=True)
+
+
+def test_slurm_setup_quotes_a_hostile_tracking_uri(monkeypatch, tmp_path):
+    """A ' or $( in MLFLOW_TRACKING_URI stays part of the value in the sbatch script."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    marker = tmp_path / "pwned"
+    hostile = f"http://h:5000/'; touch {marker}; echo '$(touch {marker})`touch {marker}`"
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", hostile)
+    export = OmegaConf.to_container(cfg.hydra.launcher.setup, resolve=True)[0]
+    done = subprocess.run(["sh", "-c", f'{export}\nprintf %s "$MLFLOW_TRACKING_URI"'],
+                          capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == hostile
+    assert not marker.exists()
+
+
+def test_the_server_script_refuses_placeholders_binds_loopback_and_sends_no_telemetry(tmp_path):
+    """docker/mlflow-server.sh run natively with .env.example's values: one line, exit 2."""
+    text = SERVER_SCRIPT.read_text()
+    assert "export MLFLOW_DISABLE_TELEMETRY=true" in text
+    assert '--host "${MLFLOW_HOST:-127.0.0.1}"' in text
+    required = set(re.findall(r"\$\{([A-Z0-9_]+):\?\}", text))
+    good = {k: "a-real-secret-0123456789" for k in required}
+    for key in ("MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY",
+                "AWS_SECRET_ACCESS_KEY", "MLFLOW_BACKEND_STORE_URI"):
+        value = ("postgresql+psycopg2://u:change-me-postgres@db/x" if key.endswith("URI")
+                 else "change-me-mlflow-admin")
+        env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)} | good | {key: value}
+        done = subprocess.run(["sh", str(SERVER_SCRIPT)], capture_output=True, text=True,
+                              timeout=30, env=env)
+        assert done.returncode == 2, (key, done.stderr)
+        assert done.stderr.strip().splitlines() == [
+            f"error: {key} holds the .env.example placeholder (change-me...): allowed values "
+            "are your own secret (docs/team-server.md)"]

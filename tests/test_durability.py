@@ -7,6 +7,7 @@ every per-step metric, the summary, the artifacts and the final status.
 from __future__ import annotations
 
 import csv
+import json
 import time
 import uuid
 from pathlib import Path
@@ -94,13 +95,13 @@ def test_server_down_for_the_whole_run_then_sync(tmp_path: Path) -> None:
     done = run("sweep.py", *TINY, "train.epochs=3", f"tracking.uri={uri}",
                f"tracking.experiment={exp}", "tracking.retry_s=1", f"hydra.run.dir={out}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"run kept locally: `stability sync {out}`" in done.stdout
+    assert f"run kept locally: `stability sync {out} --uri {uri}`" in done.stdout
     assert "finished: best val_loss" in done.stdout  # the job's own result
     assert (out / rundir.PENDING_NAME).exists()
 
     server = start_server(tmp_path / "server", port)
     try:
-        first = run("sync.py", str(out))
+        first = run("sync.py", str(out), "--uri", uri)  # only the configured store
         assert first.returncode == 0, first.stdout + first.stderr
         assert "synced 1 of 1 pending runs" in first.stdout
         (r,) = _runs(uri, exp)
@@ -110,8 +111,8 @@ def test_server_down_for_the_whole_run_then_sync(tmp_path: Path) -> None:
         assert assert_complete(uri, r.info.run_id, out) == 9
         assert not (out / rundir.PENDING_NAME).exists()
 
-        assert sync_paths([out]) == []  # nothing pending: nothing sent
-        again = sync_folder(out)  # even replayed in full (the same function the CLI calls)...
+        assert sync_paths([out], uri) == []  # nothing pending: nothing sent
+        again = sync_folder(out, uri)  # even replayed in full (the function the CLI calls)...
         assert (again.run_id, again.created, again.points, again.params, again.artifacts) == (
             r.info.run_id, False, 0, 0, [])
         (r2,) = _runs(uri, exp)  # ...still one run with one point per step
@@ -157,6 +158,11 @@ def test_sigkilled_sweep_rerun_finishes_every_point_once(mlflow_server, tmp_path
     assert "1 points resume from a checkpoint" in again.stdout, again.stdout[-3000:]
     runs = _runs(mlflow_server.uri, exp)
     assert not [r for r in runs if r.info.status == "RUNNING"]
+    c = MlflowClient(mlflow_server.uri)  # the killed sweep's parent was ended too (issue 19)
+    parents = c.search_runs([c.get_experiment_by_name(exp).experiment_id],
+                            "tags.`stability.kind` = 'sweep'", order_by=["start_time ASC"])
+    assert [p.info.status for p in parents] == ["KILLED", "FINISHED"]
+    assert "has exited" in parents[0].data.tags[Tag.REASON]
     finished = [r for r in runs if r.info.status == "FINISHED"]
     points = [(r.data.tags[Tag.FINGERPRINT], r.data.tags[Tag.SEED]) for r in finished]
     assert sorted(s for _, s in points) == ["0", "1", "2"] and len(set(points)) == 3
@@ -213,6 +219,11 @@ def test_sync_into_sqlite_rides_out_a_locked_database(tmp_path: Path) -> None:
     assert done.returncode == 0 and (out / rundir.PENDING_NAME).exists(), done.stdout[-3000:]
     db = tmp_path / "store" / "mlflow.db"
     uri = f"sqlite:///{db}"
+    # a sync sends only to the store its journal names: say the run was started on this one
+    journal = out / rundir.JOURNAL_NAME
+    lines = [json.loads(x) for x in journal.read_text().splitlines()]
+    journal.write_text("".join(json.dumps(r | {"uri": uri} if r["k"] == "run" else r) + "\n"
+                               for r in lines))
     ensure_experiment(uri, "locked")
     holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN EXCLUSIVE")  # what a busy writer does; SQLite's own wait is 5 s

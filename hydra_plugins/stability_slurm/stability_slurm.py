@@ -13,12 +13,29 @@ annotations``: see hydra_plugins/stability_sweeper.
 """
 
 import logging
+import shlex
 from collections.abc import Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
+from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
+
+
+
+def _sh_uri(value: object) -> str:
+    """A URI as one shell word, without ``user:password@`` (credentials reach the tasks in
+    ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` through sbatch's environment, never the
+    script file)."""
+    from stability.tracking.uri import redact_uri
+
+    return shlex.quote(redact_uri(str(value)))
+
+
+# ``${stability.sh_uri:${oc.env:VAR}}`` in conf/hydra/launcher/slurm.yaml's setup lines: the
+# value is pasted into the sbatch script as one shell word, whatever characters it holds.
+OmegaConf.register_new_resolver("stability.sh_uri", _sh_uri, replace=True)
 
 
 class SlurmLauncher(submitit_launcher.SlurmLauncher):

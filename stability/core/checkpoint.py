@@ -13,8 +13,11 @@ loads with ``torch.load(..., weights_only=True)``.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
+import os
 import random
+import shutil
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ from stability.core.steplog import EpochLog
 
 log = logging.getLogger(__name__)
 FORMAT = 1
+LOW_SPACE = 1 << 20  # bytes: less free space than this after a failed write means "disk full"
 
 
 @dataclass
@@ -142,11 +146,47 @@ def save(folder: str | Path, cfg: RunConfig, parts: Parts, epochs: list[EpochLog
         "monitor": monitor,
         "diag": {k: (dict(v) if isinstance(v, dict) else v) for k, v in vars(parts.diag).items()},
     }
-    path = Path(folder) / rundir.RESUME_NAME
+    save_atomic(state, Path(folder) / rundir.RESUME_NAME)
+
+
+class DiskFull(OSError):
+    """A checkpoint could not be written: no space left (the message says which file)."""
+
+
+def _no_space(path: Path) -> bool:
+    try:
+        if shutil.disk_usage(path.parent).free < LOW_SPACE:
+            return True
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"\0" * 4096)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        return err.errno == errno.ENOSPC
+    return False
+
+
+def save_atomic(obj: Any, path: Path) -> None:
+    """``torch.save`` to ``<path>.tmp``, then rename: a reader sees the old file or the new one.
+
+    Raises:
+        DiskFull: the disk is full (the temp file is removed; the old file stays).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    try:
+        torch.save(obj, tmp)
+        tmp.replace(path)
+    except (OSError, RuntimeError) as err:  # torch reports ENOSPC as "enforce fail at ..."
+        full = (isinstance(err, OSError) and err.errno == errno.ENOSPC) or _no_space(tmp)
+        tmp.unlink(missing_ok=True)
+        if full:
+            raise DiskFull(errno.ENOSPC, f"disk full: cannot write {path} (no space left on "
+                           "device); free space and run again (it resumes from its last "
+                           "whole epoch)") from None
+        raise
 
 
 def discard(folder: str | Path) -> None:

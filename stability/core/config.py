@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stability.core.validation import (
+    SAFE_NAME_ALLOWED,
     ConfigError,
     build_sections,
+    is_safe_name,
     locate,
     optional_step,
     positive_float,
@@ -236,6 +238,10 @@ class TrackingConfig:
     request_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
+        for key in ("sweep_id", "parent_run_id"):
+            value = getattr(self, key)
+            require(value in (None, "") or is_safe_name(value), f"tracking.{key}", value,
+                    f"null or {SAFE_NAME_ALLOWED}")
         for key in ("retry_s", "heartbeat_s", "stale_after_s", "request_timeout_s"):
             value = getattr(self, key)
             require(isinstance(value, int | float) and not isinstance(value, bool)
@@ -339,7 +345,12 @@ def to_run_config(cfg: Mapping[str, Any]) -> RunConfig:
 
 
 def to_yaml_dict(run: RunConfig) -> dict[str, Any]:
-    """The run as the nested mapping ``config.yaml`` holds (``to_run_config`` reads it back)."""
+    """The run as the nested mapping ``config.yaml`` holds (``to_run_config`` reads it back).
+
+    ``tracking`` is left out: where the run went is not what was trained (the fingerprint
+    ignores it), and a URI may carry credentials.
+    """
     out = dataclasses.asdict(run)
+    out.pop("tracking")
     out["task"] = run.task.as_yaml()
     return out

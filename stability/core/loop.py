@@ -185,7 +185,7 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
                 best_val, best_epoch, best_acc = val_loss, epoch, val_acc
                 best_metrics = val
                 if main:  # the unwrapped module: keys load into the task's fresh model
-                    torch.save(model.state_dict(), out / CHECKPOINT_NAME)
+                    checkpoint.save_atomic(model.state_dict(), out / CHECKPOINT_NAME)
             if layers is not None:  # on disk before the resume point that counts it
                 layers.flush()
             if csv_writer is not None and not ddp:  # the resume point of this epoch

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,24 @@ def require(ok: bool, key: str, value: Any, allowed: str) -> None:
     """Raise ``ConfigError`` naming ``key``, its value and the allowed values unless ``ok``."""
     if not ok:
         raise ConfigError(f"{key}={value!r} is invalid: allowed values are {allowed}")
+
+
+# Sweep ids, run ids and model names: they become folder names, filter strings and registry
+# names, so a value read back from MLflow can neither leave a folder nor break a quote.
+SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+SAFE_NAME_ALLOWED = "letters, digits, '.', '_' and '-' (not '.' or '..' alone)"
+
+
+def is_safe_name(value: Any) -> bool:
+    """``value`` is a non-empty string of ``[A-Za-z0-9._-]`` that is not ``.`` or ``..``."""
+    return (isinstance(value, str) and SAFE_NAME.fullmatch(value) is not None
+            and value not in (".", ".."))
+
+
+def safe_name(key: str, value: Any) -> str:
+    """``value`` if ``is_safe_name``, else a ``ConfigError`` naming ``key``."""
+    require(is_safe_name(value), key, value, SAFE_NAME_ALLOWED)
+    return value
 
 
 def positive_int(key: str, value: Any) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,11 @@ import torch
 import yaml
 
 from stability.core.batches import evaluate_task, task_of
-from stability.core.config import RunConfig, to_run_config
-from stability.core.identity import fingerprint
+from stability.core.config import RunConfig
 from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME
 from stability.core.precision import check_precision_supported, resolve_device
 from stability.report.fetch import download, parallel
+from stability.report.trust import BUILTIN_TASKS, trusted_config
 from stability.stats.paired import MeanCI, mean_ci
 from stability.tasks.base import Task, first_batch
 
@@ -55,12 +56,14 @@ class LoadableWinner:
     config_text: str  # the run's config.yaml, logged beside the model
 
 
-def load_winner(c: Any, run_id: str, dest: Path) -> LoadableWinner:
+def load_winner(c: Any, run_id: str, dest: Path, expected: str = "",
+                allowed: Sequence[str] = BUILTIN_TASKS) -> LoadableWinner:
     """Rebuild one winning run's model (fp32, eval mode, CPU) with a validation input example.
 
-    The example comes from the validation split: the test split stays sealed.
+    The example comes from the validation split: the test split stays sealed. The run's
+    config must pass ``trust.trusted_config`` against ``expected`` (its fingerprint) first.
     """
-    cfg, state = _load(c, run_id, dest)
+    cfg, state = _load(c, run_id, dest, expected, allowed)
     task = task_of(cfg)
     model = rebuild_model(cfg, state, task).float().eval()
     _, val = task.train_val()
@@ -92,17 +95,19 @@ class WinnerTestResult:
     device: str
 
 
-def _load(c: Any, run_id: str, dest: Path) -> tuple[RunConfig, dict[str, torch.Tensor]]:
+def _load(c: Any, run_id: str, dest: Path, expected: str,
+          allowed: Sequence[str]) -> tuple[RunConfig, dict[str, torch.Tensor]]:
     cfg_path = download(c, run_id, CONFIG_NAME, dest)
     ckpt_path = download(c, run_id, CHECKPOINT_NAME, dest)
     if cfg_path is None or ckpt_path is None:
         raise FileNotFoundError(f"run {run_id} lacks {CONFIG_NAME} or {CHECKPOINT_NAME}")
-    cfg = to_run_config(yaml.safe_load(cfg_path.read_text()))
+    cfg = trusted_config(yaml.safe_load(cfg_path.read_text()), expected, allowed)
     return cfg, torch.load(ckpt_path, map_location="cpu", weights_only=True)
 
 
 def evaluate_winner(c: Any, runs: pd.DataFrame, winner: str, workdir: Path,
-                    device: str = "auto", workers: int = 8) -> WinnerTestResult:
+                    device: str = "auto", workers: int = 8,
+                    allowed: Sequence[str] = BUILTIN_TASKS) -> WinnerTestResult:
     """Evaluate every finished seed of the winning config on the test split; log the metrics.
 
     Args:
@@ -112,14 +117,17 @@ def evaluate_winner(c: Any, runs: pd.DataFrame, winner: str, workdir: Path,
         workdir: where checkpoints and configs are downloaded.
         device: ``auto | cpu | cuda``.
         workers: parallel downloads.
+        allowed: the tasks a run's config may name (``trust.allowed_tasks``); a seed whose
+            config names another, or does not hash to ``winner``, is not rebuilt.
 
     Returns:
-        Per-seed results and their mean/std; a seed whose artifacts are missing is listed with
-        a note instead of failing the report.
+        Per-seed results and their mean/std; a seed whose artifacts are missing or refused is
+        listed with a note instead of failing the report.
     """
     mine = runs[(runs["fingerprint"] == winner) & (runs["outcome"] == "finished")]
     dev = resolve_device(device)
-    loaded = parallel(lambda rid: _safe_load(c, rid, workdir / rid), mine["run_id"], workers)
+    loaded = parallel(lambda rid: _safe_load(c, rid, workdir / rid, winner, allowed),
+                      mine["run_id"], workers)
     splits: dict[str, tuple[Task, Any]] = {}
     results: list[SeedTestResult] = []
     for _, row in mine.sort_values("seed").iterrows():
@@ -129,10 +137,6 @@ def evaluate_winner(c: Any, runs: pd.DataFrame, winner: str, workdir: Path,
             results.append(SeedTestResult(rid, seed, math.nan, math.nan, False, got))
             continue
         cfg, state = got
-        if fingerprint(cfg) != winner:
-            results.append(SeedTestResult(rid, seed, math.nan, math.nan, False,
-                                    "config.yaml does not match the run's fingerprint tag"))
-            continue
         check_precision_supported(cfg.precision.name, dev)
         key = repr((cfg.task, cfg.data, cfg.model))
         if key not in splits:  # one task config per fingerprint: the split opens once
@@ -149,9 +153,10 @@ def evaluate_winner(c: Any, runs: pd.DataFrame, winner: str, workdir: Path,
                       mean_ci([r.test_acc for r in ok]), max(sizes, default=0), dev)
 
 
-def _safe_load(c: Any, run_id: str, dest: Path) -> tuple[RunConfig, dict] | str:
+def _safe_load(c: Any, run_id: str, dest: Path, expected: str,
+               allowed: Sequence[str]) -> tuple[RunConfig, dict] | str:
     try:
-        return _load(c, run_id, dest)
+        return _load(c, run_id, dest, expected, allowed)
     except Exception as err:  # one unreadable seed must not end the report
         log.warning("cannot evaluate run %s: %s", run_id, err)
         return f"{type(err).__name__}: {err}"

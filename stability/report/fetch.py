@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
+from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
 from stability.report.options import ReportError
 from stability.tracking.contract import Kind, Outcome, Tag, search_filter
 from stability.tracking.queries import search_all
@@ -45,6 +46,7 @@ class Sweep:
 
 
 NEWEST_FIRST = ["attributes.start_time DESC"]
+UNREADABLE = "unreadable"  # the outcome of a run whose tags or params do not parse
 
 
 def _known_sweeps(c: Any, exp_id: str, limit: int = 10) -> list[str]:
@@ -80,8 +82,16 @@ def find_sweep(c: Any, experiment: str, sweep_id: str | None) -> Sweep:
                     "`python experiments/sweep.py -m` first, or choose another experiment=..."
                 )
             sweep_id = latest[0].data.tags[Tag.SWEEP_ID]
+    if not is_safe_name(sweep_id):  # read from a tag: data, never a path or a filter as is
+        raise ReportError(f"the latest sweep of experiment={experiment!r} has the sweep id "
+                          f"{sweep_id!r}, which is invalid: allowed values are "
+                          f"{SAFE_NAME_ALLOWED}; choose a sweep with sweep_id=...")
     parents = search_all(c, exp_id, search_filter(Kind.SWEEP, sweep_id), None, 1)
     return Sweep(experiment, exp_id, sweep_id, parents[0].info.run_id if parents else None)
+
+
+def _one_line(value: str) -> str:
+    return "".join(ch if ch.isprintable() else " " for ch in value)
 
 
 def _row(run: Any) -> dict[str, Any]:
@@ -96,15 +106,24 @@ def _row(run: Any) -> dict[str, Any]:
         "start_time": run.info.start_time,
         "artifact_uri": run.info.artifact_uri,
         "fingerprint": tags.get(Tag.FINGERPRINT, ""),
-        "seed": int(tags.get(Tag.SEED, params.get("seed", -1))),
+        "seed": -1,
         "outcome": str(outcome),
         "reason": tags.get(Tag.REASON, ""),
     }
-    for key, value in params.items():
-        if key != "seed":
-            row[key] = TYPED_PARAMS[key](value) if key in TYPED_PARAMS and value != "None" \
-                else value
     row.update(run.data.metrics)
+    # Text read from runs is data: control characters (newlines) would restructure the
+    # markdown report, so every string is kept to one line here, at the way in.
+    row = {k: _one_line(v) if isinstance(v, str) else v for k, v in row.items()}
+    params = {k: _one_line(v) for k, v in params.items()}
+    try:  # tags and params are data a teammate wrote: a bad one marks this run, not the report
+        row["seed"] = int(tags.get(Tag.SEED, params.get("seed", -1)))
+        for key, value in params.items():
+            if key != "seed":
+                row[key] = TYPED_PARAMS[key](value) if key in TYPED_PARAMS and value != "None" \
+                    else value
+    except (TypeError, ValueError) as err:
+        log.warning("run %s is unreadable: %s", run.info.run_id, err)
+        row |= {"outcome": UNREADABLE, "reason": f"unreadable run: {err}"[:300]}
     return row
 
 
@@ -125,7 +144,10 @@ def fetch_runs(c: Any, sweep: Sweep) -> pd.DataFrame:
             f"training runs with that sweep id; allowed values are its sweeps (latest first): "
             f"{', '.join(known) or '(none)'}"
         )
-    df = pd.DataFrame([_row(r) for r in runs])
+    bad = [r.info.run_id for r in runs if not is_safe_name(r.info.run_id)]
+    if bad:  # run ids become folder names of the downloads
+        log.warning("runs with invalid ids left out: %s", ", ".join(map(repr, bad[:5])))
+    df = pd.DataFrame([_row(r) for r in runs if is_safe_name(r.info.run_id)])
     df["_finished"] = df["outcome"] == "finished"
     df = df.sort_values(["_finished", "start_time"], ascending=False)
     dropped = df.duplicated(["fingerprint", "seed"]).sum()
@@ -208,16 +230,58 @@ def download(c: Any, run_id: str, path: str, dest: Path,
         return None
 
 
+TEXT_COLUMNS = ("skip_reason", "nonfinite_param")  # every other steps.csv column is a number
+NAN_WORDS = {"", "nan", "none", "inf", "-inf", "+inf", "infinity", "-infinity"}
+
+
+class UnreadableTable(ValueError):
+    """A run's ``steps.csv`` holds a cell that is not what its column records."""
+
+
+def read_steps(path: Path) -> pd.DataFrame:
+    """``steps.csv`` as a DataFrame whose number columns are numbers.
+
+    Raises:
+        UnreadableTable: names the line and column of the first cell that is not a number.
+    """
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except Exception as err:  # ParserError, UnicodeDecodeError, EmptyDataError
+        raise UnreadableTable(f"steps.csv: {type(err).__name__}: "
+                              f"{' '.join(str(err).split())[:200]}") from None
+    for col in (c for c in df.columns if c not in TEXT_COLUMNS):
+        numbers = pd.to_numeric(df[col], errors="coerce")
+        bad = numbers.isna() & ~df[col].str.strip().str.lower().isin(NAN_WORDS)
+        if bad.any():
+            i = int(bad.to_numpy().nonzero()[0][0])
+            raise UnreadableTable(f"steps.csv line {i + 2}, column {col}: "
+                                  f"{df[col].iloc[i][:40]!r} is not a number")
+        df[col] = numbers
+    for col in (c for c in TEXT_COLUMNS if c in df.columns):
+        df[col] = df[col].replace("", math.nan)  # as pandas reads an empty cell
+    return df
+
+
 def steps_tables(c: Any, run_ids: Iterable[str], dest: Path, workers: int = 8,
-                 artifact_uris: Mapping[str, str] | None = None) -> dict[str, pd.DataFrame]:
+                 artifact_uris: Mapping[str, str] | None = None,
+                 unreadable: dict[str, str] | None = None) -> dict[str, pd.DataFrame]:
     """``steps.csv`` of each run as a DataFrame (runs without one are left out).
 
-    ``artifact_uris`` (run id -> the run's ``artifact_uri``) saves the run look-ups.
+    ``artifact_uris`` (run id -> the run's ``artifact_uri``) saves the run look-ups. A table
+    that cannot be read is left out too, its reason put into ``unreadable`` (run id ->
+    reason): one bad run must not end the report.
     """
     uris = artifact_uris or {}
 
-    def one(run_id: str) -> pd.DataFrame | None:
+    def one(run_id: str) -> pd.DataFrame | str | None:
         path = download(c, run_id, "steps.csv", dest / run_id, uris.get(run_id))
-        return pd.read_csv(path) if path is not None else None
+        try:
+            return read_steps(path) if path is not None else None
+        except UnreadableTable as err:
+            log.warning("run %s: %s", run_id, err)
+            return str(err)
 
-    return {k: v for k, v in parallel(one, run_ids, workers).items() if v is not None}
+    got = parallel(one, run_ids, workers)
+    if unreadable is not None:
+        unreadable.update({k: v for k, v in got.items() if isinstance(v, str)})
+    return {k: v for k, v in got.items() if isinstance(v, pd.DataFrame)}

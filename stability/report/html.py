@@ -26,35 +26,89 @@ img { max-width: 100%; border: 1px solid #eee; }
 #answer { background: #f3f8ff; border-left: 4px solid #2a6ebb; padding: 0.2em 1em; }
 """
 
-_INLINE = [  # applied outside code spans, in this order
+# Nothing loads from anywhere: images are data: URIs, styles are the page's own; no script,
+# no form, no base. Opened from disk or mailed to a reviewer, the page still cannot run code.
+CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; "
+       "form-action 'none'; frame-ancestors 'self'")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+_FIGURE = re.compile(r"plots/[A-Za-z0-9_-][A-Za-z0-9._-]*\.png")  # the report's own figures
+
+
+def safe_href(href: str) -> bool:
+    """A link target the page may carry: ``http(s)://``, ``#...`` or a relative path."""
+    if any(ord(ch) < 0x20 or ch in "\\<>\"'`" for ch in href) or href.startswith("//"):
+        return False
+    if href.startswith(("http://", "https://", "#")):
+        return True
+    head = re.split(r"[/?#]", href, maxsplit=1)[0]
+    return _SCHEME.match(href) is None and ":" not in head
+
+
+def _link(m: re.Match) -> str:
+    label, href = m.group(1), m.group(2)  # both already escaped
+    if not safe_href(html.unescape(href)):
+        return f"{label} ({href})"  # shown as text, never followed
+    return f'<a href="{href}">{label}</a>'
+
+
+_INLINE = [  # applied outside code spans, in this order, to escaped text
     (re.compile(r"\*\*(.+?)\*\*"), lambda m: f"<strong>{m.group(1)}</strong>"),
-    (re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)"),
-     lambda m: f'<a href="{m.group(2)}">{m.group(1)}</a>'),
+    (re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)"), _link),
 ]
 
 
+def plain(value: str) -> str:
+    """``value`` as HTML text: every markup character escaped, quotes too, one line."""
+    return html.escape(" ".join(str(value).split()), quote=True)
+
+
 def inline(text: str) -> str:
-    """Escape ``text`` and apply the inline markup (code spans are not marked up further)."""
+    """Escape ``text`` and apply the inline markup (code spans are not marked up further).
+
+    Escaping comes first (``quote=True``), so markup can only come from the patterns here;
+    a link whose target is not http(s), ``#`` or relative stays text.
+    """
     codes: list[str] = []
 
     def stash(m: re.Match) -> str:  # code spans first, so `**` inside code stays literal
         codes.append(f"<code>{m.group(1)}</code>")
         return f"\x00{len(codes) - 1}\x00"
 
-    out = re.sub(r"`([^`]+)`", stash, html.escape(text, quote=False))
+    out = re.sub(r"`([^`]+)`", stash, html.escape(text.replace("\x00", ""), quote=True))
     for pattern, repl in _INLINE:
         out = pattern.sub(repl, out)
     return re.sub(r"\x00(\d+)\x00", lambda m: codes[int(m.group(1))], out)
 
 
 def _image(line: str, folder: Path) -> str:
+    """One of the report's own figures (``plots/*.png`` in ``folder``), embedded; anything
+    else is left out, with its alt text."""
     m = re.fullmatch(r"!\[([^\]]*)\]\(([^)]+)\)", line.strip())
-    assert m is not None
+    if m is None:  # not an image line after all (data that starts with "![")
+        return f"<p>{inline(line)}</p>"
     alt, src = m.groups()
     path = folder / src
-    if path.is_file():  # embedded: the artifact viewer's iframe cannot fetch a sibling file
-        src = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
-    return f'<p><img alt="{html.escape(alt)}" src="{src}"></p>'
+    if _FIGURE.fullmatch(src) and path.is_file() and not path.is_symlink() \
+            and not (folder / "plots").is_symlink():
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        return (f'<p><img alt="{html.escape(alt, quote=True)}" '
+                f'src="data:image/png;base64,{data}"></p>')
+    return f"<p>(figure left out: {inline(alt)})</p>"
+
+
+def note_markdown(markdown: str) -> str:
+    """``markdown`` made safe for MLflow's own markdown renderer (``mlflow.note.content``).
+
+    Angle brackets become entities (no raw HTML, no autolinks) and a link whose target is
+    not http(s), ``#`` or relative is written as text.
+    """
+    out = markdown.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+    def link(m: re.Match) -> str:
+        ok = safe_href(html.unescape(m.group(2)))
+        return m.group(0) if ok else f"{m.group(1)} ({m.group(2).replace('(', '[')})"
+
+    return re.sub(r"\[([^\]]+)\]\(([^)\s]*)\)", link, out)
 
 
 def _table(rows: list[str]) -> str:
@@ -80,7 +134,8 @@ def to_html(markdown: str, folder: Path, title: str) -> str:
             j = i + 1
             while j < len(lines) and not lines[j].startswith("```"):
                 j += 1
-            out.append("<pre><code>" + html.escape("\n".join(lines[i + 1:j])) + "</code></pre>")
+            out.append("<pre><code>" + html.escape("\n".join(lines[i + 1:j]), quote=True)
+                       + "</code></pre>")
             i = j + 1
             continue
         if line.startswith("#"):
@@ -116,5 +171,6 @@ def to_html(markdown: str, folder: Path, title: str) -> str:
         out.append("</section>")
     body = "\n".join(out)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>{html.escape(title)}</title><style>{CSS}</style></head>\n"
+            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+            f"<title>{plain(title)}</title><style>{CSS}</style></head>\n"
             f"<body>\n{body}\n</body></html>\n")

@@ -7,11 +7,12 @@ key and the allowed values.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from stability.core.validation import ConfigError, Errors
+from stability.core.validation import SAFE_NAME_ALLOWED, ConfigError, Errors, is_safe_name
 from stability.report.advice import ClipAdviceConfig
 from stability.report.health import Thresholds
 
@@ -46,6 +47,8 @@ class ReportConfig:
         model_name: registered model name.
         plots: draw the figures.
         history_workers: parallel requests when fetching metric histories and artifacts.
+        task: ``task_target``: the import path of the user's own task (``task._target_`` of
+            the sweep), the one task beside the built-ins the winner may be rebuilt through.
         verdict: thresholds of the per-config stability verdict (``verdict.*`` keys).
         advice: the max_norm recommendation (``advice.target_share``).
     """
@@ -65,6 +68,7 @@ class ReportConfig:
     model_name: str = "stability-winner"
     plots: bool = True
     history_workers: int = 8
+    task: str | None = None
     verdict: Thresholds = Thresholds()
     advice: ClipAdviceConfig = ClipAdviceConfig()
 
@@ -75,9 +79,8 @@ class ReportConfig:
                   "tracking.uri", self.tracking_uri, "null or a tracking URI")
         e.require(isinstance(self.experiment, str) and bool(self.experiment.strip()),
                   "experiment", self.experiment, "a non-empty MLflow experiment name")
-        e.require(self.sweep_id is None
-                  or (isinstance(self.sweep_id, str) and bool(self.sweep_id)), "sweep_id",
-                  self.sweep_id, "null (the latest sweep) or a sweep id")
+        e.require(self.sweep_id is None or is_safe_name(self.sweep_id), "sweep_id",
+                  self.sweep_id, f"null (the latest sweep) or a sweep id of {SAFE_NAME_ALLOWED}")
         e.require(isinstance(self.output_dir, str) and bool(self.output_dir), "output_dir",
                   self.output_dir, "a folder path")
         e.require(self.device in DEVICES, "device", self.device, " | ".join(DEVICES))
@@ -93,9 +96,12 @@ class ReportConfig:
                   "a share of the winner's loss such as '5%' (0-100%), or a number > 0")
         e.require(isinstance(self.register, bool), "registry.enabled", self.register,
                   "true | false")
-        e.require(isinstance(self.model_name, str) and bool(self.model_name),
-                  "registry.model_name", self.model_name, "a non-empty model name")
+        e.require(is_safe_name(self.model_name), "registry.model_name", self.model_name,
+                  f"a model name of {SAFE_NAME_ALLOWED}")
         e.require(isinstance(self.plots, bool), "plots", self.plots, "true | false")
+        e.require(self.task is None or (isinstance(self.task, str) and bool(re.fullmatch(
+            r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", self.task))), "task_target", self.task,
+                  "null (built-in tasks only) or your task's import path, e.g. my_task.MyTask")
         e.require(isinstance(self.history_workers, int) and self.history_workers >= 1,
                   "history_workers", self.history_workers, "an integer >= 1")
         _check_thresholds(self.verdict, e)
@@ -151,6 +157,7 @@ _KEYS = {
     "registry.model_name": "model_name",
     "plots": "plots",
     "history_workers": "history_workers",
+    "task_target": "task",
 }
 # Sections that become their own frozen dataclass (every field is a key: ``verdict.spike_factor``).
 _SECTIONS: dict[str, type] = {"verdict": Thresholds, "advice": ClipAdviceConfig}

@@ -35,9 +35,16 @@ from stability.report.decision import margin_of
 from stability.report.evaluate import evaluate_winner, load_winner
 from stability.report.html import to_html
 from stability.report.options import ReportConfig, ReportError
+from stability.report.trust import allowed_tasks
 from stability.report.write import ReportContext, answer_markdown, render, write_summary
 from stability.tracking.contract import Artifact
-from stability.tracking.uri import check_reachable, client, git_commit, resolve_tracking_uri
+from stability.tracking.uri import (
+    check_reachable,
+    client,
+    git_commit,
+    redact_uri,
+    resolve_tracking_uri,
+)
 
 log = logging.getLogger(__name__)
 
@@ -180,46 +187,56 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     winner = configs.iloc[0]
     log.info("winner %s (%s) of %d configs", winner["label"], winner["fingerprint"], len(configs))
 
-    folder = Path(cfg.output_dir) / sweep.sweep_id
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = publish.report_folder(Path(cfg.output_dir), sweep.sweep_id)
     commit = git_commit()
     report_run = publish.start_report_run(c, sweep, winner, commit)
     notes: list[str] = []
     remarks: list[str] = []  # figure-section lines: a figure with nothing to draw says why
     try:
-        with tempfile.TemporaryDirectory(prefix="stability-report-") as tmp:
-            cache = Path(tmp)
+        # The report's files are made in a staging folder and moved into ``folder`` (never
+        # written through whatever already sits there); only these files are uploaded.
+        with tempfile.TemporaryDirectory(prefix="stability-report-") as tmp, \
+                tempfile.TemporaryDirectory(prefix=".staging-", dir=folder) as staged:
+            cache, staging = Path(tmp), Path(staged)
             judged = runs[runs["outcome"].isin(["finished", "diverged"])]
+            unreadable: dict[str, str] = {}
             steps = fetch.steps_tables(c, judged["run_id"], cache / "steps", cfg.history_workers,
                                        dict(zip(judged["run_id"], judged["artifact_uri"],
-                                                strict=True)))
+                                                strict=True)), unreadable)
+            notes += [f"run {rid} is unreadable, left out of the stability verdicts: {why}"
+                      for rid, why in sorted(unreadable.items())]
+            notes += [f"run {r.run_id} is unreadable, counted as not finished: {r.reason}"
+                      for r in runs[runs["outcome"] == fetch.UNREADABLE].itertuples()]
             configs = health.judge(runs, configs, steps, cfg.verdict)
             recs = advice.recommend(runs, configs, steps, cfg.advice)
             publish.tag_findings(c, report_run, configs, recs)
             test = evaluate_winner(c, runs, str(winner["fingerprint"]), cache / "winner",
-                                   cfg.device, cfg.history_workers)
+                                   cfg.device, cfg.history_workers, allowed_tasks(cfg.task))
             version, created = "", False
             if cfg.register:
                 version, created = _register(c, uri, cfg, sweep, runs, winner, test, report_run,
                                              cache / "model", notes)
-            figures = draw(c, runs, configs, steps, recs, folder / "plots",
+            figures = draw(c, runs, configs, steps, recs, staging / "plots",
                            cfg.history_workers, notes, cache, remarks, analysis) \
                 if cfg.plots else []
-        elapsed = time.perf_counter() - t0
-        write_summary(configs, folder / "summary.csv")
-        ctx = ReportContext(sweep, uri, runs, configs, comparisons, test, figures, notes,
-                            cfg.confidence, cfg.alpha, report_run, version, elapsed,
-                            datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit, recs,
-                            remarks, analysis)
-        markdown = render(ctx)
-        (folder / Artifact.REPORT_MD).write_text(markdown)
-        (folder / Artifact.REPORT_HTML).write_text(
-            to_html(markdown, folder, f"Training-stability report: sweep {sweep.sweep_id}"))
+            elapsed = time.perf_counter() - t0
+            write_summary(configs, staging / Artifact.SUMMARY_CSV)
+            ctx = ReportContext(sweep, redact_uri(uri), runs, configs, comparisons, test,
+                                figures, notes, cfg.confidence, cfg.alpha, report_run, version,
+                                elapsed, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                                commit, recs, remarks, analysis)
+            markdown = render(ctx)
+            (staging / Artifact.REPORT_MD).write_text(markdown)
+            (staging / Artifact.REPORT_HTML).write_text(
+                to_html(markdown, staging, f"Training-stability report: sweep {sweep.sweep_id}"))
+            own_files = [Artifact.SUMMARY_CSV, Artifact.REPORT_MD, Artifact.REPORT_HTML,
+                         *(f"plots/{f.file}" for f in figures)]
+            publish.install(staging, folder, own_files)
         metrics = publish.summary_metrics(test) | {
             "winner_best_val_loss_mean": float(winner["loss_mean"]),
             "configs": float(len(configs)), "training_runs": float(len(runs)),
             "report_elapsed_s": time.perf_counter() - t0}
-        publish.finish_report_run(c, report_run, folder, metrics)
+        publish.finish_report_run(c, report_run, folder, metrics, own_files)
         publish.annotate_parent(c, sweep, report_run, configs.iloc[0], answer_markdown(ctx),
                                 _model_uri(cfg, version))
     except BaseException as err:
@@ -242,7 +259,8 @@ def _register(c: Any, uri: str, cfg: ReportConfig, sweep: fetch.Sweep, runs: pd.
         return "", False
     best = mine.sort_values(["best_val_loss", "seed"]).iloc[0]  # chosen on validation
     try:
-        loadable = load_winner(c, str(best["run_id"]), workdir)
+        loadable = load_winner(c, str(best["run_id"]), workdir, str(winner["fingerprint"]),
+                               allowed_tasks(cfg.task))
         return publish.register_winner(c, uri, cfg.model_name, sweep, winner, best, test,
                                        report_run, loadable)
     except Exception as err:  # the report stands without a registry entry

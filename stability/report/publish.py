@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 import warnings
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from stability.core.validation import safe_name
 from stability.report.evaluate import LoadableWinner, WinnerTestResult
 from stability.report.fetch import Sweep
+from stability.report.html import note_markdown
+from stability.report.options import ReportError
 from stability.report.select import SELECTION_RULE
-from stability.tracking.contract import Artifact, Kind, Tag
+from stability.tracking.contract import Artifact, Kind, Tag, quote
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +66,7 @@ def annotate_parent(c: Any, sweep: Sweep, report_run_id: str, winner: Mapping[st
     run = f"#/experiments/{sweep.experiment_id}/runs/{report_run_id}"
     links = (f"[Report run]({run}) · [report.html]({run}/artifactPath/{Artifact.REPORT_HTML})"
              + (f" · model `{model_uri}`" if model_uri else ""))
-    note = f"## Stability report\n\n{links}\n\n{answer}"
+    note = f"## Stability report\n\n{links}\n\n{note_markdown(answer)}"
     if len(note) > MAX_TAG:
         note = note[:MAX_TAG - 60].rsplit("\n", 1)[0] + "\n\n…(cut: see the report run)"
     tags = {Tag.NOTE: note, Tag.REPORT_RUN_ID: report_run_id,
@@ -82,14 +86,47 @@ def summary_metrics(test: WinnerTestResult) -> dict[str, float]:
             "test_seeds": float(test.loss.n)}
 
 
-def finish_report_run(c: Any, run_id: str, folder: Path, metrics: Mapping[str, float]) -> None:
-    """Log the summary metrics and every file of the report folder; end the run FINISHED."""
+def report_folder(output_dir: Path, sweep_id: str) -> Path:
+    """``<output_dir>/<sweep_id>``, created; refused unless it is a real folder inside it.
+
+    Raises:
+        ReportError: the sweep id is not a plain name, or the folder (or ``plots/`` in it) is
+            a link or leads outside ``output_dir``.
+    """
+    safe_name("sweep_id", sweep_id)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    folder = output_dir / sweep_id
+    folder.mkdir(exist_ok=True)
+    inside = folder.resolve().parent == output_dir.resolve()
+    for path in (folder, folder / "plots"):
+        if path.is_symlink() or not inside:
+            raise ReportError(f"output_dir={str(output_dir)!r} is invalid: {path} is a link or "
+                              "leads outside it; allowed values are a folder whose report "
+                              "folders are plain folders (remove the link)")
+    return folder
+
+
+def install(staging: Path, folder: Path, files: Sequence[str]) -> None:
+    """Move the report's own ``files`` from ``staging`` into ``folder`` (``os.replace``: a
+    link already at a file's place is replaced, never written through)."""
+    for rel in files:
+        dest = folder / rel
+        dest.parent.mkdir(exist_ok=True)
+        os.replace(staging / rel, dest)
+
+
+def finish_report_run(c: Any, run_id: str, folder: Path, metrics: Mapping[str, float],
+                      files: Sequence[str]) -> None:
+    """Log the summary metrics and the report's own ``files`` (paths relative to ``folder``,
+    which may hold other files: they are not uploaded); end the run FINISHED."""
     from mlflow.entities import Metric
 
     ts = int(time.time() * 1000)
     c.log_batch(run_id, metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items()],
                 synchronous=True)
-    c.log_artifacts(run_id, str(folder))
+    for rel in files:
+        parent = str(PurePosixPath(rel).parent)
+        c.log_artifact(run_id, str(folder / rel), None if parent == "." else parent)
     c.set_terminated(run_id, status="FINISHED")
 
 
@@ -103,7 +140,7 @@ def fail_report_run(c: Any, run_id: str, err: BaseException) -> None:
 
 
 def _versions(c: Any, name: str) -> list[Any]:
-    return list(c.search_model_versions(f"name='{name}'"))
+    return list(c.search_model_versions(f"name='{quote(name, 'registry.model_name')}'"))
 
 
 def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: Mapping[str, Any],

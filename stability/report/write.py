@@ -88,7 +88,8 @@ def _p(p: float) -> str:
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
+    lines += ["| " + " | ".join(" ".join(str(c).split()).replace("|", "\\|") for c in r) + " |"
+              for r in rows]  # one line per row: a cell's newlines (data) become spaces
     return "\n".join(lines)
 
 

@@ -12,19 +12,23 @@ run, the other ranks train without tracking, and a failure on any rank ends the 
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from stability.core import distributed
+from stability.core.checkpoint import DiskFull
 from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.loop import RunResult, train
 from stability.core.signals import sigterm_deferred
 from stability.core.steplog import StepSink
+from stability.tracking.claim import claim
 from stability.tracking.run import TrackedRun
-from stability.tracking.uri import TrackingError
+from stability.tracking.uri import TrackingError, redact_uri, scrub_hydra_files
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,8 @@ def train_tracked(cfg: RunConfig, overrides: Sequence[str] = (),
     ``sinks`` are extra per-step consumers on this rank.
     """
     world = distributed.setup(cfg.device)
+    if distributed.is_main():  # another run's records in this folder are moved, not overwritten
+        claim(cfg.output_dir, cfg, world)
     if not cfg.tracking.enabled or not distributed.is_main():
         with distributed.rank_guard():
             return train(cfg, sinks, world_size=world)
@@ -59,7 +65,7 @@ def train_tracked(cfg: RunConfig, overrides: Sequence[str] = (),
             result = train(cfg, sinks=[tracked.sink, *sinks], world_size=world)
         tracked.finish(result.summary, result.status, result.reason)
     # A tracking outage never fails the run: MLflow's part waits in the folder (pending sync).
-    log.info("MLflow run %s (%s)%s", tracked.run_id or "(not created yet)", tracked.uri,
+    log.info("MLflow run %s (%s)%s", tracked.run_id or "(not created yet)", redact_uri(tracked.uri),
              ", kept locally: pending sync" if tracked.pending else "")
     return result
 
@@ -74,8 +80,17 @@ def run_job(raw: Mapping[str, Any], overrides: Sequence[str] = (), in_sweep: boo
             sweep goes on; a single run re-raises it.
     """
     cfg = load_run_config(raw)
+    scrub_hydra_files(Path(cfg.output_dir))
     try:
         result = train_tracked(cfg, overrides)
+    except OSError as err:
+        if err.errno != errno.ENOSPC:
+            raise
+        # Disk full (a checkpoint, steps.csv): one line; the run is closed FAILED with it.
+        print(f"error: {err.strerror if isinstance(err, DiskFull) else err}", file=sys.stderr)
+        if not in_sweep or distributed.is_distributed():
+            raise SystemExit(1) from None
+        return math.inf
     except (ConfigError, TrackingError) as err:
         if not in_sweep or distributed.is_distributed():
             _user_error(err)

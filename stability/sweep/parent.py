@@ -7,6 +7,7 @@ this run, so the MLflow UI nests the runs under ``sweep <sweep_id>``.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -18,8 +19,10 @@ from stability.core.config import TrackingConfig
 from stability.sweep.schedule import CostKey, observed_costs
 from stability.tracking.artifacts import upload_artifacts
 from stability.tracking.contract import Kind, Outcome, Tag, search_filter
+from stability.tracking.journal import now_ms
 from stability.tracking.orphans import end_stale_runs
 from stability.tracking.queries import finished_runs, point_of, points_of, search_all
+from stability.tracking.run import process_tag
 from stability.tracking.sync import sync_paths
 from stability.tracking.uri import (
     check_reachable,
@@ -28,6 +31,7 @@ from stability.tracking.uri import (
     default_store_uri,
     ensure_experiment,
     git_commit,
+    redact_uri,
     resolve_tracking_uri,
 )
 
@@ -61,6 +65,22 @@ class SweepRun:
     stale: int = 0  # RUNNING runs without heartbeat ended as KILLED before it started
     # seconds per epoch the experiment's finished runs took, per kind of job (schedule.order)
     costs: dict[CostKey, float] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def beat(self, period_s: float) -> None:
+        """Refresh the parent's ``stability.heartbeat`` every ``period_s`` until ``close``.
+
+        A sweep that is SIGKILLed stops beating: the next sweep or sync over the experiment
+        then ends its parent KILLED (``orphans.end_stale_sweeps``), as it ends training runs.
+        """
+        def loop() -> None:
+            while not self._stop.wait(period_s):
+                try:
+                    client(self.uri).set_tag(self.run_id, Tag.HEARTBEAT, str(now_ms()))
+                except Exception:  # an outage: the next beat tries again
+                    continue
+
+        threading.Thread(target=loop, name="sweep-heartbeat", daemon=True).start()
 
     def job_overrides(self) -> list[str]:
         """What every job of the sweep gets: the same store, sweep id and parent."""
@@ -69,11 +89,12 @@ class SweepRun:
 
     def view_hint(self) -> str:
         """How to look at this sweep in the MLflow UI."""
-        if self.uri.startswith(("http://", "https://")):
-            return f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}"
-        if self.uri == default_store_uri():
+        uri = redact_uri(self.uri)
+        if uri.startswith(("http://", "https://")):
+            return f"{uri.rstrip('/')}/#/experiments/{self.experiment_id}"
+        if uri == default_store_uri():
             return "stability ui  (in the repository also: make ui), then http://127.0.0.1:5000"
-        return f"mlflow ui --backend-store-uri {self.uri} --workers 1"
+        return f"mlflow ui --backend-store-uri {uri} --workers 1"
 
     def outcomes(self) -> Counter[str]:
         """``stability.outcome`` of this sweep's training runs (finished, diverged, ...)."""
@@ -118,6 +139,7 @@ class SweepRun:
         """
         from mlflow.entities import Metric
 
+        self._stop.set()
         c = client(self.uri)
         counts = {f"runs_{k}": v for k, v in sorted(self.outcomes().items())}
         ts = int(time.time() * 1000)
@@ -167,16 +189,19 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
     from mlflow.entities import Param  # after client(): it imports MLflow (lean)
 
     tags = {Tag.KIND: Kind.SWEEP, Tag.SWEEP_ID: sweep_id, Tag.GRID_SIZE: str(grid_size),
-            Tag.GRID_UNIQUE: str(unique), Tag.OVERRIDES: " ".join(arguments),
-            Tag.GIT_COMMIT: git_commit(), Tag.OUTCOME: Outcome.RUNNING}
+            Tag.GRID_UNIQUE: str(unique), Tag.OVERRIDES: redact_uri(" ".join(arguments)),
+            Tag.GIT_COMMIT: git_commit(), Tag.OUTCOME: Outcome.RUNNING,
+            Tag.PROCESS: process_tag(), Tag.HEARTBEAT: str(now_ms())}
     tags = {k: str(v) for k, v in tags.items()}
     run = c.create_run(exp_id, tags=tags, run_name=f"sweep {sweep_id}")
     grid = [Param("grid." + re.sub(r"[^\w\-. :/]", "_", k), str(v)[:MAX_PARAM_CHARS])
             for k, v in params.items()]  # MLflow's allowed key characters
     if grid:
         c.log_batch(run.info.run_id, params=grid[:100], synchronous=True)
-    return SweepRun(uri, tracking.experiment, exp_id, run.info.run_id, sweep_id,
-                    time.time(), synced, stale, observed_costs(finished)), done
+    sweep = SweepRun(uri, tracking.experiment, exp_id, run.info.run_id, sweep_id,
+                     time.time(), synced, stale, observed_costs(finished))
+    sweep.beat(tracking.heartbeat_s)
+    return sweep, done
 
 
 def resumable_folders(run: SweepRun, points: Sequence[Any]) -> dict[tuple[str, int], Path]:

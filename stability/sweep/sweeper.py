@@ -42,9 +42,14 @@ from stability.sweep.parent import (
     resumable_folders,
 )
 from stability.sweep.progress import Progress, format_duration
-from stability.tracking.auth import AuthError, check_credentials
+from stability.tracking.auth import AuthError, check_credentials, check_no_userinfo
 from stability.tracking.sync import sync_paths
-from stability.tracking.uri import TrackingError, resolve_tracking_uri
+from stability.tracking.uri import (
+    TrackingError,
+    redact_uri,
+    resolve_tracking_uri,
+    scrub_hydra_files,
+)
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +172,7 @@ class StabilitySweeper(BasicSweeper):
             return []
         sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         sweep_dir = Path(self.config.hydra.sweep.dir)
+        scrub_hydra_files(sweep_dir)
         run, done = self._open_tracking(points, grid_size, sweep_id, arguments, sweep_dir)
         todo = [p for p in points if p.key not in done]
         # --- durability (docs/TRACKING.md): killed points go on from their checkpoint, and a
@@ -179,7 +185,7 @@ class StabilitySweeper(BasicSweeper):
         # --- end durability
         if run is not None:
             _say(f"skipped {len(points) - len(todo)} points already FINISHED in experiment "
-                 f"'{run.experiment}' ({run.uri}); {len(todo)} to run")
+                 f"'{run.experiment}' ({redact_uri(run.uri)}); {len(todo)} to run")
             _say(f"sweep {sweep_id}: parent run {run.run_id}")
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
@@ -261,6 +267,9 @@ class StabilitySweeper(BasicSweeper):
         if not tracking.enabled:
             return None, set()
         try:  # before any run: a refused password is a user error, not a grid of failed runs
+            # A password in tracking.uri would be in Hydra's multirun.yaml and every job's
+            # overrides: refused (MLFLOW_TRACKING_USERNAME / _PASSWORD carry credentials).
+            check_no_userinfo(tracking.uri or "")
             check_credentials(resolve_tracking_uri(tracking.uri))
         except (AuthError, ConfigError) as err:
             _fail(str(err), 2)
@@ -271,8 +280,8 @@ class StabilitySweeper(BasicSweeper):
             _fail(str(err), 1)
             raise  # unreachable: _fail exits
         except Exception as err:  # e.g. MlflowException: a store that refuses the sweep
-            _fail(f"cannot prepare the sweep in tracking store {tracking.uri or '(default)'}: "
-                  f"{type(err).__name__}: {err}", 1)
+            _fail(redact_uri(f"cannot prepare the sweep in tracking store "
+                             f"{tracking.uri or '(default)'}: {type(err).__name__}: {err}"), 1)
             raise
 
     @staticmethod

@@ -12,6 +12,7 @@ from enum import StrEnum
 from stability.core import rundir
 from stability.core.cost import COST_METRICS
 from stability.core.steplog import SkipReason
+from stability.core.validation import safe_name
 
 __all__ = ["COST_METRICS", "STEP_METRICS", "EPOCH_METRICS", "Artifact", "Kind", "Outcome",
            "SkipReason", "Tag", "search_filter"]
@@ -119,6 +120,13 @@ def search_filter(kind: Kind, sweep_id: str | None = None, status: str | None = 
     return " and ".join(parts)
 
 
-def quote(value: str) -> str:
-    """``value`` safe inside a single-quoted MLflow filter string."""
-    return value.replace("'", "\\'")
+def quote(value: str, key: str = "sweep_id") -> str:
+    """``value`` checked to be safe inside a single-quoted MLflow filter string.
+
+    MLflow does not unescape ``\\'`` in a filter, so a quote would silently match nothing:
+    values put into filters (sweep ids, model names) are restricted to ``[A-Za-z0-9._-]``.
+
+    Raises:
+        ConfigError: ``value`` holds another character.
+    """
+    return safe_name(key, value)

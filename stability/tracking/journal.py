@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,8 @@ class Journal:
         its folder, whose ``steps.csv`` is rewritten too)."""
         self.path = Path(folder) / rundir.JOURNAL_NAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if append:
+            _cut_torn_tail(self.path)
         self._file = self.path.open("a" if append else "w", encoding="utf-8")
         self._lock = threading.Lock()  # the sender thread records the run id it got
 
@@ -50,6 +52,19 @@ class Journal:
         """Close the file (idempotent)."""
         with self._lock:
             self._file.close()
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Drop a last line without its newline (a crash mid-write) before appending after it:
+    appended to, it would become a broken line in the middle, which ``read`` refuses."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as f:
+        f.seek(-1, 2)
+        if f.read(1) == b"\n":
+            return
+        data = f.seek(0) or f.read()
+        f.truncate(data.rfind(b"\n") + 1)
 
 
 @dataclass
@@ -80,47 +95,78 @@ def append(folder: str | Path, kind: str, **fields: Any) -> None:
         j.close()
 
 
+class JournalError(ValueError):
+    """A journal line other than a torn last one cannot be read: nothing is replayed."""
+
+
 def read(folder: str | Path) -> Replay | None:
-    """Fold ``folder``'s journal; None if it has none. A torn last line (crash) is ignored."""
+    """Fold ``folder``'s journal; None if it has none.
+
+    Only a torn last line (the process died while writing it) is ignored.
+
+    Raises:
+        JournalError: any other line is not a record of the documented format; the message
+            names the file and the line.
+    """
     path = Path(folder) / rundir.JOURNAL_NAME
     if not path.exists():
         return None
     r = Replay(Path(folder))
-    for rec in _records(path.read_text(encoding="utf-8").splitlines()):
-        k = rec["k"]
-        if k == "run":
-            r.run_id = rec.get("run_id") or r.run_id
-            r.uri, r.experiment = rec["uri"], rec["experiment"]
-            r.run_name, r.start_ms = rec["run_name"], rec["ts"]
-            r.tags.update(rec["tags"])
-        elif k == "run_id":
-            r.run_id = rec["run_id"]
-        elif k == "tags":
-            r.tags.update(rec["tags"])
-        elif k == "params":
-            r.params.update(rec["params"])
-        elif k == "metrics":
-            r.metrics.extend((m[0], float(m[1]), int(m[2]), int(m[3])) for m in rec["metrics"])
-        elif k == "epoch":
-            r.epoch_ts[int(rec["epoch"])] = rec["ts"]
-        elif k == "artifacts":
-            r.artifacts.extend(a for a in rec["paths"] if a not in r.artifacts)
-        elif k == "end":
-            r.status, r.end_ms = rec["status"], rec["ts"]
-        elif k == "resume":  # the run goes on: an end record (and its reason) is history
-            r.status, r.end_ms = None, None
-            r.tags.pop(Tag.REASON, None)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise JournalError(f"{path}: not UTF-8 text ({err.reason})") from None
+    for lineno, rec in _records(text.split("\n"), path):
+        try:
+            _fold(r, rec)
+        except (KeyError, TypeError, ValueError, IndexError) as err:
+            raise JournalError(f"{path}:{lineno}: a {rec.get('k')!r} record that cannot be "
+                               f"read ({type(err).__name__}: {err})") from None
     return r
 
 
-def _records(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    for line in lines:
+def _fold(r: Replay, rec: dict[str, Any]) -> None:
+    """Apply one journal record to ``r`` (later records win)."""
+    k = rec["k"]
+    if k == "run":
+        r.run_id = rec.get("run_id") or r.run_id
+        r.uri, r.experiment = rec["uri"], rec["experiment"]
+        r.run_name, r.start_ms = rec["run_name"], rec["ts"]
+        r.tags.update(rec["tags"])
+    elif k == "run_id":
+        r.run_id = rec["run_id"]
+    elif k == "tags":
+        r.tags.update(rec["tags"])
+    elif k == "params":
+        r.params.update(rec["params"])
+    elif k == "metrics":
+        r.metrics.extend((m[0], float(m[1]), int(m[2]), int(m[3])) for m in rec["metrics"])
+    elif k == "epoch":
+        r.epoch_ts[int(rec["epoch"])] = rec["ts"]
+    elif k == "artifacts":
+        r.artifacts.extend(a for a in rec["paths"] if a not in r.artifacts)
+    elif k == "end":
+        r.status, r.end_ms = rec["status"], rec["ts"]
+    elif k == "resume":  # the run goes on: an end record (and its reason) is history
+        r.status, r.end_ms = None, None
+        r.tags.pop(Tag.REASON, None)
+
+
+def _records(lines: list[str], path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)``; only the last line may be torn (no newline after it)."""
+    last = len(lines) - 1
+    for i, line in enumerate(lines):
+        if not line.strip() and i == last:
+            continue  # the newline after the last whole record
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:  # the process died in the middle of this line
-            continue
-        if isinstance(rec, dict) and "k" in rec:
-            yield rec
+        except json.JSONDecodeError:
+            if i == last:  # the process died in the middle of this line
+                continue
+            raise JournalError(f"{path}:{i + 1}: not a JSON record") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("k"), str):
+            raise JournalError(f"{path}:{i + 1}: not a journal record")
+        yield i + 1, rec
 
 
 def mark_pending(folder: str | Path, why: str) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from stability.core import rundir
+from stability.tracking import journal
 from stability.tracking.artifacts import upload_artifacts
 from stability.tracking.contract import Kind, Outcome, Tag, search_filter
 from stability.tracking.journal import now_ms
@@ -63,7 +64,10 @@ def stale_reason(run: Any, stale_after_s: float, now: int | None = None) -> str:
 
 def end_stale_runs(uri: str, experiment: str, stale_after_s: float = STALE_AFTER_S,
                    sweep_id: str | None = None) -> int:
-    """End the experiment's stale RUNNING training runs as KILLED; returns how many.
+    """End the experiment's stale RUNNING training and sweep runs as KILLED; returns how many.
+
+    A sweep's parent run carries the same heartbeat and process tags (``parent.Heartbeat``);
+    one whose sweep was SIGKILLed is ended here by the next sweep or sync, like its runs.
 
     Args:
         uri: the tracking URI.
@@ -77,7 +81,7 @@ def end_stale_runs(uri: str, experiment: str, stale_after_s: float = STALE_AFTER
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return 0
-    ended = 0
+    ended = end_stale_sweeps(c, exp.experiment_id, stale_after_s, sweep_id)
     for run in search_all(c, exp.experiment_id, search_filter(Kind.TRAIN, sweep_id, "RUNNING")):
         reason = stale_reason(run, stale_after_s)
         if not reason:
@@ -87,10 +91,12 @@ def end_stale_runs(uri: str, experiment: str, stale_after_s: float = STALE_AFTER
             # What it had not sent; a journal that recorded its end (the process died while
             # delivering it) ends the run as it really ended.
             journaled = (folder / rundir.JOURNAL_NAME).exists()
-            if journaled and sync_folder(folder, uri).status is not None:
+            # the folder may hold another run by now (a new run moved this one's files aside)
+            mine = journaled and journal.read(folder).run_id == rid
+            if mine and sync_folder(folder, uri).status is not None:
                 log.warning("completed run %s from its folder %s", rid, folder)
                 continue
-            if folder.is_dir():
+            if folder.is_dir() and (mine or not journaled):
                 upload_artifacts(c, rid, folder)
         except Exception as err:  # the run is ended regardless: its folder keeps the rest
             log.warning("could not upload %s for stale run %s: %s", folder, rid, err)
@@ -98,5 +104,22 @@ def end_stale_runs(uri: str, experiment: str, stale_after_s: float = STALE_AFTER
         c.set_tag(rid, Tag.REASON, reason)
         c.set_terminated(rid, status=Outcome.KILLED.status)
         log.warning("ended run %s as KILLED: %s", rid, reason)
+        ended += 1
+    return ended
+
+
+def end_stale_sweeps(c: Any, experiment_id: str, stale_after_s: float,
+                     sweep_id: str | None = None) -> int:
+    """End stale RUNNING sweep parent runs as KILLED (their sweep process is gone)."""
+    ended = 0
+    for run in search_all(c, experiment_id, search_filter(Kind.SWEEP, sweep_id, "RUNNING")):
+        reason = stale_reason(run, stale_after_s)
+        if not reason:
+            continue
+        rid = run.info.run_id
+        c.set_tag(rid, Tag.OUTCOME, Outcome.KILLED)
+        c.set_tag(rid, Tag.REASON, f"the sweep process ended without closing its run: {reason}")
+        c.set_terminated(rid, status=Outcome.KILLED.status)
+        log.warning("ended sweep run %s as KILLED: %s", rid, reason)
         ended += 1
     return ended

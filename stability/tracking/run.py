@@ -41,6 +41,7 @@ from stability.tracking.uri import (
     configure_http,
     ensure_experiment,
     git_commit,
+    redact_uri,
     resolve_tracking_uri,
     run_name,
 )
@@ -51,8 +52,13 @@ SETTLE_RETRY_S = 5.0  # the end-of-run sync: the sender has already ridden out t
 
 
 def run_params(cfg: RunConfig, world_size: int = 1) -> dict[str, str]:
-    """The run's params: the flattened config (and ``world_size`` above 1)."""
-    params = {k: str(v) for k, v in flatten(cfg).items() if k != "output_dir"}
+    """The run's params: the flattened config (and ``world_size`` above 1).
+
+    ``tracking.*`` is left out: where the run went is not part of what was trained (its
+    fingerprint ignores it too), and a URI may carry credentials.
+    """
+    params = {k: str(v) for k, v in flatten(cfg).items()
+              if k != "output_dir" and not k.startswith("tracking.")}
     if world_size > 1:
         params[WORLD_SIZE_PARAM] = str(world_size)
     return params
@@ -145,7 +151,8 @@ class TrackedRun:
             self._journal.write("tags", tags=tags)
             self._sender.submit(lambda: self._reopen(tags), "reopening the run")
         else:
-            self._journal.write("run", run_id=None, uri=self.uri, experiment=t.experiment,
+            self._journal.write("run", run_id=None, uri=redact_uri(self.uri),
+                                experiment=t.experiment,
                                 run_name=run_name(self.cfg), tags=tags)
             self._journal.write("params", params=params)
             self._sender.submit(lambda: self._create(tags, params), "creating the run")
@@ -225,7 +232,7 @@ class TrackedRun:
                 # SystemExit: submitit's requeue on preemption/timeout (the run resumes later)
                 killed = isinstance(exc, KeyboardInterrupt | Terminated | SystemExit)
                 self.outcome = Outcome.KILLED if killed else Outcome.FAILED
-                self.reason = f"{type(exc).__name__}: {exc}"
+                self.reason = redact_uri(f"{type(exc).__name__}: {exc}")
             outcome = self.outcome or Outcome.FAILED
             self.sink.flush()
             tags = {Tag.OUTCOME: str(outcome)}
@@ -268,7 +275,8 @@ class TrackedRun:
             return
         except Exception as err:
             why = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}" if str(err) else ""
-        journal.mark_pending(self.folder, why or "the tracking store did not answer")
+        journal.mark_pending(self.folder, redact_uri(why) or "the tracking store did not answer")
         self.pending = True
-        print(f"run kept locally: `stability sync {self.folder}` "
-              f"(or `python experiments/sync.py {self.folder}`)", flush=True)
+        to = f" --uri {redact_uri(self.uri)}"  # a sync sends only where it is told to
+        print(f"run kept locally: `stability sync {self.folder}{to}` "
+              f"(or `python experiments/sync.py {self.folder}{to}`)", flush=True)

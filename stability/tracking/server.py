@@ -85,13 +85,30 @@ def server_env() -> dict[str, str]:
                                            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
+def prepare_store(store_uri: str) -> None:
+    """Create a SQLite store's schema under the store lock before a server opens it.
+
+    ``mlflow server`` migrates a new database itself, outside our lock: a sweep or report
+    opening the same new file at that moment raced it ("duplicate column name", "index ...
+    already exists"). Created here first, under the lock every other opener takes
+    (``uri.client``), the server finds the schema complete. Other stores: nothing to do.
+    """
+    from stability.tracking.uri import client, sqlite_path
+
+    if sqlite_path(store_uri) is not None:
+        client(store_uri)
+
+
 def serve_ui(store_uri: str, port: int = 5000) -> None:
     """Replace this process with the MLflow UI on ``store_uri`` (``make ui``; Ctrl-C stops it).
 
     A SQLite store's artifacts are where its experiments say (``mlruns/`` beside the file), so
     no artifact flags are needed.
     """
-    print(f"MLflow UI for {store_uri}: http://127.0.0.1:{port}", flush=True)
+    from stability.tracking.uri import redact_uri
+
+    print(f"MLflow UI for {redact_uri(store_uri)}: http://127.0.0.1:{port}", flush=True)
+    prepare_store(store_uri)
     cmd = server_command(store_uri, port)
     os.execvpe(cmd[0], cmd, server_env())
 
@@ -133,6 +150,7 @@ def start_server(
     root.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log_path = root / "server.log"
+    prepare_store(store_uri or f"sqlite:///{root / 'mlflow.db'}")
     cmd = server_command(store_uri or f"sqlite:///{root / 'mlflow.db'}", port,
                          ["--artifacts-destination", str(root / "artifacts"), "--serve-artifacts"],
                          workers)

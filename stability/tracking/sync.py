@@ -13,12 +13,14 @@ from __future__ import annotations
 import argparse
 import csv
 import logging
-from collections.abc import Iterable, Iterator
+import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stability.core import rundir
+from stability.core.config import ConfigError
 from stability.tracking import journal
 from stability.tracking.artifacts import upload_artifacts
 from stability.tracking.buffer import MAX_PARAMS, MAX_TAGS, Point, retry_call, send_metrics
@@ -31,6 +33,8 @@ from stability.tracking.uri import (
     ensure_experiment,
     is_http,
     reachable_now,
+    redact_uri,
+    resolve_tracking_uri,
 )
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,8 @@ class SyncResult:
     params: int = 0  # params sent
     artifacts: list[str] = field(default_factory=list)  # artifact paths uploaded
     status: str | None = None  # the final status set (None: the run had not ended)
+    uri: str = ""  # where it went
+    experiment: str = ""
 
     def line(self) -> str:
         """One line for the terminal."""
@@ -63,18 +69,59 @@ class SyncResult:
                 f"status {self.status or 'unchanged'}")
 
 
-def step_points(folder: Path, replay: journal.Replay) -> Iterator[Point]:
-    """One point per ``steps.csv`` row for every per-step metric (dated by its epoch's end)."""
+def step_points(folder: Path, replay: journal.Replay) -> list[Point]:
+    """One point per ``steps.csv`` row for every per-step metric (dated by its epoch's end).
+
+    Read whole before anything is sent; only a torn last row (a crash mid-write) is skipped.
+
+    Raises:
+        SyncError: another row holds a cell that is not a number (names file, line, column).
+    """
     path = folder / rundir.CSV_NAME
     if not path.exists():
-        return
+        return []
     with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            if not row.get("step"):
-                continue
+        rows = list(csv.DictReader(f))
+    points: list[Point] = []
+    for i, row in enumerate(rows):
+        if not row.get("step"):
+            continue
+        try:
             ts = replay.epoch_ts.get(int(row["epoch"]), replay.start_ms)
-            for key in STEP_METRICS:
-                yield key, float(row[key]), int(row["step"]), ts
+            points += [(key, float(row[key]), int(row["step"]), ts) for key in STEP_METRICS]
+        except (TypeError, ValueError) as err:
+            if i == len(rows) - 1 and None in row.values():
+                break  # torn: the process died while writing the last row
+            raise SyncError(f"{path}:{i + 2}: a row that is not numbers ({err}); nothing "
+                            "was sent, the folder stays pending") from None
+    return points
+
+
+def read_journal(folder: Path) -> journal.Replay:
+    """The folder's journal, folded.
+
+    Raises:
+        SyncError: no journal, or a line of it (not a torn last one) cannot be read.
+    """
+    try:
+        r = journal.read(folder)
+    except journal.JournalError as err:
+        raise SyncError(f"{err}; nothing was sent, the folder stays pending") from None
+    if r is None:
+        raise SyncError(f"{folder} is not a tracked run folder (no {rundir.JOURNAL_NAME})")
+    return r
+
+
+def check_destination(folder: Path, r: journal.Replay, uri: str) -> None:
+    """A sync sends only to the store the user configured, never to one a journal names.
+
+    Raises:
+        SyncError: the journal names another store (both shown without credentials).
+    """
+    if r.uri and redact_uri(r.uri) != redact_uri(uri):
+        raise SyncError(f"{folder / rundir.JOURNAL_NAME} names tracking store "
+                        f"{redact_uri(r.uri)!r}, not the configured {redact_uri(uri)!r}: "
+                        "nothing was sent; to send it there, pass --uri with that store")
 
 
 def _find_run(c: Any, run_id: str | None) -> Any:
@@ -94,20 +141,23 @@ def sync_folder(folder: str | Path, uri: str | None = None,
 
     Args:
         folder: a run folder (has ``tracking.jsonl``).
-        uri: the tracking URI (default: the one the run was started with).
+        uri: the tracking URI (default: ``$MLFLOW_TRACKING_URI``, else the embedded store of
+            the current folder); the journal must name the same store.
         retry_s: how long each call is retried while the store does not answer.
 
     Raises:
-        SyncError: ``folder`` has no journal.
+        SyncError: ``folder`` has no journal, a journal or CSV line cannot be read, or the
+            journal names another store; nothing is sent then.
         TrackingError: the HTTP server does not answer.
     """
     folder = Path(folder)
-    r = journal.read(folder)
-    if r is None:
-        raise SyncError(f"{folder} is not a tracked run folder (no {rundir.JOURNAL_NAME})")
-    uri = uri or r.uri
+    r = read_journal(folder)
+    uri = uri or resolve_tracking_uri(None)
+    check_destination(folder, r, uri)
+    steps = step_points(folder, r)  # read whole (and checked) before anything is sent
     if is_http(uri) and not reachable_now(uri):
-        raise TrackingError(f"tracking server {uri} is not reachable; {folder} stays pending")
+        raise TrackingError(f"tracking server {redact_uri(uri)} is not reachable; {folder} "
+                            "stays pending")
 
     def call(fn: Any) -> Any:
         return retry_call(fn, retry_s)
@@ -116,7 +166,7 @@ def sync_folder(folder: str | Path, uri: str | None = None,
     from mlflow.entities import Param, RunTag  # after client(): it imports MLflow (lean)
 
     run = call(lambda: _find_run(c, r.run_id))
-    result = SyncResult(folder, "")
+    result = SyncResult(folder, "", uri=uri, experiment=r.experiment)
     if run is None:
         exp_id = call(lambda: ensure_experiment(uri, r.experiment, check=False))
         run = call(lambda: c.create_run(exp_id, start_time=r.start_ms or None, tags=r.tags,
@@ -135,7 +185,7 @@ def sync_folder(folder: str | Path, uri: str | None = None,
         call(lambda b=tags[i : i + MAX_TAGS]: c.log_batch(rid, tags=b, synchronous=True))
 
     points, seen = [], set()
-    for p in (*step_points(folder, r), *r.metrics):
+    for p in (*steps, *r.metrics):
         if (p[0], p[2]) not in seen:  # a resumed run journals a replayed epoch twice
             seen.add((p[0], p[2]))
             points.append(p)
@@ -174,7 +224,8 @@ def sync_paths(paths: Iterable[str | Path], uri: str | None = None,
 
     Args:
         paths: run folders or folders above them (a sweep folder, ``multirun/``).
-        uri: the tracking URI (default: each run's own).
+        uri: the tracking URI (default: ``$MLFLOW_TRACKING_URI``, else the embedded store);
+            a folder whose journal names another store stays pending (logged).
         end_stale: also end RUNNING runs of the synced experiments whose heartbeat is stale.
 
     Returns:
@@ -187,12 +238,10 @@ def sync_paths(paths: Iterable[str | Path], uri: str | None = None,
         try:
             res = sync_folder(folder, uri)
         except Exception as err:
-            log.error("not synced, stays pending: %s: %s", folder, err)
+            log.error("not synced, stays pending: %s: %s", folder, redact_uri(str(err)))
             continue
         results.append(res)
-        r = journal.read(folder)
-        if r is not None:
-            stores.add((uri or r.uri, r.experiment))
+        stores.add((res.uri, res.experiment))
     for store, experiment in sorted(stores) if end_stale else ():
         end_stale_runs(store, experiment)
     return results
@@ -208,12 +257,20 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Upload run folders kept locally while the "
                                                  "tracking server was away.")
     parser.add_argument("paths", nargs="*", default=["."], help="run folders or folders above")
-    parser.add_argument("--uri", default=None, help="tracking URI (default: each run's own)")
+    parser.add_argument("--uri", default=None, help="tracking URI (default: "
+                        "$MLFLOW_TRACKING_URI, else ./mlflow.db); every journal must name it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     configure_http(REQUEST_TIMEOUT_S)
     wanted = pending_folders(args.paths)
-    results = sync_paths(args.paths, args.uri)
+    try:  # every journal first: one naming another store (or unreadable) stops the sync
+        uri = resolve_tracking_uri(args.uri)
+        for folder in wanted:
+            check_destination(folder, read_journal(folder), uri)
+    except (SyncError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    results = sync_paths(args.paths, uri)
     for r in results:
         print(r.line())
     left = len(wanted) - len(results)

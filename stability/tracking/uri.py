@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +24,12 @@ from typing import Any
 
 from stability.core.config import ConfigError, RunConfig
 from stability.core.identity import config_label, flatten
+from stability.tracking.credentials import (  # noqa: F401 - part of the URI policy
+    has_userinfo,
+    redact_uri,
+    scrub_hydra_files,
+    take_credentials,
+)
 from stability.tracking.lean import import_mlflow
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # stability/ (in a checkout: its repo)
@@ -64,7 +71,7 @@ def validate_uri(uri: str) -> None:
     """Reject URIs MLflow 3 would refuse or silently misuse (e.g. the deprecated file store)."""
     if uri.startswith("file:") or "://" not in uri:
         raise ConfigError(
-            f"tracking.uri={uri!r} is invalid: allowed values are http(s)://host:port, "
+            f"tracking.uri={redact_uri(uri)!r} is invalid: allowed values are http(s)://host:port, "
             "sqlite:///path/to/mlflow.db, postgresql://..., or null for the embedded store"
         )
 
@@ -76,12 +83,14 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
         ConfigError: the URI is malformed, or names a database store that this install of
             MLflow cannot open (``mlflow-skinny`` has no SQLAlchemy: servers only).
     """
-    resolved = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_store_uri()
+    resolved = take_credentials(uri or os.environ.get("MLFLOW_TRACKING_URI")
+                                or default_store_uri())
     validate_uri(resolved)
     if not is_http(resolved) and not has_database_store():
-        given = (f"tracking.uri={uri!r}" if uri else
-                 f"MLFLOW_TRACKING_URI={resolved!r}" if os.environ.get("MLFLOW_TRACKING_URI")
-                 else f"tracking.uri=null (the embedded store {resolved})")
+        shown = redact_uri(resolved)
+        given = (f"tracking.uri={shown!r}" if uri else
+                 f"MLFLOW_TRACKING_URI={shown!r}" if os.environ.get("MLFLOW_TRACKING_URI")
+                 else f"tracking.uri=null (the embedded store {shown})")
         raise ConfigError(
             f"{given} needs MLflow's database store (sqlalchemy and alembic, part of the full "
             "`mlflow` package), which this install (mlflow-skinny) lacks: allowed values here "
@@ -170,11 +179,39 @@ def client(uri: str) -> Any:
     import_mlflow(server=is_http(uri))
     from mlflow.tracking import MlflowClient
 
-    c = MlflowClient(tracking_uri=uri)
-    if sqlite_path(uri) is not None:
-        with store_lock(uri):
+    if sqlite_path(uri) is None:
+        return MlflowClient(tracking_uri=uri)
+    # MlflowClient() itself may open (and migrate) the store: it is created under the lock.
+    with store_lock(uri):
+        try:
+            c = MlflowClient(tracking_uri=uri)
             c._tracking_client.store  # noqa: B018 - opening the store creates the schema
+        except Exception as err:
+            # An opener outside our lock (another tool's MLflow client) migrated at the same
+            # moment: the schema is there now, or nearly. Once more, then give up.
+            if not already_exists(err):
+                raise
+            c = MlflowClient(tracking_uri=uri)
+            c._tracking_client.store  # noqa: B018
     return c
+
+
+_EXISTS = ("already exists", "duplicate column", "duplicate key", "unique constraint",
+           "no such index", "expected to match one row")  # the other side of the same race
+
+
+def already_exists(err: BaseException) -> bool:
+    """A schema migration lost a race to another process ("index ... already exists")."""
+    chain, seen = [err], set()
+    while chain:
+        e = chain.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if any(word in str(e).lower() for word in _EXISTS):
+            return True
+        chain += [x for x in (e.__cause__, e.__context__) if x is not None]
+    return False
 
 
 def ensure_experiment(uri: str, name: str, check: bool = True) -> str:

@@ -1,0 +1,75 @@
+"""What the report may rebuild from a run: an allow-listed task, a config matching its tag.
+
+A run's ``config.yaml`` is data anyone with write access to the experiment could have written.
+Rebuilding the winner instantiates ``task._target_`` (Hydra), so before anything is imported
+or built the target must be one of the built-in tasks or the one the user named on the
+report's command line (``task_target=<import path>``), no other ``_target_`` may appear
+anywhere in the file, and the config must hash to the run's ``stability.fingerprint`` tag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from stability.core.config import SIGN_SUM_TARGET, RunConfig, to_run_config
+from stability.core.identity import fingerprint
+
+BUILTIN_TASKS = (SIGN_SUM_TARGET, "stability.tasks.adding.AddingTask",
+                 "stability.tasks.char_lm.CharLMTask")
+HYDRA_KEYS = ("_target_", "_partial_", "_args_", "_recursive_", "_convert_")
+
+
+class Untrusted(ValueError):
+    """A run's recorded config may not be rebuilt (the reason names the key)."""
+
+
+def allowed_tasks(user_task: str | None) -> tuple[str, ...]:
+    """The built-in tasks plus the user's own (``task_target=`` of the report), if given."""
+    return BUILTIN_TASKS + ((user_task,) if user_task and user_task not in BUILTIN_TASKS
+                            else ())
+
+
+def _hydra_keys(value: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if k in HYDRA_KEYS:
+                yield key
+            yield from _hydra_keys(v, key)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from _hydra_keys(v, f"{prefix}[{i}]")
+
+
+def trusted_config(raw: Any, expected: str, allowed: Sequence[str],
+                   world_size: int = 1) -> RunConfig:
+    """The run's config from its parsed ``config.yaml``, if the report may rebuild it.
+
+    Args:
+        raw: ``yaml.safe_load`` of the downloaded ``config.yaml``.
+        expected: the run's ``stability.fingerprint`` tag.
+        allowed: task import paths that may be instantiated (``allowed_tasks``).
+        world_size: the run's data-parallel ranks (part of its fingerprint above 1).
+
+    Raises:
+        Untrusted: the task is not allow-listed, another ``_target_`` (or Hydra key) is in the
+            file, or the config does not hash to ``expected``. Nothing is imported first.
+    """
+    if not isinstance(raw, Mapping):
+        raise Untrusted("config.yaml is not a mapping")
+    task = raw.get("task")
+    target = SIGN_SUM_TARGET if task is None else (
+        task.get("_target_") if isinstance(task, Mapping) else None)
+    if target not in allowed:
+        raise Untrusted(f"task._target_={target!r} is not allow-listed: allowed values are "
+                        f"{', '.join(allowed)} (your own task: pass task_target=<its import path> "
+                        "to the report)")
+    extra = [k for k in _hydra_keys(raw) if k != "task._target_"]
+    if extra:
+        raise Untrusted(f"config.yaml holds {extra[0]}: a recorded config may name no object "
+                        "to build but its task")
+    cfg = to_run_config(raw)
+    if fingerprint(cfg, world_size) != expected:
+        raise Untrusted("config.yaml does not match the run's fingerprint tag")
+    return cfg
