@@ -75,12 +75,25 @@ def test_without_equivalence_the_recommendation_says_not_distinguishable():
     """fp16 a little lower, seeds too noisy to tell, margin too tight to show equivalence."""
     runs = study({"fp16-None": -0.01, "fp16-5.0": -0.01}, {"fp32": 0.01, "fp16": 0.06},
                  noise=0.01)
-    configs, _ = analysed(runs, 0.0001)
+    configs, _ = analysed(runs, 0.012)
     assert configs.iloc[0]["precision"] == "fp16"
-    row, kind = decision.cheapest(configs)
+    row, kind = decision.cheapest(configs, 0.012)
     assert kind == fx.UNDECIDED and row["precision"] == "fp32"
+    assert abs(row["diff_vs_winner"]) <= 0.012
     assert "**not distinguishable** from the winner" in decision.cost_sentence(
-        configs, 0.0001, "cpu")
+        configs, 0.012, "cpu")
+
+
+def test_an_undecided_config_far_from_the_winner_is_not_recommended():
+    """Two seeds cannot tell a config 0.05 worse apart; its estimate is outside the margin."""
+    runs = study({"fp32-None": 0.05, "fp32-5.0": 0.05}, {"fp32": 0.01, "fp16": 0.06},
+                 noise=0.05, seeds=2)
+    configs, _ = analysed(runs, 0.005)
+    assert configs.iloc[0]["precision"] == "fp16"
+    assert (configs.loc[configs["precision"] == "fp32", "verdict_vs_winner"] == "undecided").all()
+    row, _ = decision.cheapest(configs, 0.005)
+    assert row is None
+    assert "no cheaper config is shown equivalent" in decision.cost_sentence(configs, 0.005, "cpu")
 
 
 def test_old_runs_without_cost_metrics_fall_back_to_wall_time():

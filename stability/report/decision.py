@@ -148,16 +148,21 @@ INTERACTION_HEADER = ["contrast", "at (vs its reference)", "difference of effect
                       "Holm p", "reading"]
 
 
-def cheapest(configs: pd.DataFrame) -> tuple[pd.Series | None, str]:
+def cheapest(configs: pd.DataFrame, margin: float = math.inf) -> tuple[pd.Series | None, str]:
     """The cheapest config equivalent to the winner, else not distinguishable from it.
 
-    ``configs`` carries ``verdict_vs_winner`` and ``train_seconds`` (``compare.versus_winner``).
-    Returns the row (None if the winner is already the cheapest candidate) and which kind.
+    "Not distinguishable" is an undecided comparison whose estimate is inside the margin: a
+    config 0.5 worse that two seeds cannot tell apart is no recommendation. ``configs``
+    carries ``verdict_vs_winner``, ``diff_vs_winner`` and ``train_seconds``
+    (``compare.versus_winner``). Returns the row (None if no candidate is cheaper than the
+    winner) and which kind.
     """
     w = configs.iloc[0]
+    close = configs["diff_vs_winner"].abs() <= margin if math.isfinite(margin) \
+        else pd.Series(True, index=configs.index)
     for kind in (EQUIVALENT, UNDECIDED):
-        pool = configs[(configs["verdict_vs_winner"] == kind)
-                       & configs["train_seconds"].notna()]
+        pool = configs[(configs["verdict_vs_winner"] == kind) & configs["train_seconds"].notna()
+                       & (close if kind == UNDECIDED else True)]
         if len(pool):
             best = pool.sort_values(["train_seconds", "rank"]).iloc[0]
             if best["train_seconds"] < w["train_seconds"]:
@@ -171,15 +176,16 @@ def cost_sentence(configs: pd.DataFrame, margin: float, device: str) -> str:
     if not math.isfinite(w.get("train_seconds", math.nan)):
         return ("Cost: this study's runs did not record their training time; no cost-aware "
                 "recommendation.")
-    row, kind = cheapest(configs)
+    row, kind = cheapest(configs, margin)
     own = (f"the winner trains in {w['train_seconds']:.1f} s a run on {device}"
            + (f", peak memory {w['peak_memory_mb']:.0f} MiB"
               if math.isfinite(w.get("peak_memory_mb", math.nan)) else ""))
     if row is None:
-        return f"Cost: {own}; no config shown equivalent or indistinguishable is cheaper."
+        return (f"Cost: {own}; no cheaper config is shown equivalent, or undecided with its "
+                f"estimate inside ±{size(margin)}.")
     how = (f"**equivalent** to the winner within ±{size(margin)} (TOST, Holm over the configs)"
            if kind == EQUIVALENT else "**not distinguishable** from the winner (undecided: "
-           "neither shown different nor shown equivalent)")
+           f"neither shown different nor shown equivalent; its estimate is inside ±{size(margin)})")
     return (f"Cost: {own}. The cheapest config {how} is `{row['label']}`: "
             f"{row['train_seconds']:.1f} s a run ({w['train_seconds'] / row['train_seconds']:.2f}× "
             f"faster on {device}), best val loss {num(row['diff_vs_winner'])} vs the winner.")
