@@ -7,6 +7,7 @@ key and the allowed values.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -40,7 +41,8 @@ class ReportConfig:
             means ``min_effect_sd`` times the winner's seed SD.
         min_effect_sd: see ``min_effect``.
         register: register the winning checkpoint in the Model Registry.
-        model_name: registered model name.
+        model_name: registered model name; None: ``<experiment>-winner``, one registered
+            model per study (``registered_model``).
         plots: draw the figures.
         history_workers: parallel requests when fetching metric histories and artifacts.
         verdict: thresholds of the per-config stability verdict (``verdict.*`` keys).
@@ -58,7 +60,7 @@ class ReportConfig:
     min_effect: float | None = None
     min_effect_sd: float = 1.0
     register: bool = True
-    model_name: str = "stability-winner"
+    model_name: str | None = None
     plots: bool = True
     history_workers: int = 8
     verdict: Thresholds = Thresholds()
@@ -87,8 +89,11 @@ class ReportConfig:
                   "min_effect_sd", self.min_effect_sd, "a number > 0")
         e.require(isinstance(self.register, bool), "registry.enabled", self.register,
                   "true | false")
-        e.require(isinstance(self.model_name, str) and bool(self.model_name),
-                  "registry.model_name", self.model_name, "a non-empty model name")
+        e.require(self.model_name is None or (isinstance(self.model_name, str)
+                                               and bool(self.model_name.strip())
+                                               and not set(self.model_name) & set("/:")),
+                  "registry.model_name", self.model_name,
+                  "null (<experiment>-winner) or a model name without '/' or ':'")
         e.require(isinstance(self.plots, bool), "plots", self.plots, "true | false")
         e.require(isinstance(self.history_workers, int) and self.history_workers >= 1,
                   "history_workers", self.history_workers, "an integer >= 1")
@@ -97,6 +102,14 @@ class ReportConfig:
         e.require(isinstance(share, float) and 0 < share < 1, "advice.target_share", share,
                   "a share of steps in (0, 1), e.g. 0.05")
         e.raise_if_any()
+
+    @property
+    def registered_model(self) -> str:
+        """The registered model's name: ``model_name``, else ``<experiment>-winner`` (an
+        experiment name's ``/`` and ``:``, which MLflow refuses in model names, become ``-``)."""
+        if self.model_name is not None:
+            return self.model_name
+        return re.sub(r"[/:]", "-", self.experiment.strip()).strip("-") + "-winner"
 
 
 def _check_thresholds(t: Thresholds, e: Errors) -> None:

@@ -192,7 +192,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
         ctx = ReportContext(sweep, uri, runs, configs, comparisons, test, figures, notes,
                             cfg.confidence, cfg.alpha, report_run, version, elapsed,
                             datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit, recs,
-                            remarks)
+                            remarks, _model_uri(cfg, version))
         markdown = render(ctx)
         (folder / Artifact.REPORT_MD).write_text(markdown)
         (folder / Artifact.REPORT_HTML).write_text(
@@ -212,7 +212,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
 
 
 def _model_uri(cfg: ReportConfig, version: str) -> str:
-    return f"models:/{cfg.model_name}@{publish.CHAMPION}" if version else ""
+    return f"models:/{cfg.registered_model}@{publish.CHAMPION}" if version else ""
 
 
 def _register(c: Any, uri: str, cfg: ReportConfig, sweep: fetch.Sweep, runs: pd.DataFrame,
@@ -225,8 +225,8 @@ def _register(c: Any, uri: str, cfg: ReportConfig, sweep: fetch.Sweep, runs: pd.
     best = mine.sort_values(["best_val_loss", "seed"]).iloc[0]  # chosen on validation
     try:
         loadable = load_winner(c, str(best["run_id"]), workdir)
-        return publish.register_winner(c, uri, cfg.model_name, sweep, winner, best, test,
-                                       report_run, loadable)
+        return publish.register_winner(c, uri, cfg.registered_model, sweep, winner, best, test,
+                                       report_run, loadable, notes)
     except Exception as err:  # the report stands without a registry entry
         log.exception("model registration failed")
         notes.append(f"Model Registry: {type(err).__name__}: {err}")
