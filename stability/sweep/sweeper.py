@@ -6,9 +6,10 @@ that cannot matter), checks the tracking store, creates the experiment and the s
 run once (parallel workers initialising a brand-new SQLite store at the same time crash
 MLflow's migrations), and skips points already FINISHED in the experiment. Jobs are launched
 longest first (``schedule``): through the local worker pool (``pool``) all at once, a job
-starting whenever a core frees, with progress and an ETA printed as each ends; through any
-other launcher in batches, progress between them. A failed job never stops the sweep. The
-Hydra plugin in ``hydra_plugins/stability_sweeper`` is a thin subclass of this.
+starting whenever a core frees, the status area (``display``: done, running, ETA, best so
+far) updated as each ends; through any other launcher in batches, updated between them. A
+failed job never stops the sweep. The Hydra plugin in ``hydra_plugins/stability_sweeper`` is a
+thin subclass of this.
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import OmegaConf
 
 from stability.core.config import ConfigError, RunConfig, to_run_config
+from stability.core.identity import config_label, flatten
 from stability.core.signals import StopRequest, Terminated
 from stability.sweep import launch, pool, schedule
 from stability.sweep.compose import CachedComposer
+from stability.sweep.display import Display, check_mode
+from stability.sweep.eta import Eta
 from stability.sweep.grid import SweepPoint, dedupe, make_point, override_key
 from stability.sweep.parent import (
     SweepRun,
@@ -44,7 +48,7 @@ from stability.sweep.parent import (
 from stability.sweep.progress import Progress, format_duration
 from stability.tracking.auth import AuthError, check_credentials
 from stability.tracking.sync import sync_paths
-from stability.tracking.uri import TrackingError, resolve_tracking_uri
+from stability.tracking.uri import TrackingError, resolve_tracking_uri, run_name
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +82,15 @@ class StabilitySweeper(BasicSweeper):
         params: the grid, ``{key: "v1,v2"}`` (Hydra sweep syntax).
         resume: skip points (fingerprint + seed) already FINISHED in the experiment.
         dry_run: print the grid size and the points that would run; launch nothing.
+        progress: the status area (``display.MODES``): ``auto``, ``live`` or ``plain``.
+        progress_every_s: plain status lines at most this often (seconds).
+        verbose: the jobs print their per-epoch lines to the terminal too (read by the jobs,
+            ``stability.sweep.job``).
     """
 
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None,
-                 resume: bool = True, dry_run: bool = False) -> None:
+                 resume: bool = True, dry_run: bool = False, progress: str = "auto",
+                 progress_every_s: float = 60.0, verbose: bool = False) -> None:
         # Not BasicSweeper.__init__: its ``super(BasicSweeper, self)`` breaks when Hydra's plugin
         # scan re-executes that module after this class was defined (it rebinds the name).
         Sweeper.__init__(self)
@@ -94,6 +103,9 @@ class StabilitySweeper(BasicSweeper):
         self.launcher = None
         self.resume = resume
         self.dry_run = dry_run
+        self.progress = progress
+        self.progress_every_s = progress_every_s
+        self.verbose = verbose
         self.grid: dict[str, str] = {}
         self._composer: CachedComposer | None = None
         self._composed: dict[tuple[str, ...], RunConfig] = {}
@@ -157,6 +169,10 @@ class StabilitySweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
         """Plan, de-duplicate, skip finished points, then launch longest first."""
         assert self.config is not None
+        try:
+            check_mode(self.progress, self.progress_every_s)
+        except ConfigError as err:
+            _fail(str(err), 2)
         grid_size, points = self.plan(arguments)
         dupes = grid_size - len(points)
         _say(f"grid: {grid_size} points, {len(points)} after de-duplication ({dupes} duplicates: "
@@ -184,26 +200,38 @@ class StabilitySweeper(BasicSweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
 
-        # Longest first: a pool that takes the next job as a core frees ends soonest that way.
-        costed = schedule.order(todo, run.costs if run else None, on_cpu=_on_cpu(todo))
+        # Longest first: a pool that takes the next job as a core frees ends soonest that way;
+        # without measured costs, one job of each kind first, so the ETA measures every kind.
+        observed = run.costs if run else None
+        costed = schedule.order(todo, observed, on_cpu=_on_cpu(todo))
+        if not schedule.measured(todo, observed):
+            costed = schedule.with_probes(costed)
         todo, costs = [p for p, _ in costed], [c for _, c in costed]
         job_dirs = self._job_dirs(todo, offset) | {p.key: resume[p.key] for p in todo
                                                    if p.key in resume}
-        progress = Progress(total=len(todo), total_cost=sum(costs))
+        streams = self._streams()
+        workers = self.batch_size() or len(todo)
+        eta = Eta([schedule.cost_key(p) for p in todo], costs, workers)
+        progress = Progress([run_name(p.cfg) for p in todo],
+                            [config_label(flatten(p.cfg)) for p in todo], eta,
+                            skipped=len(points) - len(todo))
         state_dir = sweep_dir / f".pool-{sweep_id}"  # stop file, jobs' start marks (pool)
         state_dir.mkdir(parents=True)
+        display = Display(progress, sweep_id, self.progress, self.progress_every_s,
+                          poll=(lambda: launch.poll_marks(display, state_dir, offset, len(todo)))
+                          if streams else None)
         stop = StopRequest(in_process=self._launcher_target().endswith("BasicLauncher"),
                            stop_file=state_dir / pool.STOP_FILE)
         status, started, returns = "FAILED", set(), []
         try:
-            with stop.installed():
+            with stop.installed(), display:
                 jobs = self._jobs(todo, run, resume)
-                if self._streams():
-                    returns = [launch.stream(self.launcher, jobs, costs, offset, state_dir,
-                                             progress, started)]
+                if streams:
+                    returns = [launch.stream(self.launcher, jobs, offset, state_dir, display,
+                                             started)]
                 else:
                     returns = launch.batches(self.launcher, jobs, costs, offset,
-                                             self.batch_size(), progress, started, stop)
+                                             self.batch_size(), display, started, stop)
                 if stop.requested:
                     raise stop.exception()
             status = "FINISHED"
