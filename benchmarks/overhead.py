@@ -35,6 +35,7 @@ from typing import Any
 
 from benchmarks.bare import bare_epochs
 from benchmarks.spec import BenchSpec
+from benchmarks.store_write import store_write_part
 from benchmarks.timing import (
     Samples,
     StepClock,
@@ -224,7 +225,10 @@ def overhead_part(spec: BenchSpec, dirs: RunDirs, stores: Stores,
         tracked_run(spec, cfg(f"warmup-{store}", uri, epochs=1, per_layer=DEFAULT_PER_LAYER))
     rounds = interleave(variants, spec.reps,
                         on_rep=lambda r: say(f"overhead: repetition {r + 1}/{spec.reps}"))
+    say("overhead: writing metric points into SQLite, MLflow's log_batch vs DirectMetrics")
+    written = store_write_part(dirs.root)
     return {
+        "store_write": written,
         "variants": summarise(rounds, "bare"),
         "per_layer_vs_instrumented": versus(rounds, "instrumented_per_layer", "instrumented"),
         "fixed_cost_s": {store: Summary.of(v).as_dict() for store, v in fixed.items()},

@@ -69,7 +69,12 @@ def test_benchmark_default_parts(mlflow_server: MlflowServer, tmp_path: Path) ->
     assert "| Instrumented: TrainStep" in table and "| Peak RSS, tracked" in table
     assert table.strip() in proc.stdout
     targets = {t["name"] for t in result["targets"]}
-    assert {"instrumented_ratio", "per_layer_ratio", "tracked_ratio", "fixed_cost_s"} <= targets
+    assert {"instrumented_ratio", "per_layer_ratio", "tracked_ratio", "fixed_cost_s",
+            "tracked_sqlite_ratio", "tracked_sqlite_cpu_run"} <= targets
+    # both routes into SQLite, side by side: MLflow's log_batch costs more CPU a point
+    written = overhead["store_write"]["cpu_us_per_point"]
+    assert written["mlflow"] > written["direct"] > 0
+    assert "MLflow's `log_batch` / `DirectMetrics`" in table
     assert "| Per-layer gradient norms: instrumented + per-layer / instrumented" in table
 
 
