@@ -86,18 +86,23 @@ def test_probes_put_one_job_of_each_kind_first_and_keep_the_rest_longest_first()
 
 
 def test_eta_rate_comes_from_the_kind_else_its_precision_else_every_run() -> None:
-    kinds = [("t", "fp16", 1), ("t", "fp16", 8), ("t", "fp32", 1), ("t", "fp16", 1)]
-    eta = Eta(kinds, [6.0, 5.0, 1.0, 6.0], workers=1)
+    kinds = [("t", "fp16", 1), ("t", "fp16", 8), ("t", "fp32", 1), ("t", "fp16", 1),
+             ("t", "bf16", 1)]
+    eta = Eta(kinds, [6.0, 5.0, 1.0, 6.0, 2.0], workers=1)
     assert eta.remaining(0.0) is None  # nothing measured yet
     eta.start(0, 0.0)
-    eta.end(0, 12.0)  # 2 s a unit of modelled cost
-    eta.end(1, 20.0, duration=20.0)  # 4 s a unit
+    eta.end(0, 12.0)  # 2 s a unit, but the worker's first job (imports): a last resort
     assert eta.rate(("t", "fp16", 1)) == pytest.approx(2.0)
-    assert eta.rate(("t", "fp16", 2)) == pytest.approx(3.0)  # fp16's median
-    assert eta.rate(("t", "bf16", 1)) == pytest.approx(3.0)  # everything's median
-    # One worker: job 3 (6 units x 2 s) after job 2 (1 unit x 3 s), which runs since t=20.
+    eta.end(1, 20.0, duration=20.0)  # 4 s a unit
     eta.start(2, 20.0)
-    assert eta.remaining(21.0) == pytest.approx(2.0 + 12.0)
+    eta.end(2, 23.0)  # 3 s a unit
+    assert eta.rate(("t", "fp32", 1)) == pytest.approx(3.0)  # its own runs
+    assert eta.rate(("t", "fp16", 1)) == pytest.approx(4.0)  # fp16's, not the warm-up job
+    assert eta.rate(("t", "fp16", 2)) == pytest.approx(4.0)  # fp16's median
+    assert eta.rate(("t", "bf16", 1)) == pytest.approx(3.5)  # everything's median
+    # One worker: job 4 (2 units x 3.5 s) runs since t=30, then job 3 (6 units x 4 s).
+    eta.start(4, 30.0)
+    assert eta.remaining(31.0) == pytest.approx(6.0 + 24.0)
 
 
 # A CPU that is not the one the model's factors were measured on: fp16 3x fp32 (model: 6x),

@@ -7,9 +7,11 @@ pace so far is off by the model's error: 2.5x on the default study on an Intel V
 (docs/sweeps.md, "ETA"). ``Eta`` therefore measures seconds per unit of modelled cost for
 every kind of job (``schedule.cost_key``: task, precision, accum) from the runs of this sweep
 that ended, and predicts each job left with the rate of its own kind, else of its precision,
-else of everything measured so far. The time left is then what a pool of ``workers`` takes
-for the jobs still running (their expected rest) and the queue in launch order, each job
-taken by the first free worker (``stability.sweep.pool``'s rule).
+else of everything measured so far. The first job of each worker also paid for starting it
+(imports, the first MLflow and SQLite work: 40 s of a 50 s run on a loaded 2-core VM), so
+those are used only while nothing else speaks for a kind. The time left is then what a pool of
+``workers`` takes for the jobs still running (their expected rest) and the queue in launch
+order, each job taken by the first free worker (``stability.sweep.pool``'s rule).
 
 ``schedule.with_probes`` starts one job of each kind early, so every kind is measured within
 the first few percent of a sweep.
@@ -42,12 +44,15 @@ class Eta:
         self.workers = max(1, workers)
         self.started: dict[int, float] = {}  # job -> start time (s), while it runs
         self.ended: set[int] = set()
+        self._starts: list[float] = []  # every start seen (the first ``workers``: warm-up)
         self._ratios: dict[CostKey, list[float]] = defaultdict(list)  # seconds per unit
+        self._warm: dict[CostKey, list[float]] = defaultdict(list)  # of workers' first jobs
 
     def start(self, job: int, at: float) -> None:
         """Job ``job`` started at ``at`` (seconds on the caller's clock)."""
-        if job not in self.ended:
-            self.started.setdefault(job, at)
+        if job not in self.ended and job not in self.started:
+            self.started[job] = at
+            self._starts.append(at)
 
     def end(self, job: int, at: float, duration: float | None = None) -> None:
         """Job ``job`` ended at ``at``; it ran ``duration`` seconds (default: since its start).
@@ -59,19 +64,26 @@ class Eta:
         if duration is None and start is not None:
             duration = at - start
         if duration is not None and duration > 0:
-            self._ratios[self.kinds[job]].append(duration / self.costs[job])
+            # A worker's first job started before any other job ended: among the first starts.
+            warm = start is not None and sum(t < start for t in self._starts) < self.workers
+            (self._warm if warm else self._ratios)[self.kinds[job]].append(
+                duration / self.costs[job])
 
     def rate(self, kind: CostKey) -> float | None:
         """Seconds per unit of modelled cost for ``kind``: its own runs, else those of the
-        same task and precision, else every run measured so far (None before the first)."""
-        own = self._ratios.get(kind)
-        if own:
-            return statistics.median(own)
-        same = [r for k, rs in self._ratios.items() if k[:2] == kind[:2] for r in rs]
-        if same:
-            return statistics.median(same)
-        every = [r for rs in self._ratios.values() for r in rs]
-        return statistics.median(every) if every else None
+        same task and precision, else every run measured so far (None before the first);
+        workers' first jobs only where no other job tells."""
+        for ratios in (self._ratios, self._warm):
+            own = ratios.get(kind)
+            if own:
+                return statistics.median(own)
+            same = [r for k, rs in ratios.items() if k[:2] == kind[:2] for r in rs]
+            if same:
+                return statistics.median(same)
+            every = [r for rs in ratios.values() for r in rs]
+            if every:
+                return statistics.median(every)
+        return None
 
     def expected(self, job: int) -> float | None:
         """Expected seconds of ``job`` (None before any job ended)."""
@@ -81,7 +93,7 @@ class Eta:
     def remaining(self, now: float) -> float | None:
         """Seconds until the last job ends: the running jobs' expected rest, then the queue
         in launch order, each job taken by the first free worker (None before any job ended)."""
-        if not self._ratios:
+        if not self._ratios and not self._warm:
             return None
         free = []
         for job, start in self.started.items():
