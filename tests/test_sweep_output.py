@@ -69,3 +69,11 @@ def test_a_bad_progress_setting_is_one_line_and_exit_2(tmp_path: Path, override:
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stderr.strip() == message
     assert not (tmp_path / "mlflow.db").exists()  # nothing started
+
+
+def test_dash_v_is_the_verbose_override_for_both_entry_points() -> None:
+    from stability.sweep.job import verbose_argv
+
+    assert verbose_argv(["-m", "-v", "seed=1"]) == ["-m", "hydra.sweeper.verbose=true", "seed=1"]
+    assert verbose_argv(["--verbose"]) == ["hydra.sweeper.verbose=true"]
+    assert verbose_argv(["-m", "seed=-v"]) == ["-m", "seed=-v"]  # only the flag itself
