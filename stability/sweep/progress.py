@@ -12,6 +12,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from stability.sweep.eta import Eta
 
@@ -50,6 +51,25 @@ class Progress:
         self.failed = 0  # ended without finishing: diverged, failed, killed, worker died
         self.last = ""
         self._values: dict[str, list[float]] = defaultdict(list)
+
+    @classmethod
+    def of(cls, points: Sequence[Any], costs: Sequence[float], workers: int,
+           skipped: int = 0) -> Progress:
+        """The progress of a sweep's jobs (``grid.SweepPoint``, in launch order).
+
+        Args:
+            points: the jobs to run.
+            costs: their modelled costs (``schedule.order``).
+            workers: jobs that run at once.
+            skipped: points not launched because they already FINISHED.
+        """
+        from stability.core.identity import config_label, flatten
+        from stability.sweep.schedule import cost_key
+        from stability.tracking.uri import run_name
+
+        eta = Eta([cost_key(p) for p in points], costs, workers)
+        return cls([run_name(p.cfg) for p in points],
+                   [config_label(flatten(p.cfg)) for p in points], eta, skipped)
 
     @property
     def running(self) -> int:

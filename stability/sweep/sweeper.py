@@ -31,12 +31,10 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import OmegaConf
 
 from stability.core.config import ConfigError, RunConfig, to_run_config
-from stability.core.identity import config_label, flatten
 from stability.core.signals import StopRequest, Terminated
 from stability.sweep import launch, pool, schedule
 from stability.sweep.compose import CachedComposer
 from stability.sweep.display import Display, check_mode
-from stability.sweep.eta import Eta
 from stability.sweep.grid import SweepPoint, dedupe, make_point, override_key
 from stability.sweep.parent import (
     SweepRun,
@@ -48,7 +46,7 @@ from stability.sweep.parent import (
 from stability.sweep.progress import Progress, format_duration
 from stability.tracking.auth import AuthError, check_credentials
 from stability.tracking.sync import sync_paths
-from stability.tracking.uri import TrackingError, resolve_tracking_uri, run_name
+from stability.tracking.uri import TrackingError, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -211,10 +209,7 @@ class StabilitySweeper(BasicSweeper):
                                                    if p.key in resume}
         streams = self._streams()
         workers = self.batch_size() or len(todo)
-        eta = Eta([schedule.cost_key(p) for p in todo], costs, workers)
-        progress = Progress([run_name(p.cfg) for p in todo],
-                            [config_label(flatten(p.cfg)) for p in todo], eta,
-                            skipped=len(points) - len(todo))
+        progress = Progress.of(todo, costs, workers, skipped=len(points) - len(todo))
         state_dir = sweep_dir / f".pool-{sweep_id}"  # stop file, jobs' start marks (pool)
         state_dir.mkdir(parents=True)
         display = Display(progress, sweep_id, self.progress, self.progress_every_s,
