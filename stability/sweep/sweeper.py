@@ -50,6 +50,10 @@ from stability.tracking.uri import TrackingError, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
+# Launchers that log a line per job they launch (the status area says it; -v keeps them).
+LAUNCHER_LOGGERS = ("hydra._internal.core_plugins.basic_launcher",
+                    "hydra_plugins.hydra_joblib_launcher._core",
+                    "hydra_plugins.hydra_submitit_launcher.submitit_launcher")
 # Set by the sweeper on every job; a user's own values for these would be ambiguous.
 JOB_TRACKING_KEYS = ("tracking.uri", "tracking.sweep_id", "tracking.parent_run_id")
 
@@ -171,6 +175,9 @@ class StabilitySweeper(BasicSweeper):
             check_mode(self.progress, self.progress_every_s)
         except ConfigError as err:
             _fail(str(err), 2)
+        if not self.verbose:
+            for name in LAUNCHER_LOGGERS:
+                logging.getLogger(name).setLevel(logging.WARNING)
         grid_size, points = self.plan(arguments)
         dupes = grid_size - len(points)
         _say(f"grid: {grid_size} points, {len(points)} after de-duplication ({dupes} duplicates: "
