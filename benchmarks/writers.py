@@ -20,7 +20,9 @@ VARIANT_LABELS = {
     "tracked_server": "Instrumented + per-layer norms + every per-step metric to a real "
                       "`mlflow server`",
     "tracked_sqlite": "Instrumented + per-layer norms + every per-step metric to the embedded "
-                      "SQLite store",
+                      "SQLite store (rows, one transaction a flush: `DirectMetrics`)",
+    "tracked_sqlite_log_batch": "The same on the embedded SQLite store through MLflow's "
+                                "`log_batch` (before issue 24)",
 }
 VARIANT_TARGETS = {"instrumented": "instrumented_ratio", "tracked_server": "tracked_ratio",
                    "tracked_sqlite": "tracked_sqlite_ratio"}
@@ -146,6 +148,11 @@ def _cost_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[s
         lines.append(f"| Embedded SQLite store: CPU s/run vs bare (paired) | "
                      f"{_ratio(r['overhead']['variants']['tracked_sqlite']['run_cpu_s'])} | "
                      f"{_limit(t)} | {_status(t)} |")
+        dv = r["overhead"].get("sqlite_direct_vs_log_batch")
+        if dv:
+            values = "; ".join(f"{what} {_paired(dv[m])}" for m, what in PER_LAYER_METRICS.items())
+            lines.append(f"| Embedded SQLite store: rows (`DirectMetrics`) / MLflow's `log_batch` "
+                         f"(paired, same run) | {values} |  |  |")
         sw = r["overhead"].get("store_write")
         if sw:
             us = sw["cpu_us_per_point"]
@@ -153,7 +160,7 @@ def _cost_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[s
                          f"({sw['rounds']} paired rounds of {sw['points_per_round']}): "
                          f"MLflow's `log_batch` / `DirectMetrics` | {us['mlflow']:.0f} µs / "
                          f"{us['direct']:.1f} µs ({sw['mlflow_over_direct']:.1f}×) |  |  |")
-        for store in ("server", "sqlite"):
+        for store in r["overhead"]["fixed_cost_s"]:
             t = targets.get("fixed_cost_s") if store == "server" else None
             fixed = r["overhead"]["fixed_cost_s"][store]
             lines.append(f"| Fixed cost per run in a sweep worker, {store} store (run creation, "

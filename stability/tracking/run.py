@@ -109,6 +109,10 @@ class TrackedRun:
     A run folder holding a resumable checkpoint continues the MLflow run its journal names.
     """
 
+    # On the embedded SQLite store, metric points go in as rows (``direct.DirectMetrics``);
+    # False: through MLflow's ``log_batch`` as on any store (the benchmark compares the two).
+    direct_sqlite = True
+
     def __init__(self, cfg: RunConfig, overrides: Sequence[str] = (), world_size: int = 1) -> None:
         self.cfg = cfg
         self.world_size = world_size
@@ -142,7 +146,7 @@ class TrackedRun:
         params = run_params(self.cfg, self.world_size)
         self._client = client(self.uri)
         db = sqlite_path(self.uri)
-        if db is not None:
+        if db is not None and self.direct_sqlite:
             self._direct = DirectMetrics(db, lambda rid, pts: send_metrics(self._client, rid, pts))
         self._sender = Sender(t.retry_s, heartbeat=self._beat, heartbeat_s=t.heartbeat_s)
         if previous is not None and previous.run_id:
