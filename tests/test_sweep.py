@@ -280,7 +280,7 @@ def test_sweep_lands_in_mlflow_and_resumes(mlflow_server, tmp_path: Path) -> Non
     second = sweep([*args, "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path / 'two'}"])
     assert second.returncode == 0, second.stderr[-3000:]
     assert "skipped 6 points already FINISHED" in second.stdout
-    assert "runs 0/6 done, 0 running, 6 failed, 0 skipped" in second.stdout
+    assert "runs 0/6 done, 0 running, 6 failed, 6 skipped" in second.stdout
     runs = runs_of(uri, exp)
     assert len(runs) == 18
     assert Counter(r.data.tags["stability.outcome"] for r in runs) == {"finished": 6,
