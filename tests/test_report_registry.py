@@ -77,9 +77,10 @@ def test_the_default_name_follows_the_experiment_and_a_bad_name_is_refused() -> 
     assert ReportConfig(experiment="x", model_name="mine").registered_model == "mine"
     cfg = to_report_config({"experiment": "adding", "registry": {"model_name": None}})
     assert cfg.registered_model == "adding-winner"
+    assert ReportConfig(experiment="it's mine").registered_model == "it-s-mine-winner"
     with pytest.raises(ReportError, match=r"registry\.model_name='a/b' is invalid: allowed "
                                           r"values are null \(<experiment>-winner\) or a model "
-                                          r"name without '/' or ':'"):
+                                          r"name of letters, digits"):
         ReportConfig(model_name="a/b")
 
 
