@@ -34,22 +34,13 @@ from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME, write_co
 from stability.core.steplog import CsvStepWriter
 from stability.tracking.buffer import epoch_points, step_points
 from stability.tracking.contract import Outcome, Tag
+from stability.tracking.direct import sanitized
 from stability.tracking.journal import now_ms
 from stability.tracking.run import run_params, run_tags, summary_metrics
 from stability.tracking.uri import run_name
 
 COLUMNS = "key, value, timestamp, run_uuid, step, is_nan"
-MAX_DOUBLE = 1.7976931348623157e308  # what MLflow's SQL store writes for an infinity
 FLUSH_ROWS = 500_000  # metric rows per transaction (bounded memory)
-
-
-def _sanitized(value: float) -> tuple[float, bool]:
-    """``(value, is_nan)`` as MLflow's SQL store keeps a metric value."""
-    if value != value:
-        return 0.0, True
-    if abs(value) == float("inf"):
-        return (MAX_DOUBLE if value > 0 else -MAX_DOUBLE), False
-    return value, False
 
 
 def _run_points(rec: sim.Records, ts: int) -> list[tuple[str, float, int, int]]:
@@ -96,7 +87,7 @@ class _Sql:
                                 for k, v in params.items()]
         latest: dict[str, tuple[int, int, float, bool]] = {}
         for key, value, step, ts in points:
-            v, nan = _sanitized(value)
+            v, nan = sanitized(value)
             self.metrics.append((key, v, ts, run_id, step, nan))
             if key not in latest or (step, ts, v) > latest[key][:3]:
                 latest[key] = (step, ts, v, nan)

@@ -35,6 +35,7 @@ from typing import Any
 
 from benchmarks.bare import bare_epochs
 from benchmarks.spec import BenchSpec
+from benchmarks.store_write import store_write_part
 from benchmarks.timing import (
     Samples,
     StepClock,
@@ -115,13 +116,22 @@ class TrackedSample:
         return self.wall_s - sum(self.epoch_seconds)
 
 
-def tracked_run(spec: BenchSpec, cfg: RunConfig) -> TrackedSample:
-    """``job.train_tracked(cfg)``, what a sweep worker runs, timed end to end."""
+def tracked_run(spec: BenchSpec, cfg: RunConfig, direct: bool = True) -> TrackedSample:
+    """``job.train_tracked(cfg)``, what a sweep worker runs, timed end to end.
+
+    ``direct=False``: on the SQLite store, metric points through MLflow's ``log_batch``
+    (``TrackedRun.direct_sqlite``), as every run did before issue 24.
+    """
     from stability.sweep.job import train_tracked  # imports MLflow lazily, like the job does
+    from stability.tracking.run import TrackedRun
 
     clock = _clock(spec, cfg)
+    TrackedRun.direct_sqlite = direct
     t0, cpu0 = time.perf_counter(), time.process_time()
-    result = train_tracked(cfg, sinks=[clock])
+    try:
+        result = train_tracked(cfg, sinks=[clock])
+    finally:
+        TrackedRun.direct_sqlite = True
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     return TrackedSample([e.seconds for e in result.epochs], wall, cpu, clock)
 
@@ -197,11 +207,12 @@ def overhead_part(spec: BenchSpec, dirs: RunDirs, stores: Stores,
         return spec.run_config(dirs.next(name), epochs=epochs, tracking=tracking,
                                per_layer=per_layer)
 
-    fixed: dict[str, list[float]] = {"server": [], "sqlite": []}
+    fixed: dict[str, list[float]] = {"server": [], "sqlite": [], "sqlite_log_batch": []}
 
-    def tracked(store: str, uri: str) -> Callable[[], Samples]:
+    def tracked(store: str, uri: str, direct: bool = True) -> Callable[[], Samples]:
         def go() -> Samples:
-            sample = tracked_run(spec, cfg(f"tracked-{store}", uri, per_layer=DEFAULT_PER_LAYER))
+            sample = tracked_run(spec, cfg(f"tracked-{store}", uri, per_layer=DEFAULT_PER_LAYER),
+                                 direct)
             fixed[store].append(sample.fixed_s)
             return _samples(spec, sample.epoch_seconds, sample.clock, sample.cpu_s)
         return go
@@ -213,6 +224,7 @@ def overhead_part(spec: BenchSpec, dirs: RunDirs, stores: Stores,
             spec, cfg("per-layer", per_layer=True)),
         "tracked_server": tracked("server", stores.server_uri),
         "tracked_sqlite": tracked("sqlite", stores.sqlite_uri),
+        "tracked_sqlite_log_batch": tracked("sqlite_log_batch", stores.sqlite_uri, False),
     }
     # Warm-up, untimed: imports, the SQLite store's creation, the server's first requests.
     # A sweep worker is in this state from its second run on.
@@ -224,9 +236,13 @@ def overhead_part(spec: BenchSpec, dirs: RunDirs, stores: Stores,
         tracked_run(spec, cfg(f"warmup-{store}", uri, epochs=1, per_layer=DEFAULT_PER_LAYER))
     rounds = interleave(variants, spec.reps,
                         on_rep=lambda r: say(f"overhead: repetition {r + 1}/{spec.reps}"))
+    say("overhead: writing metric points into SQLite, MLflow's log_batch vs DirectMetrics")
+    written = store_write_part(dirs.root)
     return {
+        "store_write": written,
         "variants": summarise(rounds, "bare"),
         "per_layer_vs_instrumented": versus(rounds, "instrumented_per_layer", "instrumented"),
+        "sqlite_direct_vs_log_batch": versus(rounds, "tracked_sqlite", "tracked_sqlite_log_batch"),
         "fixed_cost_s": {store: Summary.of(v).as_dict() for store, v in fixed.items()},
         "full_resolution": {store: check_full_resolution(uri, stores.experiment)
                             for store, uri in (("server", stores.server_uri),

@@ -20,9 +20,12 @@ VARIANT_LABELS = {
     "tracked_server": "Instrumented + per-layer norms + every per-step metric to a real "
                       "`mlflow server`",
     "tracked_sqlite": "Instrumented + per-layer norms + every per-step metric to the embedded "
-                      "SQLite store",
+                      "SQLite store (rows, one transaction a flush: `DirectMetrics`)",
+    "tracked_sqlite_log_batch": "The same on the embedded SQLite store through MLflow's "
+                                "`log_batch` (before issue 24)",
 }
-VARIANT_TARGETS = {"instrumented": "instrumented_ratio", "tracked_server": "tracked_ratio"}
+VARIANT_TARGETS = {"instrumented": "instrumented_ratio", "tracked_server": "tracked_ratio",
+                   "tracked_sqlite": "tracked_sqlite_ratio"}
 # The per-layer variant's target is relative to instrumented, not bare (the cost table shows
 # the paired ratio it is checked on).
 TABLE_TARGETS = VARIANT_TARGETS | {"instrumented_per_layer": "per_layer_ratio"}
@@ -54,6 +57,9 @@ def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(_target("per_layer_ratio", "instrumented + per-layer / instrumented, wall "
                            "s/epoch", pl["epoch_s"]["ratio"], TARGETS["per_layer_ratio"],
                            cpu_value=pl["step_cpu_s"]["ratio"]))
+        out.append(_target("tracked_sqlite_cpu_run", "tracked_sqlite / bare, CPU s/run",
+                           v["tracked_sqlite"]["run_cpu_s"]["ratio_vs_bare"],
+                           TARGETS["tracked_sqlite_cpu_run"]))
         out.append(_target("fixed_cost_s", "fixed cost per run, server (s)",
                            result["overhead"]["fixed_cost_s"]["server"]["median"],
                            TARGETS["fixed_cost_s"], "s"))
@@ -138,7 +144,23 @@ def _cost_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[s
         values = "; ".join(f"{what} {_paired(pl[m])}" for m, what in PER_LAYER_METRICS.items())
         lines.append(f"| Per-layer gradient norms: instrumented + per-layer / instrumented "
                      f"(paired) | {values} | {_limit(t)} × instrumented | {_status(t)} |")
-        for store in ("server", "sqlite"):
+        t = targets.get("tracked_sqlite_cpu_run")
+        lines.append(f"| Embedded SQLite store: CPU s/run vs bare (paired) | "
+                     f"{_ratio(r['overhead']['variants']['tracked_sqlite']['run_cpu_s'])} | "
+                     f"{_limit(t)} | {_status(t)} |")
+        dv = r["overhead"].get("sqlite_direct_vs_log_batch")
+        if dv:
+            values = "; ".join(f"{what} {_paired(dv[m])}" for m, what in PER_LAYER_METRICS.items())
+            lines.append(f"| Embedded SQLite store: rows (`DirectMetrics`) / MLflow's `log_batch` "
+                         f"(paired, same run) | {values} |  |  |")
+        sw = r["overhead"].get("store_write")
+        if sw:
+            us = sw["cpu_us_per_point"]
+            lines.append(f"| Writing one metric point into the SQLite store, process CPU "
+                         f"({sw['rounds']} paired rounds of {sw['points_per_round']}): "
+                         f"MLflow's `log_batch` / `DirectMetrics` | {us['mlflow']:.0f} µs / "
+                         f"{us['direct']:.1f} µs ({sw['mlflow_over_direct']:.1f}×) |  |  |")
+        for store in r["overhead"]["fixed_cost_s"]:
             t = targets.get("fixed_cost_s") if store == "server" else None
             fixed = r["overhead"]["fixed_cost_s"][store]
             lines.append(f"| Fixed cost per run in a sweep worker, {store} store (run creation, "

@@ -1,6 +1,6 @@
 """The ``stability`` command (``pip install .``): the jobs of ``experiments/``, from any folder.
 
-    stability sweep [-m] [key=value ...]     train one configuration, or the grid with -m
+    stability sweep [-m] [-v] [key=value ...]  one configuration, or the grid with -m (-v: epochs)
     stability report [key=value ...]         review report of the latest sweep
     stability ui [--port 5000]               the MLflow UI on this folder's store
     stability sync [DIR ...] [--uri URI]     upload run folders kept while the server was away
@@ -27,14 +27,9 @@ COMMANDS = ("sweep", "report", "ui", "sync")
 @hydra.main(version_base="1.3", config_path=CONFIGS, config_name="config")
 def sweep(cfg: DictConfig) -> float:
     """``stability sweep``: one run, or with ``-m`` the study grid (as experiments/sweep.py)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
+    from stability.sweep.job import hydra_job
 
-    from stability.sweep.job import run_job
-
-    hc = HydraConfig.get()
-    raw = OmegaConf.to_container(cfg, resolve=True)
-    return run_job(raw, overrides=list(hc.overrides.task), in_sweep=hc.mode == RunMode.MULTIRUN)
+    return hydra_job(cfg)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIGS, config_name="report")
@@ -78,6 +73,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(),
                                                             os.environ.get("PYTHONPATH")]))
     if command in ("sweep", "report"):
+        if command == "sweep":
+            from stability.sweep.job import verbose_argv
+
+            rest = verbose_argv(rest)
         sys.argv = [f"stability-{command}", *rest]  # Hydra parses sys.argv
         (sweep if command == "sweep" else report)()
     elif command == "ui":

@@ -38,13 +38,16 @@ def test_benchmark_default_parts(mlflow_server: MlflowServer, tmp_path: Path) ->
 
     overhead = result["overhead"]
     assert set(overhead["variants"]) == {"bare", "instrumented", "instrumented_per_layer",
-                                         "tracked_server", "tracked_sqlite"}
+                                         "tracked_server", "tracked_sqlite",
+                                         "tracked_sqlite_log_batch"}
+    assert overhead["sqlite_direct_vs_log_batch"]["run_cpu_s"]["ratio"] > 0
     assert overhead["per_layer_vs_instrumented"]["epoch_s"]["ratio"] > 0
     for variant in overhead["variants"].values():
         assert variant["epoch_s"]["median"] > 0
         assert variant["step_cpu_s"]["n"] > 0  # 4 steps an epoch at accum 1: 3 steady-state
-    for store in ("server", "sqlite"):
+    for store in ("server", "sqlite", "sqlite_log_batch"):
         assert overhead["fixed_cost_s"][store]["median"] > 0
+    for store in ("server", "sqlite"):  # the SQLite store holds the runs of both routes
         # every per-step metric of every tracked run reached the store
         assert overhead["full_resolution"][store]["all_complete"]
 
@@ -69,7 +72,12 @@ def test_benchmark_default_parts(mlflow_server: MlflowServer, tmp_path: Path) ->
     assert "| Instrumented: TrainStep" in table and "| Peak RSS, tracked" in table
     assert table.strip() in proc.stdout
     targets = {t["name"] for t in result["targets"]}
-    assert {"instrumented_ratio", "per_layer_ratio", "tracked_ratio", "fixed_cost_s"} <= targets
+    assert {"instrumented_ratio", "per_layer_ratio", "tracked_ratio", "fixed_cost_s",
+            "tracked_sqlite_ratio", "tracked_sqlite_cpu_run"} <= targets
+    # both routes into SQLite, side by side: MLflow's log_batch costs more CPU a point
+    written = overhead["store_write"]["cpu_us_per_point"]
+    assert written["mlflow"] > written["direct"] > 0
+    assert "MLflow's `log_batch` / `DirectMetrics`" in table
     assert "| Per-layer gradient norms: instrumented + per-layer / instrumented" in table
 
 

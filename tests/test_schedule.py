@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import heapq
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,10 @@ from omegaconf import OmegaConf
 
 from stability.core.config import PrecisionConfig, RunConfig, TrainConfig
 from stability.sweep.compose import CachedComposer
+from stability.sweep.eta import Eta
 from stability.sweep.grid import make_point
 from stability.sweep.pool import STOP_FILE, PoolLauncher
-from stability.sweep.progress import Progress
-from stability.sweep.schedule import observed_costs, order
+from stability.sweep.schedule import cost_key, observed_costs, order, with_probes
 from tests.helpers import pool_jobs
 from tests.test_sweep import in_process_sweeper
 
@@ -72,15 +74,92 @@ def test_measured_durations_replace_the_model_when_they_cover_every_job() -> Non
     assert [p.cfg.precision.name for p, _ in costed] == ["fp16", "bf16", "fp32"]
 
 
-def test_eta_weighs_runs_by_their_expected_cost() -> None:
-    now = [0.0]
-    p = Progress(total=4, total_cost=20.0, clock=lambda: now[0])
-    now[0] = 10.0
-    p.update(1, cost=8.0)  # includes worker start-up: the pace is taken from here on
-    now[0] = 16.0
-    p.update(1, cost=6.0)  # 1 s per unit of cost
-    assert p.eta() == pytest.approx(6.0)
-    assert p.line() == "runs 2/4 done, 16s elapsed, ETA 6s"
+def test_probes_put_one_job_of_each_kind_first_and_keep_the_rest_longest_first() -> None:
+    grid = [point(p, a, seed=s) for p in ("fp32", "bf16", "fp16") for a in (1, 8)
+            for s in (0, 1)]
+    costed = with_probes(order(grid))
+    kinds = [(p.cfg.precision.name, p.cfg.train.accum_steps, p.cfg.seed) for p, _ in costed]
+    assert kinds[:6] == [("fp16", 1, 0), ("fp16", 8, 0), ("bf16", 1, 0), ("bf16", 8, 0),
+                         ("fp32", 1, 0), ("fp32", 8, 0)]
+    rest = [c for _, c in costed[6:]]
+    assert rest == sorted(rest, reverse=True) and len(costed) == len(grid)
+
+
+def test_eta_rate_comes_from_the_kind_else_its_precision_else_every_run() -> None:
+    kinds = [("t", "fp16", 1), ("t", "fp16", 8), ("t", "fp32", 1), ("t", "fp16", 1),
+             ("t", "bf16", 1)]
+    eta = Eta(kinds, [6.0, 5.0, 1.0, 6.0, 2.0], workers=1)
+    assert eta.remaining(0.0) is None  # nothing measured yet
+    eta.start(0, 0.0)
+    eta.end(0, 12.0)  # 2 s a unit, but the worker's first job (imports): a last resort
+    assert eta.rate(("t", "fp16", 1)) == pytest.approx(2.0)
+    eta.end(1, 20.0, duration=20.0)  # 4 s a unit
+    eta.start(2, 20.0)
+    eta.end(2, 23.0)  # 3 s a unit
+    assert eta.rate(("t", "fp32", 1)) == pytest.approx(3.0)  # its own runs
+    assert eta.rate(("t", "fp16", 1)) == pytest.approx(4.0)  # fp16's, not the warm-up job
+    assert eta.rate(("t", "fp16", 2)) == pytest.approx(4.0)  # fp16's median
+    assert eta.rate(("t", "bf16", 1)) == pytest.approx(3.5)  # everything's median
+    # One worker: job 4 (2 units x 3.5 s) runs since t=30, then job 3 (6 units x 4 s).
+    eta.start(4, 30.0)
+    assert eta.remaining(31.0) == pytest.approx(6.0 + 24.0)
+
+
+# A CPU that is not the one the model's factors were measured on: fp16 3x fp32 (model: 6x),
+# bf16 2.2x (model: 2.7x), and accumulation saving more than modelled.
+OTHER_CPU = {"fp32": 1.0, "bf16": 2.2, "fp16": 3.0}
+
+
+def simulated_sweep(probes: bool, workers: int = 2) -> list[tuple[float, float, float]]:
+    """The default study's 240 runs on a pool of ``workers``, in virtual time.
+
+    Each run takes its OTHER_CPU time with +-10% noise (seeded) and the first run of each
+    worker 3 s more (imports). Returns, at every run's end: (share of runs ended, the ETA,
+    the real time left until the last run ends).
+    """
+    grid = [point(p, a, seed=s) for _ in ("off", 1, 5, 10) for a in (1, 2, 4, 8)
+            for p in ("fp32", "fp16", "bf16") for s in range(5)]
+    costed = order(grid)
+    if probes:
+        costed = with_probes(costed)
+    rnd = random.Random(0)
+    took = [18 * OTHER_CPU[p.cfg.precision.name] * (0.7 + 0.3 / p.cfg.train.accum_steps)
+            * rnd.uniform(0.9, 1.1) for p, _ in costed]
+    free = [(0.0, w) for w in range(workers)]
+    starts, ends = [], []
+    for seconds in took:  # the pool: each job to the first free worker, in launch order
+        t, w = heapq.heappop(free)
+        end = t + seconds + (3.0 if t == 0 else 0.0)
+        starts.append(t)
+        ends.append(end)
+        heapq.heappush(free, (end, w))
+    eta = Eta([cost_key(p) for p, _ in costed], [c for _, c in costed], workers)
+    last, seen = max(ends), []
+    events = sorted([(t, 0, i) for i, t in enumerate(starts)]
+                    + [(t, 1, i) for i, t in enumerate(ends)])
+    for t, is_end, i in events:
+        if not is_end:
+            eta.start(i, t)
+            continue
+        eta.end(i, t)
+        left = eta.remaining(t)
+        assert left is not None
+        seen.append((sum(1 for e in ends if e <= t) / len(ends), left, last - t))
+    return seen
+
+
+def test_eta_is_within_20_percent_of_the_time_left_after_10_percent_of_the_runs() -> None:
+    def worst(seen: list[tuple[float, float, float]]) -> float:
+        return max(abs(eta - left) / left for done, eta, left in seen if 0.1 <= done <= 0.9)
+
+    assert worst(simulated_sweep(probes=True)) <= 0.2
+    # Longest first alone measures fp32 only after every fp16 and bf16 run: until then its
+    # time is the model's guess scaled by the wrong precision factors.
+    assert worst(simulated_sweep(probes=False)) > 0.2
+    # The tail: within 5% of the whole sweep's time.
+    seen = simulated_sweep(probes=True)
+    total = seen[0][2]
+    assert all(abs(eta - left) <= 0.05 * total for done, eta, left in seen if done > 0.9)
 
 
 def state(tmp_path: Path) -> Path:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +28,8 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf, open_dict
 
 from stability.core.config import ClipConfig, PrecisionConfig, RunConfig, to_run_config
+from stability.sweep.display import Display
+from stability.sweep.eta import Eta
 from stability.sweep.grid import chunks, dedupe, make_point
 from stability.sweep.progress import Progress, format_duration
 from stability.sweep.sweeper import StabilitySweeper
@@ -106,24 +110,66 @@ def test_format_duration() -> None:
     assert format_duration(7.4) == "7s"
 
 
-def test_progress_line_counts_failures_and_estimates_the_rest() -> None:
+def progress(total: int = 4, skipped: int = 0) -> tuple[Progress, list[float]]:
     now = [100.0]
-    p = Progress(total=10, clock=lambda: now[0])
+    kinds = [("t", "fp32", 1)] * total
+    labels = [f"fp32 clip={i % 2 + 1} acc=1 s={i // 2}" for i in range(total)]
+    configs = [label.rsplit(" s=", 1)[0] for label in labels]
+    return Progress(labels, configs, Eta(kinds, [1.0] * total, workers=2), skipped,
+                    clock=lambda: now[0]), now
+
+
+def test_progress_counts_runs_and_names_the_best_config_and_the_last_run() -> None:
+    p, now = progress(skipped=3)
+    assert p.line().startswith("runs 0/4 done, 0 running, 0 failed, 3 skipped; 0s elapsed, "
+                               "ETA unknown; best so far: none yet")
+    p.start(0)
+    p.start(1)
+    now[0] = 110.0
+    p.end(0, 0.5)  # fp32 clip=1 acc=1 s=0
+    p.end(1, math.inf)  # diverged
+    p.start(2)
     now[0] = 120.0
-    assert "ETA unknown" in p.line()
-    p.update(4, failed=1)
-    assert p.line() == "runs 4/10 done (1 not finished), 20s elapsed, ETA 30s"
+    p.end(2, 0.7)  # fp32 clip=1 acc=1 s=1: that config's mean is 0.6 now
+    assert p.line() == ("runs 2/4 done, 0 running, 1 failed, 3 skipped; 20s elapsed, ETA 10s; "
+                        "best so far: fp32 clip=1 acc=1 (val loss 0.6000, 2 seeds); "
+                        "last: fp32 clip=1 acc=1 s=1: best val loss 0.7000")
+    p.start(3)
+    assert p.running == 1
+    p.end(3, None)
+    assert p.eta_s() == 0.0 and "last: fp32 clip=2 acc=1 s=1: not finished" in p.line()
 
 
-def test_progress_eta_takes_the_pace_after_the_first_batch() -> None:
-    """The first batch also paid for starting the workers: later batches set the pace."""
-    now = [0.0]
-    p = Progress(total=10, clock=lambda: now[0])
-    now[0] = 20.0  # 2 runs, 20 s including worker start-up
-    p.update(2)
-    now[0] = 30.0  # 2 more runs in 10 s: 5 s a run
-    p.update(2)
-    assert p.eta() == pytest.approx(5.0 * 6)
+def test_plain_status_lines_come_at_most_every_n_seconds_and_once_at_the_end() -> None:
+    p, now = progress(total=6)
+    out = io.StringIO()  # not a terminal: plain lines
+    with Display(p, "sweep-1", "auto", every_s=3600, stream=out) as display:
+        assert not display.live
+        for i in range(6):
+            display.start(i, now[0])
+            now[0] += 10
+            display.end(i, 0.5)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2  # the first run's end, then the end of the sweep
+    assert lines[0].startswith("[sweep] runs 1/6 done") and "runs 6/6 done" in lines[1]
+    out = io.StringIO()
+    with Display(progress(total=3)[0], "sweep-2", "plain", every_s=0, stream=out) as display:
+        for i in range(3):
+            display.end(i, 0.5)
+    assert len(out.getvalue().splitlines()) == 3  # every_s=0: one a run, none repeated
+
+
+def test_live_status_draws_the_area_and_leaves_its_last_frame() -> None:
+    p, now = progress(total=2)
+    out = io.StringIO()
+    with Display(p, "sweep-3", "live", stream=out) as display:
+        display.start(0, now[0])
+        display.end(0, 0.25)
+        print("a line printed meanwhile")  # goes above the area, not through it
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # the terminal's escapes
+    assert "sweep sweep-3" in text and "runs   1/2 done, 0 running, 0 failed" in text
+    assert "a line printed meanwhile" in text
+    assert text.rstrip().endswith("last   fp32 clip=1 acc=1 s=0: best val loss 0.2500")
 
 
 def test_default_study_grid_and_dedup() -> None:
@@ -187,7 +233,7 @@ def test_sweep_lands_in_mlflow_and_resumes(mlflow_server, tmp_path: Path) -> Non
     assert first.returncode == 0, first.stderr[-3000:]
     assert "grid: 16 points, 12 after de-duplication" in first.stdout
     assert "skipped 0 points already FINISHED" in first.stdout
-    assert "runs 12/12 done (6 not finished)" in first.stdout
+    assert "runs 6/12 done, 0 running, 6 failed, 0 skipped" in first.stdout
 
     c = MlflowClient(uri)
     (parent,) = runs_of(uri, exp, "sweep")
@@ -234,7 +280,7 @@ def test_sweep_lands_in_mlflow_and_resumes(mlflow_server, tmp_path: Path) -> Non
     second = sweep([*args, "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path / 'two'}"])
     assert second.returncode == 0, second.stderr[-3000:]
     assert "skipped 6 points already FINISHED" in second.stdout
-    assert "runs 6/6 done (6 not finished)" in second.stdout
+    assert "runs 0/6 done, 0 running, 6 failed, 6 skipped" in second.stdout
     runs = runs_of(uri, exp)
     assert len(runs) == 18
     assert Counter(r.data.tags["stability.outcome"] for r in runs) == {"finished": 6,

@@ -22,6 +22,9 @@ class StabilitySweeperConf:
     params: dict[str, str] | None = None
     resume: bool = True
     dry_run: bool = False
+    progress: str = "auto"
+    progress_every_s: float = 60.0
+    verbose: bool = False
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="stability", node=StabilitySweeperConf,

@@ -44,7 +44,8 @@ class ReportConfig:
             or a number in loss units. Differences inside it are "equivalent" when TOST shows
             it.
         register: register the winning checkpoint in the Model Registry.
-        model_name: registered model name.
+        model_name: registered model name; None: ``<experiment>-winner``, one registered
+            model per study (``registered_model``).
         plots: draw the figures.
         history_workers: parallel requests when fetching metric histories and artifacts.
         task: ``task_target``: the import path of the user's own task (``task._target_`` of
@@ -65,7 +66,7 @@ class ReportConfig:
     min_effect_sd: float = 1.0
     margin: str | float = "5%"
     register: bool = True
-    model_name: str = "stability-winner"
+    model_name: str | None = None
     plots: bool = True
     history_workers: int = 8
     task: str | None = None
@@ -96,8 +97,9 @@ class ReportConfig:
                   "a share of the winner's loss such as '5%' (0-100%), or a number > 0")
         e.require(isinstance(self.register, bool), "registry.enabled", self.register,
                   "true | false")
-        e.require(is_safe_name(self.model_name), "registry.model_name", self.model_name,
-                  f"a model name of {SAFE_NAME_ALLOWED}")
+        e.require(self.model_name is None or is_safe_name(self.model_name),
+                  "registry.model_name", self.model_name,
+                  f"null (<experiment>-winner) or a model name of {SAFE_NAME_ALLOWED}")
         e.require(isinstance(self.plots, bool), "plots", self.plots, "true | false")
         e.require(self.task is None or (isinstance(self.task, str) and bool(re.fullmatch(
             r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", self.task))), "task_target", self.task,
@@ -109,6 +111,16 @@ class ReportConfig:
         e.require(isinstance(share, float) and 0 < share < 1, "advice.target_share", share,
                   "a share of steps in (0, 1), e.g. 0.05")
         e.raise_if_any()
+
+    @property
+    def registered_model(self) -> str:
+        """The registered model's name: ``model_name``, else ``<experiment>-winner`` (any
+        character of the experiment's name outside ``[A-Za-z0-9._-]`` becomes ``-``)."""
+        if self.model_name is not None:
+            return self.model_name
+        # Only a plain name's characters (core.validation.is_safe_name): MLflow refuses '/' and
+        # ':' in model names, and the name goes into filter strings.
+        return re.sub(r"[^A-Za-z0-9._-]", "-", self.experiment.strip()).strip("-.") + "-winner"
 
 
 def _margin_ok(m: object) -> bool:

@@ -224,7 +224,8 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             ctx = ReportContext(sweep, redact_uri(uri), runs, configs, comparisons, test,
                                 figures, notes, cfg.confidence, cfg.alpha, report_run, version,
                                 elapsed, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                                commit, recs, remarks, analysis)
+                                commit, recs, remarks, analysis,
+                                _model_uri(cfg, version))
             markdown = render(ctx)
             (staging / Artifact.REPORT_MD).write_text(markdown)
             (staging / Artifact.REPORT_HTML).write_text(
@@ -247,7 +248,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
 
 
 def _model_uri(cfg: ReportConfig, version: str) -> str:
-    return f"models:/{cfg.model_name}@{publish.CHAMPION}" if version else ""
+    return f"models:/{cfg.registered_model}@{publish.CHAMPION}" if version else ""
 
 
 def _register(c: Any, uri: str, cfg: ReportConfig, sweep: fetch.Sweep, runs: pd.DataFrame,
@@ -261,8 +262,8 @@ def _register(c: Any, uri: str, cfg: ReportConfig, sweep: fetch.Sweep, runs: pd.
     try:
         loadable = load_winner(c, str(best["run_id"]), workdir, str(winner["fingerprint"]),
                                allowed_tasks(cfg.task))
-        return publish.register_winner(c, uri, cfg.model_name, sweep, winner, best, test,
-                                       report_run, loadable)
+        return publish.register_winner(c, uri, cfg.registered_model, sweep, winner, best, test,
+                                       report_run, loadable, notes)
     except Exception as err:  # the report stands without a registry entry
         log.exception("model registration failed")
         notes.append(f"Model Registry: {type(err).__name__}: {err}")

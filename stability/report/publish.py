@@ -145,7 +145,8 @@ def _versions(c: Any, name: str) -> list[Any]:
 
 def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: Mapping[str, Any],
                     run: Mapping[str, Any], test: WinnerTestResult, report_run_id: str,
-                    loadable: LoadableWinner) -> tuple[str, bool]:
+                    loadable: LoadableWinner, notes: list[str] | None = None
+                    ) -> tuple[str, bool]:
     """Log the winner as an MLflow Model, register it once per (sweep, winner), alias champion.
 
     The model is logged with ``mlflow.pytorch.log_model`` into the report run (``name="model"``,
@@ -165,6 +166,8 @@ def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: Mapping[s
         test: the winner's test evaluation (its numbers become version tags).
         report_run_id: the report run that registers it.
         loadable: that run's rebuilt model and input example (``evaluate.load_winner``).
+        notes: receives a warning when the new version's input signature differs from the
+            previous version's (two studies sharing one name: ``signature_warning``).
 
     Returns:
         ``(version, created)``; ``created`` is False when an existing version was reused.
@@ -201,6 +204,11 @@ def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: Mapping[s
     if seed_test is not None and math.isfinite(seed_test.test_loss):
         tags |= {"test_loss": f"{seed_test.test_loss:.6g}", "test_acc": f"{seed_test.test_acc:.6g}"}
     info = _log_model(uri, sweep.experiment_id, report_run_id, loadable)
+    warning = signature_warning(c, name, info.signature)
+    if warning:
+        log.warning(warning)
+        if notes is not None:
+            notes.append(warning)
     mv = c.create_model_version(name, source=info.model_uri, run_id=str(run["run_id"]),
                                 tags=tags, description=_description(sweep, winner, run, test,
                                                                     seed_test),
@@ -208,6 +216,38 @@ def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: Mapping[s
     c.set_registered_model_alias(name, CHAMPION, mv.version)
     c.set_tag(report_run_id, Tag.MODEL_URI, f"models:/{name}@{CHAMPION}")
     return str(mv.version), True
+
+
+def _inputs(signature: Any) -> str:
+    return "none" if signature is None or signature.inputs is None else str(
+        signature.inputs.to_json())
+
+
+def signature_warning(c: Any, name: str, signature: Any) -> str:
+    """A warning line when ``signature``'s inputs differ from the newest version's of ``name``.
+
+    One registered model per study (``registry.model_name`` defaults to
+    ``<experiment>-winner``) keeps ``@champion`` meaning one kind of model; a name shared by
+    two studies gets versions a caller cannot feed the same input. Empty when they match, or
+    when there is no earlier version (or its signature cannot be read).
+    """
+    import mlflow
+
+    versions = _versions(c, name)
+    if not versions:
+        return ""
+    previous = max(versions, key=lambda v: int(v.version))
+    try:
+        old = mlflow.models.get_model_info(f"models:/{name}/{previous.version}").signature
+    except Exception as err:  # an older version without a readable MLmodel: nothing to compare
+        log.debug("no signature of %s version %s: %s", name, previous.version, err)
+        return ""
+    if _inputs(old) == _inputs(signature):
+        return ""
+    return (f"warning: registered model '{name}': this version's input signature "
+            f"{_inputs(signature)} differs from version {previous.version}'s {_inputs(old)}; "
+            "callers of @champion get a model that takes other input. Is registry.model_name "
+            "shared by two studies? (default: <experiment>-winner)")
 
 
 def _log_model(uri: str, experiment_id: str, run_id: str, w: LoadableWinner) -> Any:

@@ -59,6 +59,7 @@ class ReportContext:
     advice: Sequence[Recommendation] = ()
     remarks: Sequence[str] = ()  # one line each in the figure section: why a figure is absent
     analysis: FactorAnalysis | None = None  # factor effects from every run (factors.analyse)
+    model_uri: str = ""  # the registered winner, ``models:/<name>@champion``; "" if none
 
 
 def fmt(x: float, digits: int = 4) -> str:
@@ -204,7 +205,15 @@ def _factor_section(ctx: ReportContext) -> list[str]:
 
 def answer_markdown(ctx: ReportContext) -> str:
     """The report's answer section (markdown), as it opens report.md."""
-    return "\n".join(_answer(ctx))
+    return "\n".join([*_answer(ctx), *_load_line(ctx)])
+
+
+def _load_line(ctx: ReportContext) -> list[str]:
+    """The answer's last line: how to load the registered winner."""
+    if not ctx.model_uri:
+        return []
+    return [f"- Load the winner: `mlflow.pyfunc.load_model(\"{ctx.model_uri}\")` "
+            f"(registered model version {ctx.model_version})."]
 
 
 def _comparison_table(ctx: ReportContext) -> str:
@@ -271,7 +280,7 @@ def render(ctx: ReportContext) -> str:
         f"{ctx.generated_at} (git `{ctx.git_commit[:12] or 'unknown'}`) in {ctx.elapsed_s:.1f} s; "
         f"MLflow report run `{ctx.report_run_id}`"
         + (f", registered model version {ctx.model_version}." if ctx.model_version else "."), "",
-        "## Answer", "", *_answer(ctx), "",
+        "## Answer", "", *_answer(ctx), *_load_line(ctx), "",
         "## Factor effects (every run, seeds as blocks)", "", *_factor_section(ctx),
         "## Selection rule", "", SELECTION_RULE + ".", "",
         "The test split played no part in the choice: it was opened only after selection, "

@@ -6,6 +6,11 @@ exit status 2 instead of a traceback. A run that fails for any other reason is c
 in MLflow as FAILED (KILLED on Ctrl-C/SIGTERM) with its reason, and, inside a sweep,
 returns ``inf`` so the other jobs go on.
 
+Inside a sweep a job prints nothing but warnings and errors on the terminal: its per-epoch lines
+and its one-line result go to its log file (``<job folder>/<job name>.log``, Hydra's file
+handler), and the sweeper's status area (``stability.sweep.display``) is what the terminal shows.
+``hydra.sweeper.verbose=true`` (``-v`` on the command line) brings the lines back.
+
 Under ``torchrun`` (``docs/distributed.md``) every rank runs this job: rank 0 owns the MLflow
 run, the other ranks train without tracking, and a failure on any rank ends the run FAILED.
 """
@@ -31,6 +36,42 @@ from stability.tracking.run import TrackedRun
 from stability.tracking.uri import TrackingError, redact_uri, scrub_hydra_files
 
 log = logging.getLogger(__name__)
+
+
+VERBOSE_FLAGS = ("-v", "--verbose")  # on the command line: hydra.sweeper.verbose=true
+
+
+def verbose_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``-v`` / ``--verbose`` turned into the override Hydra understands."""
+    return [("hydra.sweeper.verbose=true" if a in VERBOSE_FLAGS else a) for a in argv]
+
+
+def quiet_console() -> None:
+    """The terminal gets warnings and errors only; log files keep every level."""
+    for handler in logging.getLogger().handlers:
+        if type(handler) is logging.StreamHandler:  # not a FileHandler (a subclass)
+            handler.setLevel(max(handler.level, logging.WARNING))
+
+
+def hydra_job(cfg: Any) -> float:
+    """The body of a Hydra entry point (``experiments/sweep.py``, ``stability sweep``).
+
+    Args:
+        cfg: the composed ``DictConfig`` of this job.
+
+    Returns:
+        The best validation loss (inf if the run did not finish), for sweepers.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    hc = HydraConfig.get()
+    in_sweep = hc.mode == RunMode.MULTIRUN
+    if in_sweep and not hc.sweeper.get("verbose", False):
+        quiet_console()
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    return run_job(raw, overrides=list(hc.overrides.task), in_sweep=in_sweep)
 
 
 def load_run_config(raw: Mapping[str, Any]) -> RunConfig:
@@ -105,14 +146,14 @@ def run_job(raw: Mapping[str, Any], overrides: Sequence[str] = (), in_sweep: boo
         log.exception("run failed; the sweep goes on")
         return math.inf
     if distributed.is_main():
-        print_summary(result)
+        print_summary(result, in_sweep)
     return result.best_val_loss if result.status == "finished" else math.inf
 
 
-def print_summary(result: RunResult) -> None:
-    """One readable block at the end of a run."""
+def print_summary(result: RunResult, in_sweep: bool = False) -> None:
+    """One readable line at the end of a run (in a sweep: to the job's log)."""
     s = result.summary
-    print(
+    (log.info if in_sweep else print)(
         f"{result.status}: best val_loss {result.best_val_loss:.4f} at epoch {result.best_epoch}, "
         f"clip fraction {s['clip_fraction']:.3f}, skipped steps {s['skip_count']}, "
         f"{result.wall_time_s:.1f}s -> {result.output_dir}"

@@ -1,14 +1,16 @@
 """Handing a sweep's jobs to the launcher: streamed through the worker pool, or in batches.
 
-Either way progress is printed as results arrive, a failed job is logged and counted (never
-raised), and ``started`` collects the positions of jobs that ran, for the parent run's
-``runs_launched``.
+Either way the status display (``display.Display``) is updated as results arrive, a failed
+job is logged and counted (never raised), and ``started`` collects the positions of jobs that
+ran, for the parent run's ``runs_launched``. Streamed, a job's start is its pool start mark;
+in batches, every job of a batch starts with it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,14 +18,10 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 
 from stability.core.signals import StopRequest
+from stability.sweep.display import Display
 from stability.sweep.grid import chunks
-from stability.sweep.progress import Progress
 
 log = logging.getLogger(__name__)
-
-
-def _say(message: str) -> None:
-    print(f"[sweep] {message}", flush=True)
 
 
 def job_ok(result: JobReturn) -> bool:
@@ -33,23 +31,27 @@ def job_ok(result: JobReturn) -> bool:
             and math.isfinite(value))
 
 
+def value(result: JobReturn) -> float | None:
+    """The job's best validation loss, None when it did not finish training."""
+    return float(result._return_value) if job_ok(result) else None
+
+
 def _log_failure(result: JobReturn) -> None:
     if result.status == JobStatus.FAILED:  # the job's own log has the traceback
         log.error("job failed, the sweep goes on: %s: %r", " ".join(result.overrides or ()),
                   result._return_value)
 
 
-def stream(launcher: Launcher, jobs: list[list[str]], costs: list[float], offset: int,
-           state_dir: Path, progress: Progress, started: set[int]) -> list[JobReturn]:
-    """Every job through ``launcher.stream`` (``pool.PoolLauncher``); progress as each ends.
+def stream(launcher: Launcher, jobs: list[list[str]], offset: int, state_dir: Path,
+           display: Display, started: set[int]) -> list[JobReturn]:
+    """Every job through ``launcher.stream`` (``pool.PoolLauncher``); the display per job.
 
     Args:
         launcher: a launcher with ``stream``.
         jobs: each job's overrides, in launch order.
-        costs: each job's expected cost (``schedule.order``), for the ETA.
         offset: Hydra job number of the first job.
         state_dir: the sweep's pool state folder (stop file, start marks).
-        progress: updated and printed per job.
+        display: updated as each job ends (its ``poll`` reads the start marks).
         started: receives the position of every job that ran.
     """
     results = []
@@ -58,29 +60,47 @@ def stream(launcher: Launcher, jobs: list[list[str]], costs: list[float], offset
             continue
         started.add(i)
         _log_failure(result)
-        progress.update(1, int(not job_ok(result)), costs[i])
-        _say(progress.line())
+        display.end(i, value(result))
         results.append(result)
     return results
 
 
+def poll_marks(display: Display, state_dir: Path, offset: int, n: int) -> None:
+    """Tell the display which jobs a worker took since (``pool.start_marks``)."""
+    from stability.sweep.pool import start_marks
+
+    try:
+        marks = start_marks(state_dir)
+    except FileNotFoundError:  # the sweep is over, its state folder gone
+        return
+    for number, at in marks.items():
+        if 0 <= number - offset < n:
+            display.progress.start(number - offset, at)
+
+
 def batches(launcher: Launcher, jobs: list[list[str]], costs: list[float], offset: int,
-            size: int, progress: Progress, started: set[int],
+            size: int, display: Display, started: set[int],
             stop: StopRequest) -> list[Sequence[JobReturn]]:
     """Batch after batch of ``size`` (0: one batch), for launchers that return at a list's end.
 
-    Args are those of ``stream``, plus ``size`` and ``stop`` (no new batch once requested).
+    A batch's results all arrive at its end, so each job's duration is taken as the batch's
+    wall time scaled by its expected cost against the batch's longest (``costs``).
+    Other args are those of ``stream``, plus ``stop`` (no new batch once requested).
     """
     returns = []
     first = 0
     for batch in chunks(jobs, size):
-        started.update(range(first, first + len(batch)))  # before: it may be killed
+        positions = range(first, first + len(batch))
+        started.update(positions)  # before: it may be killed
+        t0 = time.time()
+        for i in positions:
+            display.start(i, t0)
         results = launcher.launch(batch, initial_job_idx=offset + first)
-        for r in results:
+        wall = time.time() - t0
+        longest = max(costs[i] for i in positions)
+        for i, r in zip(positions, results, strict=False):
             _log_failure(r)
-        progress.update(len(results), sum(not job_ok(r) for r in results),
-                        sum(costs[first : first + len(batch)]))
-        _say(progress.line())
+            display.end(i, value(r), duration=wall * costs[i] / longest)
         returns.append(results)
         first += len(batch)
         if stop.requested:

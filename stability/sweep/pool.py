@@ -19,6 +19,7 @@ raising, because an exception would make joblib kill the other workers mid-close
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,16 @@ def _run_unless_stopped(idx: int, overrides: Sequence[str], state_dir: str,
         ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
         ret._return_value = err
         return idx, ret
+
+
+def start_marks(state_dir: Path) -> dict[int, float]:
+    """``{Hydra job number: when a worker took it (file time, seconds)}`` of a sweep."""
+    marks = {}
+    with os.scandir(state_dir) as entries:
+        for entry in entries:
+            if entry.name.endswith(STARTED) and entry.name[: -len(STARTED)].isdigit():
+                marks[int(entry.name[: -len(STARTED)])] = entry.stat().st_mtime
+    return marks
 
 
 def _died(overrides: Sequence[str]) -> JobReturn:

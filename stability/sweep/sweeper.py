@@ -6,9 +6,10 @@ that cannot matter), checks the tracking store, creates the experiment and the s
 run once (parallel workers initialising a brand-new SQLite store at the same time crash
 MLflow's migrations), and skips points already FINISHED in the experiment. Jobs are launched
 longest first (``schedule``): through the local worker pool (``pool``) all at once, a job
-starting whenever a core frees, with progress and an ETA printed as each ends; through any
-other launcher in batches, progress between them. A failed job never stops the sweep. The
-Hydra plugin in ``hydra_plugins/stability_sweeper`` is a thin subclass of this.
+starting whenever a core frees, the status area (``display``: done, running, ETA, best so
+far) updated as each ends; through any other launcher in batches, updated between them. A
+failed job never stops the sweep. The Hydra plugin in ``hydra_plugins/stability_sweeper`` is a
+thin subclass of this.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.signals import StopRequest, Terminated
 from stability.sweep import launch, pool, schedule
 from stability.sweep.compose import CachedComposer
+from stability.sweep.display import Display, check_mode
 from stability.sweep.grid import SweepPoint, dedupe, make_point, override_key
 from stability.sweep.parent import (
     SweepRun,
@@ -53,6 +55,10 @@ from stability.tracking.uri import (
 
 log = logging.getLogger(__name__)
 
+# Launchers that log a line per job they launch (the status area says it; -v keeps them).
+LAUNCHER_LOGGERS = ("hydra._internal.core_plugins.basic_launcher",
+                    "hydra_plugins.hydra_joblib_launcher._core",
+                    "hydra_plugins.hydra_submitit_launcher.submitit_launcher")
 # Set by the sweeper on every job; a user's own values for these would be ambiguous.
 JOB_TRACKING_KEYS = ("tracking.uri", "tracking.sweep_id", "tracking.parent_run_id")
 
@@ -83,10 +89,15 @@ class StabilitySweeper(BasicSweeper):
         params: the grid, ``{key: "v1,v2"}`` (Hydra sweep syntax).
         resume: skip points (fingerprint + seed) already FINISHED in the experiment.
         dry_run: print the grid size and the points that would run; launch nothing.
+        progress: the status area (``display.MODES``): ``auto``, ``live`` or ``plain``.
+        progress_every_s: plain status lines at most this often (seconds).
+        verbose: the jobs print their per-epoch lines to the terminal too (read by the jobs,
+            ``stability.sweep.job``).
     """
 
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None,
-                 resume: bool = True, dry_run: bool = False) -> None:
+                 resume: bool = True, dry_run: bool = False, progress: str = "auto",
+                 progress_every_s: float = 60.0, verbose: bool = False) -> None:
         # Not BasicSweeper.__init__: its ``super(BasicSweeper, self)`` breaks when Hydra's plugin
         # scan re-executes that module after this class was defined (it rebinds the name).
         Sweeper.__init__(self)
@@ -99,6 +110,9 @@ class StabilitySweeper(BasicSweeper):
         self.launcher = None
         self.resume = resume
         self.dry_run = dry_run
+        self.progress = progress
+        self.progress_every_s = progress_every_s
+        self.verbose = verbose
         self.grid: dict[str, str] = {}
         self._composer: CachedComposer | None = None
         self._composed: dict[tuple[str, ...], RunConfig] = {}
@@ -162,6 +176,13 @@ class StabilitySweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
         """Plan, de-duplicate, skip finished points, then launch longest first."""
         assert self.config is not None
+        try:
+            check_mode(self.progress, self.progress_every_s)
+        except ConfigError as err:
+            _fail(str(err), 2)
+        if not self.verbose:
+            for name in LAUNCHER_LOGGERS:
+                logging.getLogger(name).setLevel(logging.WARNING)
         grid_size, points = self.plan(arguments)
         dupes = grid_size - len(points)
         _say(f"grid: {grid_size} points, {len(points)} after de-duplication ({dupes} duplicates: "
@@ -190,26 +211,35 @@ class StabilitySweeper(BasicSweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
 
-        # Longest first: a pool that takes the next job as a core frees ends soonest that way.
-        costed = schedule.order(todo, run.costs if run else None, on_cpu=_on_cpu(todo))
+        # Longest first: a pool that takes the next job as a core frees ends soonest that way;
+        # without measured costs, one job of each kind first, so the ETA measures every kind.
+        observed = run.costs if run else None
+        costed = schedule.order(todo, observed, on_cpu=_on_cpu(todo))
+        if not schedule.measured(todo, observed):
+            costed = schedule.with_probes(costed)
         todo, costs = [p for p, _ in costed], [c for _, c in costed]
         job_dirs = self._job_dirs(todo, offset) | {p.key: resume[p.key] for p in todo
                                                    if p.key in resume}
-        progress = Progress(total=len(todo), total_cost=sum(costs))
+        streams = self._streams()
+        workers = self.batch_size() or len(todo)
+        progress = Progress.of(todo, costs, workers, skipped=len(points) - len(todo))
         state_dir = sweep_dir / f".pool-{sweep_id}"  # stop file, jobs' start marks (pool)
         state_dir.mkdir(parents=True)
+        display = Display(progress, sweep_id, self.progress, self.progress_every_s,
+                          poll=(lambda: launch.poll_marks(display, state_dir, offset, len(todo)))
+                          if streams else None)
         stop = StopRequest(in_process=self._launcher_target().endswith("BasicLauncher"),
                            stop_file=state_dir / pool.STOP_FILE)
         status, started, returns = "FAILED", set(), []
         try:
-            with stop.installed():
+            with stop.installed(), display:
                 jobs = self._jobs(todo, run, resume)
-                if self._streams():
-                    returns = [launch.stream(self.launcher, jobs, costs, offset, state_dir,
-                                             progress, started)]
+                if streams:
+                    returns = [launch.stream(self.launcher, jobs, offset, state_dir, display,
+                                             started)]
                 else:
                     returns = launch.batches(self.launcher, jobs, costs, offset,
-                                             self.batch_size(), progress, started, stop)
+                                             self.batch_size(), display, started, stop)
                 if stop.requested:
                     raise stop.exception()
             status = "FINISHED"

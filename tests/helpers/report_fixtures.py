@@ -49,13 +49,14 @@ class Spec:
     losses: dict[int, float | str] = field(default_factory=dict)
     skips: int = 0  # skipped steps per run (fp16 only, to exercise the scaler figure)
     layer_norms: bool = False  # write layer_norms.csv (telemetry.per_layer=true)
+    seq_len: int = 30  # the task's sequence length: another input signature for the model
 
 
 def run_config(spec: Spec, seed: int, out: Path, sweep_id: str = "", parent: str = "") -> RunConfig:
     """A real, tiny ``RunConfig`` for one (spec, seed)."""
     return to_run_config({
         "seed": seed, "device": "cpu",
-        "data": {"num_samples": 300},
+        "data": {"num_samples": 300, "seq_len": spec.seq_len},
         "model": {"hidden_size": 8},
         "train": {"epochs": EPOCHS, "accum_steps": spec.accum},
         "precision": {"name": spec.precision,
@@ -108,7 +109,7 @@ def log_run(c: MlflowClient, exp_id: str, spec: Spec, seed: int, root: Path, swe
     """One training run with every field of the contract; returns its run id."""
     value = spec.losses[seed]
     outcome = value if isinstance(value, str) else "finished"
-    out = root / f"{sweep_id}-{spec.precision}-{spec.clip}-{spec.accum}-{seed}"
+    out = root / f"{sweep_id}-{spec.precision}-{spec.clip}-{spec.accum}-{spec.seq_len}-{seed}"
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     cfg = run_config(spec, seed, out, sweep_id, parent)
     tags = {"stability.kind": "train", "stability.sweep_id": sweep_id,

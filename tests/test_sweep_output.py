@@ -1,0 +1,79 @@
+"""What a sweep prints: one status area; per-epoch lines in each run's log file, or with -v."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[1]
+TWO_RUNS = ["-m", "+sweep=smoke", "device=cpu", "clip.enabled=false", "train.accum_steps=1",
+            "precision=fp32", "seed=0,1", "hydra.launcher.n_jobs=2"]
+
+
+def sweep(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``experiments/sweep.py`` on a fresh embedded store in ``tmp_path``, output captured."""
+    cmd = [sys.executable, str(PROJECT / "experiments" / "sweep.py"), *TWO_RUNS,
+           f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+           f"hydra.sweep.dir={tmp_path / 'sweep'}", *extra]
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=os.environ | {"MLFLOW_TRACKING_URI": ""})
+
+
+def epoch_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "train_loss" in line and "epoch" in line]
+
+
+@pytest.mark.slow
+def test_a_sweep_prints_its_status_not_its_epochs_which_go_to_the_run_logs(
+        tmp_path: Path) -> None:
+    done = sweep(tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert epoch_lines(out) == []
+    assert "finished: best val_loss" not in out and "MLflow run " not in out
+    assert len(out.splitlines()) <= 15, out
+    # Not a terminal: plain status lines (the first run's end, the sweep's end).
+    status = [line for line in done.stdout.splitlines() if line.startswith("[sweep] runs ")]
+    assert status[-1].startswith("[sweep] runs 2/2 done, 0 running, 0 failed, 0 skipped;")
+    assert "best so far: fp32 noclip acc=1 (val loss " in status[-1]
+    assert "2 seeds" in status[-1]
+    for job in ("0", "1"):  # each run's log has its epochs and its result
+        log = (tmp_path / "sweep" / job / "sweep.log").read_text()
+        assert len(epoch_lines(log)) == 2  # +sweep=smoke: 2 epochs
+        assert "finished: best val_loss" in log
+
+
+@pytest.mark.slow
+def test_verbose_brings_the_epoch_lines_back_to_the_terminal(tmp_path: Path) -> None:
+    done = sweep(tmp_path, "-v")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert len(epoch_lines(out)) == 4  # 2 runs x 2 epochs
+    assert out.count("finished: best val_loss") == 2
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("hydra.sweeper.progress=fancy",
+     "error: hydra.sweeper.progress=fancy is invalid: allowed values are auto | live | plain"),
+    ("hydra.sweeper.progress_every_s=-1",
+     "error: hydra.sweeper.progress_every_s=-1.0 is invalid: allowed values are a number of "
+     "seconds >= 0"),
+])
+def test_a_bad_progress_setting_is_one_line_and_exit_2(tmp_path: Path, override: str,
+                                                       message: str) -> None:
+    done = sweep(tmp_path, override)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stderr.strip() == message
+    assert not (tmp_path / "mlflow.db").exists()  # nothing started
+
+
+def test_dash_v_is_the_verbose_override_for_both_entry_points() -> None:
+    from stability.sweep.job import verbose_argv
+
+    assert verbose_argv(["-m", "-v", "seed=1"]) == ["-m", "hydra.sweeper.verbose=true", "seed=1"]
+    assert verbose_argv(["--verbose"]) == ["hydra.sweeper.verbose=true"]
+    assert verbose_argv(["-m", "seed=-v"]) == ["-m", "seed=-v"]  # only the flag itself
