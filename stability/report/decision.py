@@ -9,7 +9,6 @@ the seeds that would decide it).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import pandas as pd
 
@@ -199,8 +198,3 @@ def margin_of(spec: str | float, winner_loss: float) -> float:
         return share * abs(winner_loss) if math.isfinite(winner_loss) else math.nan
     return float(spec)
 
-
-def effect_lines(effects: Sequence[Effect]) -> list[str]:
-    """Plain lines for the parent run's description (the MLflow UI note)."""
-    return [f"{TITLES.get(e.factor, e.factor)} {level_name(e.factor, e.level)}: {e.verdict} "
-            f"{num(e.mean)}" for e in effects]
