@@ -6,7 +6,7 @@ from stability.core.loop import RunResult, train
 from stability.core.monitor import DivergedError, SkipRateMonitor
 from stability.core.step import TrainStep
 from stability.core.steplog import EpochLog, StepLog
-from stability.tasks.base import Task
+from stability.core.task import Task
 from stability.tasks.sign_sum import SequenceClassifier, SignSumTask
 
 __all__ = [
