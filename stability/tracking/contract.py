@@ -114,9 +114,9 @@ class Rebuild:
     reads these names, never our ``RunConfig``.
     """
 
-    # Grouping and selection: which sweep, which config (seeds share it), which seed, how it
-    # ended, and what the loss is (figures and tables say it).
-    TAGS = (Tag.KIND, Tag.SWEEP_ID, Tag.FINGERPRINT, Tag.SEED, Tag.OUTCOME, Tag.LOSS_NAME)
+    # Grouping and selection: which sweep, which config (seeds share it), which seed, and what
+    # the loss is (figures and tables say it). How it ended (``Tag.OUTCOME``) is ``TrackedRun``'s.
+    TAGS = (Tag.KIND, Tag.SWEEP_ID, Tag.FINGERPRINT, Tag.SEED, Tag.LOSS_NAME)
     # The task: its import path (``task.<key>`` params are its options).
     PARAMS = (TASK_TARGET_PARAM,)
     # How the model is rebuilt: ``config.yaml`` holds the task section (target, options, the
