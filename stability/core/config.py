@@ -29,17 +29,18 @@ __all__ = ["ConfigError", "RunConfig", "to_run_config", "to_yaml_dict"]
 
 # The default task, by name only (core imports no task): conf/config.yaml picks the same one.
 DEFAULT_TASK = "stability.tasks.sign_sum.SignSumTask"
-PRECISIONS = tuple(Precision)
+PRECISIONS = tuple(p.value for p in Precision)  # plain strings: YAML-safe
 CLIP_METHODS = ("norm", "value")
 DEVICES = ("auto", "cpu", "cuda")
-# Names that moved to the default task's module (``stability.tasks.sign_sum``): read from
-# there on first use, so that existing ``from stability.core.config import DataConfig`` works.
-_MOVED = {"DataConfig": "DataConfig", "ModelConfig": "ModelConfig", "CELLS": "CELLS"}
+# The default task's schema moved to its module (``stability.tasks.sign_sum``). Existing
+# ``from stability.core.config import DataConfig`` keeps working, read from there on use (no
+# import of a task here); new code imports it from the task.
+_MOVED = ("DataConfig", "ModelConfig", "CELLS")
 
 
 def __getattr__(name: str) -> Any:
     if name in _MOVED:
-        return getattr(locate("stability.tasks.sign_sum"), _MOVED[name])
+        return getattr(locate(DEFAULT_TASK.rsplit(".", 1)[0]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -150,7 +151,8 @@ class PrecisionConfig:
     growth_interval: int = 100
 
     def __post_init__(self) -> None:
-        Precision.parse(self.name)
+        # Stored as the plain string: config.yaml (yaml.safe_dump) and the fingerprint see "fp16"
+        object.__setattr__(self, "name", Precision.parse(self.name).value)
         positive_float("precision.init_scale", self.init_scale)
         positive_int("precision.growth_interval", self.growth_interval)
 

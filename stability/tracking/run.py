@@ -118,8 +118,8 @@ class TrackedRun:
         if not self.resumed:
             journal.clear_pending(self.folder)  # a run started over: the old marker is void
         previous = journal.read(self.folder) if self.resumed else None
-        tags = {**self.record.tags, **live_tags(self.folder)}
-        params = dict(self.record.params)
+        tags = {k: str(v) for k, v in {**self.record.tags, **live_tags(self.folder)}.items()}
+        params = {k: str(v) for k, v in self.record.params.items()}
         self._client = client(self.uri)
         db = sqlite_path(self.uri)
         if db is not None and self.direct_sqlite:
