@@ -4,9 +4,10 @@ from stability.core.clipping import clip_global_l2_norm, has_non_finite_grad
 from stability.core.config import ClipConfig, ConfigError, PrecisionConfig, RunConfig, to_run_config
 from stability.core.loop import RunResult, train
 from stability.core.monitor import DivergedError, SkipRateMonitor
+from stability.core.precision import Precision
 from stability.core.step import TrainStep
 from stability.core.steplog import EpochLog, StepLog
-from stability.tasks.base import Task
+from stability.core.task import Task
 from stability.tasks.sign_sum import SequenceClassifier, SignSumTask
 
 __all__ = [
@@ -14,13 +15,13 @@ __all__ = [
     "ConfigError",
     "DivergedError",
     "EpochLog",
+    "Precision",
     "PrecisionConfig",
     "RunConfig",
     "RunResult",
     "SequenceClassifier",
     "SignSumTask",
     "SkipRateMonitor",
-
     "StepLog",
     "Task",
     "TrainStep",

@@ -14,13 +14,12 @@ import torch
 from stability.core.config import (
     ClipConfig,
     ConfigError,
-    DataConfig,
-    ModelConfig,
     PrecisionConfig,
     RunConfig,
     TrainConfig,
     to_run_config,
 )
+from stability.tasks.sign_sum import DataConfig, ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -224,6 +223,18 @@ def test_a_bad_key_does_not_hide_the_other_bad_keys_of_its_section() -> None:
     assert message.startswith("2 invalid keys: ")
     assert "precision='fp8' is invalid: allowed values are fp32 | fp16 | bf16" in message
     assert "precision.growth_interval=0 is invalid: allowed values are an integer >= 1" in message
+
+
+def test_the_tasks_own_sections_join_the_one_error_of_the_run_config() -> None:
+    """sign_sum's data/model schema lives with sign_sum, yet its mistakes come all at once."""
+    with pytest.raises(ConfigError) as err:
+        to_run_config({"data": {"num_samples": 5}, "model": {"cell": "transformer"},
+                       "train": {"lr": -1}})
+    message = str(err.value)
+    assert message.startswith("3 invalid keys: ")
+    for part in ("data.num_samples=5 is invalid", "model.cell='transformer' is invalid: "
+                 "allowed values are rnn | gru | lstm", "train.lr=-1 is invalid"):
+        assert part in message
 
 
 def test_the_report_config_reports_every_invalid_key_at_once() -> None:

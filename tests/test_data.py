@@ -117,12 +117,13 @@ def _references(source: str) -> list[int]:
 def test_only_the_report_opens_the_test_split() -> None:
     """Outside the task modules (which define the doors), only report/evaluate.py opens them."""
     tasks, evaluate = ROOT / "stability" / "tasks", ROOT / "stability" / "report" / "evaluate.py"
+    interface = ROOT / "stability" / "core" / "task.py"  # the Task protocol declares the door
     scanned = 0
     offenders = []
     for top in ("stability", "experiments", "hydra_plugins", "examples"):
         for path in sorted((ROOT / top).rglob("*.py")) if (ROOT / top).exists() else []:
             scanned += 1
-            if path.is_relative_to(tasks) or path == evaluate:
+            if path.is_relative_to(tasks) or path in (evaluate, interface):
                 continue
             offenders += [f"{path.relative_to(ROOT)}:{n}" for n in _references(path.read_text())]
     assert scanned > 10

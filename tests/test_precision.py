@@ -8,9 +8,15 @@ import pytest
 import torch
 import yaml
 
-from stability.core.config import ConfigError, ModelConfig, PrecisionConfig
-from stability.core.precision import autocast, fp16_underflow_fraction, make_scaler, resolve_device
-from stability.tasks.sign_sum import SequenceClassifier
+from stability.core.config import ConfigError, PrecisionConfig
+from stability.core.precision import (
+    Precision,
+    autocast,
+    fp16_underflow_fraction,
+    make_scaler,
+    resolve_device,
+)
+from stability.tasks.sign_sum import ModelConfig, SequenceClassifier
 
 
 @pytest.mark.parametrize(
@@ -47,6 +53,17 @@ def test_scaler_is_enabled_only_for_fp16(precision: str) -> None:
     if precision == "fp16":
         assert scaler.get_scale() == 1024.0
         assert scaler.get_growth_interval() == 7
+
+
+@pytest.mark.parametrize("name", ["fp8", "FP16", "float16", "", None])
+def test_the_precision_enum_rejects_an_unknown_name_with_the_allowed_values(name: object) -> None:
+    """One enum spells the names: an unknown one is a ConfigError listing all three."""
+    with pytest.raises(ConfigError) as err:
+        Precision.parse(name)
+    assert str(err.value) == (f"precision={name!r} is invalid: allowed values are "
+                              "fp32 | fp16 | bf16")
+    assert [Precision.parse(p) for p in ("fp32", "fp16", "bf16")] == list(Precision)
+    assert [p for p in Precision if p.scaled] == [Precision.FP16]  # the GradScaler's one
 
 
 @pytest.mark.parametrize(

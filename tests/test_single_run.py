@@ -11,13 +11,13 @@ import pytest
 
 from stability.core.config import (
     ClipConfig,
-    DataConfig,
     FaultConfig,
     PrecisionConfig,
     RunConfig,
     TrainConfig,
 )
 from stability.core.loop import train
+from stability.tasks.sign_sum import DataConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 3  # faulty optimizer step

@@ -84,6 +84,27 @@ class TinyTask:
         return {"mae": (output.float() - target).abs().sum()}
 
 
+@dataclasses.dataclass(frozen=True)
+class TinyData:
+    """The typed ``data`` section a user task may declare (``section_types``)."""
+
+    n: int = 256
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, int) or self.n < 20:
+            raise ConfigError(f"data.n={self.n!r} is invalid: allowed values are an integer >= 20")
+
+
+class TypedTask(TinyTask):
+    """TinyTask taking a typed ``data`` section and naming its loss."""
+
+    loss_name = "MSE"
+    section_types = {"data": TinyData}
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        super().__init__(n=data["n"])
+
+
 class NoTestTask(TinyTask):
     """A task whose author forgot the test split (a subclass only to keep this file short)."""
 
@@ -137,6 +158,79 @@ def test_the_default_task_keeps_its_fingerprint() -> None:
     default = RunConfig()
     assert default.task.target == "stability.tasks.sign_sum.SignSumTask"
     assert fingerprint(default) == "0f7301c49a29"  # the default config's id before this change
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["task=adding"], "7499c560d1e7"), (["task=char_lm"], "77461b436a28"),
+    (["precision=fp16", "data.seed=1"], "6f5beba079de"),
+    (["model.cell=gru", "clip.enabled=true"], "bc0269849f26"),
+])
+def test_built_in_tasks_keep_the_fingerprints_their_stores_hold(overrides: list[str],
+                                                                 expected: str) -> None:
+    """Ids of the built-in tasks' configs as main recorded them (resume and de-dup match)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["tracking.enabled=false", *overrides])
+    cfg.output_dir = "."
+    assert fingerprint(to_run_config(OmegaConf.to_container(cfg, resolve=True))) == expected
+
+
+def test_a_task_declares_its_typed_sections_and_their_errors_join_the_run_configs() -> None:
+    """Any task (not the default alone) may type its sections: one error lists every mistake."""
+    raw = {"task": {"_target_": "tests.test_tasks.TypedTask", "data": "${data}"}}
+    with pytest.raises(ConfigError) as err:
+        to_run_config(raw | {"data": {"n": 3, "m": 1}, "train": {"lr": -1}})
+    message = str(err.value)
+    assert message.startswith("3 invalid keys: ")
+    for part in ("unknown key data.m: allowed keys are n", "data.n=3 is invalid",
+                 "train.lr=-1 is invalid"):
+        assert part in message
+    cfg = to_run_config(raw | {"data": {"n": 40}})
+    assert cfg.data == TinyData(n=40)
+    # Its target is hashed (only a task declaring hash_target=False leaves it out).
+    assert fingerprint(cfg) != fingerprint(dataclasses.replace(
+        cfg, task=dataclasses.replace(cfg.task, target=TINY)))
+
+
+@pytest.mark.parametrize(("target", "expected"), [
+    ("stability.tasks.adding.AddingTask", "MSE"),
+    ("stability.tasks.char_lm.CharLMTask", "cross-entropy"),
+    ("stability.tasks.sign_sum.SignSumTask", "BCE"),
+    (TINY, "loss"),  # a user task that names no loss: the neutral word
+])
+def test_the_loss_a_task_names_reaches_the_figures_loss_axis(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, expected: str) -> None:
+    """Task -> the run's stability.loss_name tag -> the report's runs -> the axis label."""
+    import matplotlib.figure
+    import pandas as pd
+
+    from stability.report import fetch, plots
+    from stability.tracking.contract import Tag
+    from stability.tracking.run import run_record
+
+    record = run_record(RunConfig(output_dir=str(tmp_path),
+                                  task=TaskConfig(target=target, sections=())))
+    assert record.tags[Tag.LOSS_NAME] == expected
+    runs = pd.DataFrame([{"run_id": "a", "loss_name": record.tags[Tag.LOSS_NAME]}])
+    saved: list[matplotlib.figure.Figure] = []
+    save = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: (saved.append(fig), save(fig, *a, **k))[1])
+    series = plots.Series("winner", "fp32 noclip acc=1", "tab:red")
+    fig = plots.val_loss_curves([(series, {0: pd.Series([0.9, 0.5], index=[1, 2])})],
+                                tmp_path, fetch.loss_name(runs))
+    assert fig is not None and (tmp_path / fig.file).is_file()
+    assert saved[-1].axes[0].get_ylabel() == f"validation loss ({expected})"
+
+
+def test_runs_recorded_before_the_loss_tag_read_as_a_neutral_loss() -> None:
+    import pandas as pd
+
+    from stability.report.fetch import loss_name
+
+    assert loss_name(pd.DataFrame([{"run_id": "a", "loss_name": ""}])) == "loss"
+    assert loss_name(pd.DataFrame([{"run_id": "a"}])) == "loss"
 
 
 @pytest.mark.parametrize(("options", "target", "message"), [

@@ -330,3 +330,37 @@ def test_a_locked_sqlite_database_is_retried_until_it_is_released(tmp_path: Path
         retry_call(bad_query, retry_s=30)
     assert len(calls) == 1  # a bug, not an outage: not retried
     holder.close()
+
+
+def test_a_run_tracked_without_a_run_config_is_one_the_report_reads(tmp_path: Path) -> None:
+    """Any loop: plain params, tags and a folder make a run the report fetches and labels."""
+    from stability.core.config import TrackingConfig
+    from stability.report.fetch import fetch_runs, find_sweep, loss_name
+    from stability.tracking.contract import Kind, Rebuild, Tag, missing_records
+    from stability.tracking.run import RunRecord, TrackedRun
+
+    uri, exp = f"sqlite:///{tmp_path}/mlflow.db", "foreign-loop"
+    tags = {Tag.KIND: Kind.TRAIN, Tag.SWEEP_ID: "mine-1", Tag.FINGERPRINT: "f00d", Tag.SEED: "4",
+            Tag.LOSS_NAME: "MSE"}
+    params = {"task._target_": "my_lab.tasks.Regression", "task.width": "8",
+              "precision.name": "fp32", "train.accum_steps": "1", "clip.enabled": "False"}
+    assert missing_records(tags, {}) == ["param task._target_"]
+    assert missing_records(tags | {Tag.LOSS_NAME: ""}, params) == [f"tag {Tag.LOSS_NAME}"]
+    assert missing_records(tags, params) == []
+    record = RunRecord(params=params, tags=tags, folder=tmp_path / "run", name="my loop s=4",
+                       tracking=TrackingConfig(uri=uri, experiment=exp))
+    with TrackedRun(record) as tracked:
+        for epoch, val in enumerate((0.9, 0.4), start=1):
+            tracked.sink.add({"val_loss": val}, step=epoch)
+        tracked.finish({"best_val_loss": 0.4}, "finished")
+    assert not tracked.pending and tracked.run_id
+
+    c = MlflowClient(uri)
+    runs = fetch_runs(c, find_sweep(c, exp, "mine-1"))
+    [row] = runs.to_dict("records")
+    assert (row["fingerprint"], row["seed"], row["outcome"]) == ("f00d", 4, "finished")
+    assert row["best_val_loss"] == 0.4 and row["task._target_"] == "my_lab.tasks.Regression"
+    assert loss_name(runs) == "MSE" and row["run_name"] == "my loop s=4"
+    run = c.get_run(tracked.run_id)
+    assert set(Rebuild.TAGS) <= set(run.data.tags) and run.data.params == params
+    assert [m.value for m in c.get_metric_history(tracked.run_id, "val_loss")] == [0.9, 0.4]

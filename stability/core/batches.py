@@ -18,7 +18,7 @@ from stability.core import distributed
 from stability.core.config import RunConfig
 from stability.core.precision import autocast
 from stability.core.step import MicroBatch
-from stability.tasks.base import Task, build_task
+from stability.core.task import Task, build_task
 
 
 def task_of(cfg: RunConfig) -> Task:

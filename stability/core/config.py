@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stability.core.precision import Precision
 from stability.core.validation import (
     SAFE_NAME_ALLOWED,
     ConfigError,
@@ -26,47 +27,21 @@ from stability.core.validation import (
 
 __all__ = ["ConfigError", "RunConfig", "to_run_config", "to_yaml_dict"]
 
-SIGN_SUM_TARGET = "stability.tasks.sign_sum.SignSumTask"  # the default task
-PRECISIONS = ("fp32", "fp16", "bf16")
-CELLS = ("rnn", "gru", "lstm")
+# The default task, by name only (core imports no task): conf/config.yaml picks the same one.
+DEFAULT_TASK = "stability.tasks.sign_sum.SignSumTask"
+PRECISIONS = tuple(p.value for p in Precision)  # plain strings: YAML-safe
 CLIP_METHODS = ("norm", "value")
 DEVICES = ("auto", "cpu", "cuda")
+# The default task's schema moved to its module (``stability.tasks.sign_sum``). Existing
+# ``from stability.core.config import DataConfig`` keeps working, read from there on use (no
+# import of a task here); new code imports it from the task.
+_MOVED = ("DataConfig", "ModelConfig", "CELLS")
 
 
-@dataclass(frozen=True)
-class DataConfig:
-    """The default (sign-of-sum) task's data. Only ``seed`` decides the data and the split."""
-
-    seed: int = 42
-    num_samples: int = 3000
-    seq_len: int = 30
-    val_fraction: float = 0.15
-    test_fraction: float = 0.15
-
-    def __post_init__(self) -> None:
-        require(isinstance(self.seed, int), "data.seed", self.seed, "an integer")
-        require(
-            isinstance(self.num_samples, int) and self.num_samples >= 20,
-            "data.num_samples",
-            self.num_samples,
-            "an integer >= 20",
-        )
-        positive_int("data.seq_len", self.seq_len)
-        for key, frac in (("data.val_fraction", self.val_fraction),
-                          ("data.test_fraction", self.test_fraction)):
-            require(0 < frac < 0.5, key, frac, "a fraction in (0, 0.5)")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The default task's ``SequenceClassifier`` shape."""
-
-    cell: str = "rnn"
-    hidden_size: int = 48
-
-    def __post_init__(self) -> None:
-        require(self.cell in CELLS, "model.cell", self.cell, " | ".join(CELLS))
-        positive_int("model.hidden_size", self.hidden_size)
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        return getattr(locate(DEFAULT_TASK.rsplit(".", 1)[0]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -168,7 +143,7 @@ class TelemetryConfig:
 class PrecisionConfig:
     """Mixed-precision policy. The GradScaler is enabled for fp16 alone (derived, not a key)."""
 
-    name: str = "fp32"
+    name: str = Precision.FP32.value
     init_scale: float = 2.0**16  # GradScaler's starting scale (fp16 only)
     # 100, not PyTorch's 2000, so that growth is observable in a study's few hundred steps
     # (conf/precision/fp16.yaml has the measurement). The one default: the YAML repeats it
@@ -176,7 +151,8 @@ class PrecisionConfig:
     growth_interval: int = 100
 
     def __post_init__(self) -> None:
-        require(self.name in PRECISIONS, "precision", self.name, " | ".join(PRECISIONS))
+        # Stored as the plain string: config.yaml (yaml.safe_dump) and the fingerprint see "fp16"
+        object.__setattr__(self, "name", Precision.parse(self.name).value)
         positive_float("precision.init_scale", self.init_scale)
         positive_int("precision.growth_interval", self.growth_interval)
 
@@ -193,7 +169,7 @@ class TaskConfig:
             YAML), so ``data.seed=1`` keeps working and those keys are hashed once.
     """
 
-    target: str = SIGN_SUM_TARGET
+    target: str = DEFAULT_TASK
     options: Mapping[str, Any] = field(default_factory=dict)
     sections: tuple[str, ...] = ("data", "model")
 
@@ -208,6 +184,21 @@ class TaskConfig:
                 f"({type(err).__name__}: {' '.join(str(err).split())}); allowed values are "
                 "an importable path such as stability.tasks.adding.AddingTask"
             ) from None
+
+    def declared(self, name: str, default: Any = None) -> Any:
+        """A class attribute the task declares (``loss_name``, ``section_types``...).
+
+        Read from the class, so nothing is built; a factory function declares nothing.
+        """
+        return getattr(locate(self.target), name, default)
+
+    def section_types(self) -> dict[str, type]:
+        """The typed sections the task declares for ``sections`` (``{"data": DataConfig}``).
+
+        A section without a declared type stays a plain mapping its constructor validates.
+        """
+        declared = self.declared("section_types") or {}
+        return {k: declared[k] for k in self.sections if k in declared}
 
     def spec(self, sections: Mapping[str, Any]) -> dict[str, Any]:
         """The mapping ``hydra.utils.instantiate`` builds (``_target_`` plus arguments)."""
@@ -255,10 +246,10 @@ class RunConfig:
     seed: int = 0
     device: str = "auto"
     task: TaskConfig = field(default_factory=TaskConfig)
-    # The default task's typed sections; any other task's ``data``/``model`` stay plain
+    # The task's sections: of the type its class declares (``section_types``), else plain
     # mappings that its own constructor validates.
-    data: DataConfig | Mapping[str, Any] = field(default_factory=DataConfig)
-    model: ModelConfig | Mapping[str, Any] = field(default_factory=ModelConfig)
+    data: Any = field(default_factory=dict)
+    model: Any = field(default_factory=dict)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     clip: ClipConfig = field(default_factory=ClipConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -276,11 +267,13 @@ class RunConfig:
             "an integer",
         )
         require(self.device in DEVICES, "device", self.device, " | ".join(DEVICES))
+        for key, cls in self.task.section_types().items():
+            value = getattr(self, key)
+            if not isinstance(value, cls):  # a mapping given in code: typed like from YAML
+                object.__setattr__(self, key, build_sections({key: cls}, {key: value})[key])
 
 
 _SECTIONS: dict[str, type] = {
-    "data": DataConfig,
-    "model": ModelConfig,
     "precision": PrecisionConfig,
     "clip": ClipConfig,
     "train": TrainConfig,
@@ -327,12 +320,9 @@ def to_run_config(cfg: Mapping[str, Any]) -> RunConfig:
         legacy.pop("scaler")
         cfg = {**cfg, "precision": legacy}
     task = _task_config(cfg)
-    schema = dict(_SECTIONS)
-    free: dict[str, Any] = {}
-    if task.target != SIGN_SUM_TARGET:  # another task validates its own data/model sections
-        for key in TASK_SECTIONS:
-            schema.pop(key)
-            free[key] = dict(cfg.get(key) or {})
+    typed = task.section_types()
+    schema = {**_SECTIONS, **typed}  # every section's mistakes in one error
+    free = {key: dict(cfg.get(key) or {}) for key in TASK_SECTIONS if key not in typed}
     sections = build_sections(schema, cfg)
     return RunConfig(
         seed=cfg.get("seed", 0),

@@ -13,7 +13,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from stability.core.config import SIGN_SUM_TARGET, RunConfig, TaskConfig
+from stability.core.config import RunConfig, TaskConfig
+from stability.core.precision import Precision
+from stability.core.task import hashes_target
 
 
 def flatten(run: RunConfig) -> dict[str, Any]:
@@ -44,14 +46,15 @@ def canonical(run: RunConfig) -> dict[str, Any]:
     With clipping off, ``clip.method``, ``clip.max_norm`` and ``clip.clip_value`` do not
     influence training, so they are replaced by ``None``; the GradScaler knobs only matter
     for fp16. Output locations, tracking and telemetry settings and ``train.num_workers``
-    (same batches in the same order either way) are dropped, and so is the default task's
-    ``_target_``, which keeps every fingerprint from before tasks existed.
+    (same batches in the same order either way) are dropped, and so is ``task._target_`` of a
+    task that declares ``hash_target = False`` (the default task: it keeps every fingerprint
+    from before tasks existed). The rule is the task's, the same for every task.
     """
     flat = flatten(run)
     for key in [k for k in flat if k.startswith(("tracking.", "telemetry."))] + [
             "output_dir", "train.num_workers"]:
         flat.pop(key)
-    if run.task.target == SIGN_SUM_TARGET:
+    if not hashes_target(run.task):
         flat.pop("task._target_")
     if not run.clip.enabled:
         flat.update({"clip.method": None, "clip.max_norm": None, "clip.clip_value": None})
@@ -59,7 +62,7 @@ def canonical(run: RunConfig) -> dict[str, Any]:
         flat["clip.clip_value"] = None
     else:
         flat["clip.max_norm"] = None
-    if run.precision.name != "fp16":
+    if not Precision(run.precision.name).scaled:
         flat.update({"precision.init_scale": None, "precision.growth_interval": None})
     return flat
 
@@ -74,7 +77,7 @@ def fingerprint(run: RunConfig, world_size: int = 1) -> str:
     flat.pop("seed")
     # Until the GradScaler switch was derived from the precision it was a config key; hashing
     # its value keeps every existing config's identity, so resume and de-dup still match.
-    flat["precision.scaler"] = run.precision.name == "fp16"
+    flat["precision.scaler"] = Precision(run.precision.name).scaled
     if world_size > 1:
         flat["world_size"] = world_size
     blob = json.dumps(flat, sort_keys=True, default=str)

@@ -37,7 +37,7 @@ from stability.core.precision import check_precision_supported, resolve_device
 from stability.core.rundir import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME, LAYER_NORMS_NAME
 from stability.core.step import TrainStep
 from stability.core.steplog import CsvStepWriter, EpochLog, StepSink
-from stability.tasks.base import check_task
+from stability.core.task import check_task
 
 log = logging.getLogger(__name__)
 

@@ -7,15 +7,51 @@ One code path: the scaler always exists and is enabled for fp16 alone.
 from __future__ import annotations
 
 import contextlib
+from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import torch
 
-from stability.core.config import ConfigError, PrecisionConfig
+from stability.core.validation import ConfigError
+
+if TYPE_CHECKING:  # config.py imports the enum from here
+    from stability.core.config import PrecisionConfig
+
+
+class Precision(StrEnum):
+    """The precision names (``precision.name``); the one place they are spelled."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+    @classmethod
+    def parse(cls, value: object, key: str = "precision") -> Precision:
+        """The member named ``value``.
+
+        Raises:
+            ConfigError: ``value`` names none, with the allowed values.
+        """
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(f"{key}={value!r} is invalid: allowed values are "
+                              f"{' | '.join(cls)}") from None
+
+    @property
+    def scaled(self) -> bool:
+        """Whether this precision uses the GradScaler (fp16 alone: bf16 has fp32's range)."""
+        return self is Precision.FP16
+
+
+# Simplest first (no autocast, autocast, autocast with loss scaling): the report's display
+# order and the selection's tie-break.
+SIMPLEST_FIRST = (Precision.FP32, Precision.BF16, Precision.FP16)
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
-    "fp32": None,
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
+    Precision.FP32: None,
+    Precision.FP16: torch.float16,
+    Precision.BF16: torch.bfloat16,
 }
 
 
@@ -34,10 +70,11 @@ def resolve_device(requested: str) -> str:
 
 def check_precision_supported(precision: str, device: str) -> None:
     """Fail early when ``device`` cannot run ``precision``."""
-    if device == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported():
+    if (device == "cuda" and precision == Precision.BF16
+            and not torch.cuda.is_bf16_supported()):
         raise ConfigError(
             "precision=bf16 is invalid on this CUDA device (no bfloat16 support): "
-            "allowed values here are fp32 | fp16"
+            f"allowed values here are {Precision.FP32} | {Precision.FP16}"
         )
 
 
@@ -60,7 +97,7 @@ def make_scaler(precision: PrecisionConfig, device: str) -> torch.amp.GradScaler
         device,
         init_scale=precision.init_scale,
         growth_interval=precision.growth_interval,
-        enabled=precision.name == "fp16",
+        enabled=Precision(precision.name).scaled,
     )
 
 

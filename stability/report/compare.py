@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from stability.core.precision import SIMPLEST_FIRST
 from stability.report.select import PRECISION_ORDER, baseline, best_of, per_seed
 from stability.stats import effects as fx
 from stability.stats.paired import Paired, holm, min_detectable, paired, seeds_needed
@@ -94,7 +95,7 @@ def _questions(configs: pd.DataFrame) -> list[tuple[str, str, str, str]]:
     win = str(configs.iloc[0]["fingerprint"])
     wanted: list[tuple[str, str, str | None, str | None]] = [
         ("winner vs baseline (fp32, clip off, accum 1)", "winner", win, baseline(configs))]
-    for p in ("fp32", "bf16", "fp16"):
+    for p in SIMPLEST_FIRST:
         wanted.append((f"winner vs best {p}", "winner", win,
                        best_of(configs, configs["precision"] == p)))
     merged: dict[tuple[str, str, str], str] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from stability.core.task import DEFAULT_LOSS_NAME
 from stability.report.decision import TITLES, level_name
 from stability.report.factors import FactorAnalysis
 from stability.report.plots import DPI, Figure, plt
@@ -18,7 +19,8 @@ COLORS = {HELPS: "tab:green", HURTS: "tab:red", EQUIVALENT: "tab:blue"}
 FILE = "main_effects.png"
 
 
-def main_effects(an: FactorAnalysis, folder: Path, loss_name: str = "loss") -> Figure | None:
+def main_effects(an: FactorAnalysis, folder: Path,
+                 loss_name: str = DEFAULT_LOSS_NAME) -> Figure | None:
     """Draw ``plots/main_effects.png``; None when the study swept no factor."""
     panels = [f for f in an.factors if any(e.factor == f.name for e in an.main)]
     if not panels:

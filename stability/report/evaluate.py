@@ -26,10 +26,10 @@ from stability.core.batches import evaluate_task, task_of
 from stability.core.config import RunConfig
 from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME
 from stability.core.precision import check_precision_supported, resolve_device
+from stability.core.task import Task, first_batch
 from stability.report.fetch import download, parallel
 from stability.report.trust import BUILTIN_TASKS, trusted_config
 from stability.stats.paired import MeanCI, mean_ci
-from stability.tasks.base import Task, first_batch
 
 log = logging.getLogger(__name__)
 

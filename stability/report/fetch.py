@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
+from stability.core.task import DEFAULT_LOSS_NAME
 from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
 from stability.report.options import ReportError
 from stability.tracking.contract import Kind, Outcome, Tag, search_filter
@@ -109,6 +110,7 @@ def _row(run: Any) -> dict[str, Any]:
         "seed": -1,
         "outcome": str(outcome),
         "reason": tags.get(Tag.REASON, ""),
+        "loss_name": tags.get(Tag.LOSS_NAME, ""),
     }
     row.update(run.data.metrics)
     # Text read from runs is data: control characters (newlines) would restructure the
@@ -155,6 +157,15 @@ def fetch_runs(c: Any, sweep: Sweep) -> pd.DataFrame:
         log.warning("%d superseded runs of a repeated (config, seed) point ignored", dropped)
     df = df.drop_duplicates(["fingerprint", "seed"]).drop(columns="_finished")
     return df.sort_values(["fingerprint", "seed"]).reset_index(drop=True)
+
+
+def loss_name(runs: pd.DataFrame) -> str:
+    """What the sweep's loss is (``stability.loss_name`` of its runs), for axes and tables.
+
+    Runs recorded before the tag existed say nothing: the neutral ``"loss"``.
+    """
+    names = sorted({n for n in runs.get("loss_name", pd.Series(dtype=str)).dropna() if n})
+    return " / ".join(names) or DEFAULT_LOSS_NAME
 
 
 def parallel(fn: Callable[[str], T], keys: Iterable[str], workers: int) -> dict[str, T]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from stability.core.precision import SIMPLEST_FIRST, Precision
 from stability.report import (
     advice,
     compare,
@@ -78,7 +79,7 @@ def _roles(configs: pd.DataFrame) -> list[tuple[str, str]]:
     """``(role, fingerprint)`` of the plotted configs: winner, baseline, best of each precision."""
     wanted = [("winner", configs.iloc[0]["fingerprint"]), ("baseline", select.baseline(configs))]
     wanted += [(f"best {p}", select.best_of(configs, configs["precision"] == p))
-               for p in ("fp32", "bf16", "fp16")]
+               for p in SIMPLEST_FIRST]
     roles: dict[str, str] = {}
     for role, fp in wanted:
         if fp is not None:
@@ -103,10 +104,11 @@ def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.
     say why in ``remarks``.
     """
     roles = _roles(configs)
+    loss = fetch.loss_name(runs)  # the task's loss, on every loss axis
     series = {fp: _series(configs, role, fp, ROLE_COLORS[i % len(ROLE_COLORS)])
               for i, (role, fp) in enumerate(roles)}
     rep = {fp: select.representative_seed(runs, fp) for fp in series}
-    fp16 = configs[configs["precision"] == "fp16"]
+    fp16 = configs[configs["precision"] == Precision.FP16]
     scaler_fps: list[str] = []
     if len(fp16):  # the best fp16 config, and the one that skipped most if it skipped at all
         most = fp16.sort_values("skip_count_mean", kind="stable").iloc[-1]
@@ -129,19 +131,19 @@ def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.
         return {int(s): histories[r] for s, r in zip(g["seed"], g["run_id"], strict=True)}
 
     jobs: list[tuple[str, Callable[[], plots.Figure | None]]] = [
-        ("main effects", lambda: effects_plot.main_effects(analysis, folder)
+        ("main effects", lambda: effects_plot.main_effects(analysis, folder, loss)
          if analysis is not None else None),
         ("grad norm", lambda: plots.grad_norm(
             [(series[fp], steps[rep_ids[fp]]) for _, fp in roles
              if rep_ids.get(fp) in steps], folder, configs["max_norm"].dropna().unique())),
         ("clip fraction", lambda: plots.clip_fraction(configs, folder)),
         ("validation curves", lambda: plots.val_loss_curves(
-            [(series[fp], curves(fp)) for _, fp in roles], folder)),
+            [(series[fp], curves(fp)) for _, fp in roles], folder, loss)),
         ("fp16 scaler", lambda: plots.scaler_scale(
             [(series[fp], steps[rep_ids[fp]]) for fp in scaler_fps
              if rep_ids.get(fp) in steps], folder)),
         ("skipped steps", lambda: plots.skipped_steps(configs, folder)),
-        ("heatmap", lambda: plots.heatmap(configs, folder)),
+        ("heatmap", lambda: plots.heatmap(configs, folder, loss)),
         ("max_norm advice", lambda: plots.max_norm_advice(recs, folder)),
         ("per-layer norms", lambda: layers.figure(
             c, [(series[fp], r) for fp, r in rep.items() if r is not None], steps, folder,
@@ -225,7 +227,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                                 figures, notes, cfg.confidence, cfg.alpha, report_run, version,
                                 elapsed, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                                 commit, recs, remarks, analysis,
-                                _model_uri(cfg, version))
+                                _model_uri(cfg, version), fetch.loss_name(runs))
             markdown = render(ctx)
             (staging / Artifact.REPORT_MD).write_text(markdown)
             (staging / Artifact.REPORT_HTML).write_text(

@@ -21,9 +21,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from stability.core.precision import Precision  # noqa: E402
+from stability.core.task import DEFAULT_LOSS_NAME  # noqa: E402
+from stability.report.select import PRECISION_ORDER  # noqa: E402
+
 DPI = 130
-PRECISION_COLORS = {"fp32": "tab:blue", "bf16": "tab:green", "fp16": "tab:orange"}
-LOSS_UNIT = "BCE, nats"
+PRECISION_COLORS = {Precision.FP32: "tab:blue", Precision.BF16: "tab:green",
+                    Precision.FP16: "tab:orange"}
 
 
 @dataclass(frozen=True)
@@ -128,8 +132,11 @@ def clip_fraction(configs: pd.DataFrame, folder: Path) -> Figure | None:
 
 
 def val_loss_curves(curves: Sequence[tuple[Series, dict[int, pd.Series]]],
-                    folder: Path) -> Figure | None:
-    """Validation loss per epoch: mean ± 1 std over the finished seeds of each config."""
+                    folder: Path, loss_name: str = DEFAULT_LOSS_NAME) -> Figure | None:
+    """Validation loss per epoch: mean ± 1 std over the finished seeds of each config.
+
+    ``loss_name`` is the task's (``stability.loss_name`` of its runs), on the loss axis.
+    """
     curves = [(s, h) for s, h in curves if h]
     if not curves:
         return None
@@ -145,7 +152,7 @@ def val_loss_curves(curves: Sequence[tuple[Series, dict[int, pd.Series]]],
     _log_if_wide(ax, values)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(title="Validation loss per epoch (mean over finished seeds, band: ±1 std)",
-           xlabel="epoch", ylabel=f"validation loss ({LOSS_UNIT})")
+           xlabel="epoch", ylabel=f"validation loss ({loss_name})")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     name = _save(fig, folder, "val_loss_curves.png")
@@ -185,7 +192,7 @@ def skipped_steps(configs: pd.DataFrame, folder: Path) -> Figure | None:
         return None
     # Grouped like the grid (precision, accumulation, clip off then thresholds), read top down:
     # barh draws the first row at the bottom, hence the reversal.
-    df = configs.assign(_p=configs["precision"].map({"fp32": 0, "bf16": 1, "fp16": 2}),
+    df = configs.assign(_p=configs["precision"].map(PRECISION_ORDER),
                         _m=configs["max_norm"].fillna(0))
     df = df.sort_values(["_p", "accum_steps", "clip_enabled", "_m", "rank"]).iloc[::-1]
     fig, ax = plt.subplots(figsize=(8, 0.22 * len(df) + 1.6))
@@ -208,8 +215,12 @@ def skipped_steps(configs: pd.DataFrame, folder: Path) -> Figure | None:
                   "state and LR schedule untouched).")
 
 
-def heatmap(configs: pd.DataFrame, folder: Path) -> Figure | None:
-    """Mean best validation loss over clip setting x accum_steps, one panel per precision."""
+def heatmap(configs: pd.DataFrame, folder: Path,
+            loss_name: str = DEFAULT_LOSS_NAME) -> Figure | None:
+    """Mean best validation loss over clip setting x accum_steps, one panel per precision.
+
+    ``loss_name`` labels the colour bar (the task's loss).
+    """
     norm = configs[~configs["clip_enabled"] | np.isfinite(configs["max_norm"])]
     if norm.empty:
         return None
@@ -247,7 +258,7 @@ def heatmap(configs: pd.DataFrame, folder: Path) -> Figure | None:
         ax.axhline(0.5, color="white", lw=3)  # clip-off row is its own block
         ax.set(title=p, xlabel="train.accum_steps")
     axes[0][0].set_ylabel("clipping")
-    fig.colorbar(image, ax=axes[0].tolist(), label=f"mean best validation loss ({LOSS_UNIT})")
+    fig.colorbar(image, ax=axes[0].tolist(), label=f"mean best validation loss ({loss_name})")
     fig.suptitle("Mean best validation loss by clipping x accumulation\n(red box: winner; "
                  "a cell's second line: its verdict when not stable)", fontsize=10)
     folder.mkdir(parents=True, exist_ok=True)

@@ -13,9 +13,10 @@ import numpy as np
 import pandas as pd
 
 from stability.core.identity import config_label
+from stability.core.precision import SIMPLEST_FIRST, Precision
 from stability.stats.paired import mean_ci
 
-PRECISION_ORDER = {"fp32": 0, "bf16": 1, "fp16": 2}
+PRECISION_ORDER = {str(p): i for i, p in enumerate(SIMPLEST_FIRST)}
 TIE_DECIMALS = 10  # means equal to 1e-10 are a tie (summation order changes the last bits)
 SELECTION_RULE = (
     "winner = lowest mean best_val_loss over seeds (validation split only); a seed that did "
@@ -175,7 +176,7 @@ def best_of(configs: pd.DataFrame, mask: pd.Series) -> str | None:
 
 def baseline(configs: pd.DataFrame) -> str | None:
     """The baseline: fp32, clip off, accum 1 (the best-ranked one if other keys vary)."""
-    return best_of(configs, (configs["precision"] == "fp32") & ~configs["clip_enabled"]
+    return best_of(configs, (configs["precision"] == Precision.FP32) & ~configs["clip_enabled"]
                    & (configs["accum_steps"] == 1))
 
 

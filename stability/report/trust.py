@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from stability.core.config import SIGN_SUM_TARGET, RunConfig, to_run_config
+from stability.core.config import DEFAULT_TASK, RunConfig, to_run_config
 from stability.core.identity import fingerprint
 
-BUILTIN_TASKS = (SIGN_SUM_TARGET, "stability.tasks.adding.AddingTask",
+BUILTIN_TASKS = (DEFAULT_TASK, "stability.tasks.adding.AddingTask",
                  "stability.tasks.char_lm.CharLMTask")
 HYDRA_KEYS = ("_target_", "_partial_", "_args_", "_recursive_", "_convert_")
 
@@ -59,7 +59,7 @@ def trusted_config(raw: Any, expected: str, allowed: Sequence[str],
     if not isinstance(raw, Mapping):
         raise Untrusted("config.yaml is not a mapping")
     task = raw.get("task")
-    target = SIGN_SUM_TARGET if task is None else (
+    target = DEFAULT_TASK if task is None else (
         task.get("_target_") if isinstance(task, Mapping) else None)
     if target not in allowed:
         raise Untrusted(f"task._target_={target!r} is not allow-listed: allowed values are "

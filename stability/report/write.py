@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from stability.core.precision import Precision
+from stability.core.task import DEFAULT_LOSS_NAME
 from stability.report import decision
 from stability.report.advice import Recommendation, nearest_swept
 from stability.report.compare import Comparison, abs_num, signed, simpler_within_noise
@@ -60,6 +62,7 @@ class ReportContext:
     remarks: Sequence[str] = ()  # one line each in the figure section: why a figure is absent
     analysis: FactorAnalysis | None = None  # factor effects from every run (factors.analyse)
     model_uri: str = ""  # the registered winner, ``models:/<name>@champion``; "" if none
+    loss_name: str = DEFAULT_LOSS_NAME  # the task's loss (``stability.loss_name``): table heads
 
 
 def fmt(x: float, digits: int = 4) -> str:
@@ -130,7 +133,7 @@ def _answer(ctx: ReportContext) -> list[str]:
                      "the tie-breaks (fewest unfinished seeds, then simplest).")
     if w["flag"]:
         lines.append(f"- **Warning: the winner is flagged: {w['flag']}.**")
-    if w["precision"] == "fp32" and not w["clip_enabled"] and w["accum_steps"] == 1:
+    if w["precision"] == Precision.FP32 and not w["clip_enabled"] and w["accum_steps"] == 1:
         lines.append("- The winner is the baseline itself (fp32, clip off, accum 1): no setting "
                      "beat plain training on validation loss.")
     if "stability" in ctx.configs:
@@ -238,7 +241,7 @@ def _seeds(n: float) -> str:
     return "—" if math.isnan(n) else ("> 10000" if math.isinf(n) else str(int(n)))
 
 
-def _config_table(configs: pd.DataFrame) -> str:
+def _config_table(configs: pd.DataFrame, loss_name: str = DEFAULT_LOSS_NAME) -> str:
     rows = []
     for _, c in configs.iterrows():
         rows.append([
@@ -251,7 +254,8 @@ def _config_table(configs: pd.DataFrame) -> str:
             signed(c["diff_vs_winner"]), _p(c["p_vs_winner"]), _size(c["mdd_vs_winner"]),
             c["flag"] or "",
         ])
-    return _table(["rank", "config", "stability", "finished", "unfinished", "best val loss", "CI",
+    return _table(["rank", "config", "stability", "finished", "unfinished",
+                   f"best val loss ({loss_name})", "CI",
                    "val acc", "clip frac", "skips", "fp16 underflow", "wall s (median, max)",
                    "diff vs winner", "p vs winner", "detectable vs winner", "flag"], rows)
 
@@ -261,10 +265,11 @@ def _wall(c: pd.Series) -> str:
     return "—" if math.isnan(median) else f"{median:.1f} ({top:.1f})"
 
 
-def _test_table(t: WinnerTestResult) -> str:
+def _test_table(t: WinnerTestResult, loss_name: str = DEFAULT_LOSS_NAME) -> str:
     rows = [[str(s.seed), f"`{s.run_id}`", fmt(s.test_loss), fmt(s.test_acc, 4),
              "logged now" if s.logged else "already logged", s.note] for s in t.seeds]
-    return _table(["seed", "run", "test loss", "test acc", "MLflow", "note"], rows)
+    return _table(["seed", "run", f"test loss ({loss_name})", "test acc", "MLflow", "note"],
+                  rows)
 
 
 def render(ctx: ReportContext) -> str:
@@ -295,10 +300,10 @@ def render(ctx: ReportContext) -> str:
         "on these seeds would find with the stated power, from the observed SD of the per-seed "
         "differences (noncentral t; docs/report.md). A non-significant result says nothing "
         "about differences smaller than that.", "",
-        "## Test evaluation (winner only)", "", _test_table(ctx.test), "",
+        "## Test evaluation (winner only)", "", _test_table(ctx.test, ctx.loss_name), "",
         f"Evaluated on `{ctx.test.device}` under each run's own precision from its "
         "`checkpoints/best.pt` artifact (the best-validation epoch).", "",
-        "## All configs, ranked", "", _config_table(configs), "",
+        "## All configs, ranked", "", _config_table(configs, ctx.loss_name), "",
         "`unfinished` seeds count as +inf in `best val loss`; `val acc` is at each seed's best "
         "epoch, over finished seeds; `p vs winner` is the unadjusted paired t-test; `wall s` is "
         "the median run time over seeds (a worker's first run also pays its cold start: imports, "

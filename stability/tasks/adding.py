@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from stability.core.config import ConfigError
-from stability.tasks.base import require_winner
+from stability.core.task import require_winner
 
 BASELINE_MSE = 1 / 6  # variance of the sum of two U(0, 1): the constant predictor's MSE
 
@@ -109,6 +109,8 @@ class AddingTask:
         data: ``AddingData`` keys.
         model: ``hidden_size``.
     """
+
+    loss_name: ClassVar[str] = "MSE"
 
     def __init__(self, data: Mapping[str, Any] | None = None,
                  model: Mapping[str, Any] | None = None) -> None:

@@ -20,7 +20,7 @@ import math
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from torch.nn import functional as F  # noqa: N812 (the PyTorch convention)
 from torch.utils.data import TensorDataset
 
 from stability.core.config import ConfigError
-from stability.tasks.base import require_winner
+from stability.core.task import require_winner
 
 ALPHABET = string.ascii_lowercase + " ."
 
@@ -128,6 +128,8 @@ class CharLMTask:
         data: ``CorpusConfig`` keys.
         model: ``TransformerConfig`` keys.
     """
+
+    loss_name: ClassVar[str] = "cross-entropy"
 
     def __init__(self, data: Mapping[str, Any] | None = None,
                  model: Mapping[str, Any] | None = None) -> None:

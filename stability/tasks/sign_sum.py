@@ -14,17 +14,55 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from stability.core.config import DataConfig, ModelConfig
-from stability.tasks.base import require_winner
+from stability.core.task import require_winner
+from stability.core.validation import positive_int, require
 
 log = logging.getLogger(__name__)
+
+CELLS = ("rnn", "gru", "lstm")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The ``data`` section. Only ``seed`` decides the data and the split."""
+
+    seed: int = 42
+    num_samples: int = 3000
+    seq_len: int = 30
+    val_fraction: float = 0.15
+    test_fraction: float = 0.15
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.seed, int), "data.seed", self.seed, "an integer")
+        require(
+            isinstance(self.num_samples, int) and self.num_samples >= 20,
+            "data.num_samples",
+            self.num_samples,
+            "an integer >= 20",
+        )
+        positive_int("data.seq_len", self.seq_len)
+        for key, frac in (("data.val_fraction", self.val_fraction),
+                          ("data.test_fraction", self.test_fraction)):
+            require(0 < frac < 0.5, key, frac, "a fraction in (0, 0.5)")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The ``model`` section: the ``SequenceClassifier`` shape."""
+
+    cell: str = "rnn"
+    hidden_size: int = 48
+
+    def __post_init__(self) -> None:
+        require(self.cell in CELLS, "model.cell", self.cell, " | ".join(CELLS))
+        positive_int("model.hidden_size", self.hidden_size)
 
 
 class Split(TensorDataset):
@@ -153,6 +191,13 @@ class SignSumTask:
         data: the ``data`` section (``DataConfig`` keys).
         model: the ``model`` section (``ModelConfig`` keys).
     """
+
+    loss_name: ClassVar[str] = "BCE"
+    # Typed sections: the run config validates them with the rest, all mistakes at once.
+    section_types: ClassVar[dict[str, type]] = {"data": DataConfig, "model": ModelConfig}
+    # Runs of this task were fingerprinted before ``task._target_`` existed: leaving it out of
+    # the hash keeps their ids (resume, de-duplication) valid.
+    hash_target: ClassVar[bool] = False
 
     def __init__(self, data: Mapping[str, Any] | None = None,
                  model: Mapping[str, Any] | None = None) -> None:

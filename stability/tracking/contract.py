@@ -7,6 +7,7 @@ artifact name defined here appears there. Per-step metrics carry the name of the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 
 from stability.core import rundir
@@ -15,7 +16,7 @@ from stability.core.steplog import SkipReason
 from stability.core.validation import safe_name
 
 __all__ = ["COST_METRICS", "STEP_METRICS", "EPOCH_METRICS", "Artifact", "Kind", "Outcome",
-           "SkipReason", "Tag", "search_filter"]
+           "Rebuild", "SkipReason", "Tag", "missing_records", "search_filter"]
 
 
 class Kind(StrEnum):
@@ -77,6 +78,7 @@ class Tag:
     HEARTBEAT = "stability.heartbeat"  # ms since the epoch, refreshed by the run's sender thread
     PROCESS = "stability.process"  # "<host>:<pid>" of the process that trains the run
     OUTPUT_DIR = "stability.output_dir"  # the run folder (steps.csv, journal, checkpoints)
+    LOSS_NAME = "stability.loss_name"  # what the task's loss is ("BCE", "MSE"): axis labels
 
 
 # Per optimizer step (MLflow step = optimizer step): the steps.csv column names.
@@ -87,6 +89,7 @@ EPOCH_METRICS = {"train_loss": "train_loss", "val_loss": "val_loss", "val_acc": 
                  "epoch_clip_fraction": "clip_fraction", "max_grad_norm": "max_grad_norm",
                  "epoch_skip_count": "skip_count"}
 WORLD_SIZE_PARAM = "world_size"  # logged only above 1 (data-parallel ranks)
+TASK_TARGET_PARAM = "task._target_"  # the task's import path; its options are ``task.<key>``
 
 
 class Artifact:
@@ -102,6 +105,35 @@ class Artifact:
     SUMMARY_CSV = "summary.csv"  # report run: one row per config, ranked
     LAYER_NORMS_FIGURE = "plots/layer_norms.png"  # report run: parameters x steps heatmap
     MODEL = "model"  # name of the winner's logged MLflow Model
+
+
+class Rebuild:
+    """What a training run records so the report can read it and rebuild its winner.
+
+    Any loop may produce such a run (``TrackedRun`` with plain params and tags): the report
+    reads these names, never our ``RunConfig``.
+    """
+
+    # Grouping and selection: which sweep, which config (seeds share it), which seed, and what
+    # the loss is (figures and tables say it). How it ended (``Tag.OUTCOME``) is ``TrackedRun``'s.
+    TAGS = (Tag.KIND, Tag.SWEEP_ID, Tag.FINGERPRINT, Tag.SEED, Tag.LOSS_NAME)
+    # The task: its import path (``task.<key>`` params are its options).
+    PARAMS = (TASK_TARGET_PARAM,)
+    # How the model is rebuilt: ``config.yaml`` holds the task section (target, options, the
+    # sections it takes) and must hash to the fingerprint tag; the checkpoint holds the weights.
+    ARTIFACTS = (Artifact.CONFIG, Artifact.CHECKPOINT)
+    METRICS = ("best_val_loss",)  # the selection criterion, at step 0
+
+
+def missing_records(tags: Mapping[str, str], params: Mapping[str, str]) -> list[str]:
+    """The tags and params of ``Rebuild`` that a run lacks (empty: the report can read it).
+
+    Args:
+        tags: the run's tags.
+        params: the run's params.
+    """
+    return ([f"tag {t}" for t in Rebuild.TAGS if not tags.get(t)]
+            + [f"param {p}" for p in Rebuild.PARAMS if not params.get(p)])
 
 
 def search_filter(kind: Kind, sweep_id: str | None = None, status: str | None = None) -> str:

@@ -6,64 +6,54 @@ MLflow is also in the run folder (``tracking.jsonl`` + ``steps.csv``). If MLflow
 part of the run at its end, the folder is marked pending and one line says how to upload it
 (``stability sync <dir>``); the run's own result is unaffected. What a run records is the
 contract in ``docs/TRACKING.md``.
+
+A run is what ``RunRecord`` holds (params, tags, folder, name, where it goes): any training
+loop can be tracked. ``run_record`` (or ``TrackedRun.for_config``) is the adapter for our
+``RunConfig``; ``contract.Rebuild`` says what a run needs for the report to read it.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 from collections.abc import Sequence
 from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any
 
-from stability.core import checkpoint
 from stability.core.config import RunConfig
-from stability.core.identity import fingerprint, flatten
 from stability.core.signals import Terminated, sigterm_as_exception
 from stability.tracking import journal
 from stability.tracking.artifacts import upload_artifacts
 from stability.tracking.buffer import MAX_PARAMS, MetricBuffer, Point, Sender, send_metrics
-from stability.tracking.contract import (
-    EPOCH_METRICS,
-    STEP_METRICS,
-    WORLD_SIZE_PARAM,
-    Artifact,
-    Kind,
-    Outcome,
-    Tag,
-)
+from stability.tracking.contract import EPOCH_METRICS, STEP_METRICS, Artifact, Outcome, Tag
 from stability.tracking.direct import DirectMetrics
 from stability.tracking.journal import Journal, now_ms
 from stability.tracking.queries import metric_steps
+
+# Re-exported: the run's record is built there, and callers import these names from here.
+from stability.tracking.record import (
+    RunRecord,
+    live_tags,
+    process_tag,
+    run_params,
+    run_record,
+    run_tags,
+)
 from stability.tracking.uri import (
     client,
     configure_http,
     ensure_experiment,
-    git_commit,
     redact_uri,
     resolve_tracking_uri,
-    run_name,
     sqlite_path,
 )
+
+__all__ = ["RunRecord", "TrackedRun", "process_tag", "run_params", "run_record", "run_tags",
+           "summary_metrics"]
 
 log = logging.getLogger(__name__)
 MAX_REASON = 5000  # characters of a reason tag
 SETTLE_RETRY_S = 5.0  # the end-of-run sync: the sender has already ridden out the outage
-
-
-def run_params(cfg: RunConfig, world_size: int = 1) -> dict[str, str]:
-    """The run's params: the flattened config (and ``world_size`` above 1).
-
-    ``tracking.*`` is left out: where the run went is not part of what was trained (its
-    fingerprint ignores it too), and a URI may carry credentials.
-    """
-    params = {k: str(v) for k, v in flatten(cfg).items()
-              if k != "output_dir" and not k.startswith("tracking.")}
-    if world_size > 1:
-        params[WORLD_SIZE_PARAM] = str(world_size)
-    return params
 
 
 def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
@@ -72,44 +62,17 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
-def run_tags(cfg: RunConfig, overrides: Sequence[str], world_size: int,
-             folder: Path) -> dict[str, str]:
-    """The tags a training run is created with (docs/TRACKING.md), its outcome ``running``.
-
-    Args:
-        cfg: the run's config.
-        overrides: its Hydra overrides, without ``tracking.*`` (URIs may carry credentials).
-        world_size: data-parallel ranks.
-        folder: the run folder.
-    """
-    t = cfg.tracking
-    tags = {
-        Tag.KIND: Kind.TRAIN, Tag.SWEEP_ID: t.sweep_id or "",
-        Tag.FINGERPRINT: fingerprint(cfg, world_size),
-        Tag.SEED: str(cfg.seed), Tag.OVERRIDES: " ".join(overrides),
-        Tag.GIT_COMMIT: git_commit(), Tag.OUTCOME: Outcome.RUNNING,
-        Tag.PROCESS: process_tag(), Tag.OUTPUT_DIR: str(folder.resolve()),
-        Tag.HEARTBEAT: str(now_ms()),
-    }
-    if t.parent_run_id:
-        tags[Tag.PARENT_RUN_ID] = t.parent_run_id
-    return {k: str(v) for k, v in tags.items()}
-
-
 class NotCreated(RuntimeError):
     """The MLflow run was never created (its creation was lost in an outage): not retried."""
 
     error_code = "RESOURCE_DOES_NOT_EXIST"
 
 
-def process_tag() -> str:
-    """``<host>:<pid>``: lets a sweep on this host tell a dead run from a live one."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 class TrackedRun:
     """Use as a context manager; ``sink`` goes to ``train``.
 
+    Built from a ``RunRecord`` (any loop), or from a ``RunConfig`` through ``run_record``
+    (``TrackedRun.for_config``; a ``RunConfig`` passed directly is adapted the same way).
     Leaving the block with an exception ends the run FAILED (KILLED on Ctrl-C / SIGTERM) with
     a reason tag, after uploading what exists (the CSV is complete up to the last step).
     A run folder holding a resumable checkpoint continues the MLflow run its journal names.
@@ -119,17 +82,18 @@ class TrackedRun:
     # False: through MLflow's ``log_batch`` as on any store (the benchmark compares the two).
     direct_sqlite = True
 
-    def __init__(self, cfg: RunConfig, overrides: Sequence[str] = (), world_size: int = 1) -> None:
-        self.cfg = cfg
-        self.world_size = world_size
-        self.uri = resolve_tracking_uri(cfg.tracking.uri)
-        self.folder = Path(cfg.output_dir)
-        self.overrides = [o for o in overrides if not o.startswith("tracking.")]
+    def __init__(self, run: RunRecord | RunConfig, overrides: Sequence[str] = (),
+                 world_size: int = 1) -> None:
+        record = run_record(run, overrides, world_size) if isinstance(run, RunConfig) else run
+        self.record = record
+        self.uri = resolve_tracking_uri(record.tracking.uri)
+        self.folder = Path(record.folder)
         self.run_id: str | None = None
         self.outcome: Outcome | None = None
         self.reason = ""
         self.pending = False  # after the block: MLflow lacks part of the run (folder marked)
-        self.resumed = checkpoint.peek(self.folder, cfg)
+        self.sync_hint = ""  # with ``pending``: the command that uploads the rest
+        self.resumed = record.resume
         self.sink: MetricBuffer | None = None
         self._client: Any = None
         self._sender: Sender | None = None
@@ -139,17 +103,23 @@ class TrackedRun:
         self._stack = ExitStack()  # the journal
         self._signals = ExitStack()  # SIGTERM as an exception while training
 
+    @classmethod
+    def for_config(cls, cfg: RunConfig, overrides: Sequence[str] = (),
+                   world_size: int = 1) -> TrackedRun:
+        """The tracked run of one of our training runs (``run_record``)."""
+        return cls(run_record(cfg, overrides, world_size))
+
     # -- opening -------------------------------------------------------------------------------
     def __enter__(self) -> TrackedRun:
-        t = self.cfg.tracking
+        t = self.record.tracking
         configure_http(t.request_timeout_s)
         self._journal = self._stack.enter_context(closing(Journal(self.folder,
                                                                   append=bool(self.resumed))))
         if not self.resumed:
             journal.clear_pending(self.folder)  # a run started over: the old marker is void
         previous = journal.read(self.folder) if self.resumed else None
-        tags = run_tags(self.cfg, self.overrides, self.world_size, self.folder)
-        params = run_params(self.cfg, self.world_size)
+        tags = {k: str(v) for k, v in {**self.record.tags, **live_tags(self.folder)}.items()}
+        params = {k: str(v) for k, v in self.record.params.items()}
         self._client = client(self.uri)
         db = sqlite_path(self.uri)
         if db is not None and self.direct_sqlite:
@@ -163,7 +133,7 @@ class TrackedRun:
         else:
             self._journal.write("run", run_id=None, uri=redact_uri(self.uri),
                                 experiment=t.experiment,
-                                run_name=run_name(self.cfg), tags=tags)
+                                run_name=self.record.name, tags=tags)
             self._journal.write("params", params=params)
             self._sender.submit(lambda: self._create(tags, params), "creating the run")
         self.sink = MetricBuffer(self._send_points, self._journal)
@@ -175,8 +145,8 @@ class TrackedRun:
         from mlflow.entities import Param
 
         if self.run_id is None:
-            exp_id = ensure_experiment(self.uri, self.cfg.tracking.experiment, check=False)
-            run = self._client.create_run(exp_id, tags=tags, run_name=run_name(self.cfg))
+            exp_id = ensure_experiment(self.uri, self.record.tracking.experiment, check=False)
+            run = self._client.create_run(exp_id, tags=tags, run_name=self.record.name)
             self.run_id = run.info.run_id
             self._journal.write("run_id", run_id=self.run_id)
         items = [Param(k, v) for k, v in params.items()]
@@ -293,5 +263,6 @@ class TrackedRun:
         journal.mark_pending(self.folder, redact_uri(why) or "the tracking store did not answer")
         self.pending = True
         to = f" --uri {redact_uri(self.uri)}"  # a sync sends only where it is told to
-        print(f"run kept locally: `stability sync {self.folder}{to}` "
-              f"(or `python experiments/sync.py {self.folder}{to}`)", flush=True)
+        self.sync_hint = (f"run kept locally: `stability sync {self.folder}{to}` "
+                          f"(or `python experiments/sync.py {self.folder}{to}`)")
+        log.warning("%s", self.sync_hint)

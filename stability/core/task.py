@@ -1,9 +1,17 @@
 """The task interface: what a model and its data must provide to be studied.
 
-A task is any object built by ``hydra.utils.instantiate`` from the run's ``task`` section
-(``_target_`` plus keyword arguments). It owns only what is specific to a model and its data;
+It lives beside what consumes it (the run loop, the batches, the report's evaluation); the
+concrete tasks live in ``stability/tasks``. A task is any object built by
+``hydra.utils.instantiate`` from the run's ``task`` section (``_target_`` plus keyword
+arguments). It owns only what is specific to a model and its data;
 the run loop owns seeding, shuffling, windows of micro-batches, precision, clipping and
 telemetry. No subclassing: a user's task is one small class with these methods.
+
+Optional class attributes, read from the class without building it (``TaskConfig.declared``):
+``loss_name`` (what the loss is, e.g. ``"MSE"``: every figure's loss axis says it; default
+``"loss"``), ``section_types`` (dataclasses validating the sections it takes, so their mistakes
+join the run config's one error) and ``hash_target`` (``False`` only for a task whose runs were
+fingerprinted before ``task._target_`` was: the default task).
 
 The test split is sealed: ``sealed_test`` is called from ``stability/report/evaluate.py`` alone,
 for the winner selected on validation (``tests/test_data.py`` scans the code for other callers).
@@ -25,6 +33,18 @@ from stability.core.config import ConfigError, TaskConfig
 # The guarded door's name; tests/test_data.py scans the code base for callers of it.
 SEALED_TEST = "sealed_test"
 REQUIRED = ("model", "train_val", "loss", "metrics", SEALED_TEST)
+DEFAULT_LOSS_NAME = "loss"  # a task that does not name its loss
+
+
+def loss_name(cfg: TaskConfig) -> str:
+    """The loss the task names (``loss_name``), or the neutral ``"loss"``."""
+    name = cfg.declared("loss_name", DEFAULT_LOSS_NAME)
+    return name if isinstance(name, str) and name else DEFAULT_LOSS_NAME
+
+
+def hashes_target(cfg: TaskConfig) -> bool:
+    """Whether ``task._target_`` enters the fingerprint (every task but a legacy one)."""
+    return bool(cfg.declared("hash_target", True))
 
 
 @runtime_checkable
