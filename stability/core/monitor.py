@@ -173,7 +173,9 @@ class Diagnostics:
     def state_dict(self) -> dict[str, Any]:
         """The run's counts (a checkpoint is taken between epochs: the epoch's are empty)."""
         return {"steps": self.steps, "clip_count": self.clip_count,
-                "skip_count": self.skip_count, "skip_reasons": dict(self.skip_reasons),
+                "skip_count": self.skip_count,
+                # plain str keys: a SkipReason would not load with weights_only=True
+                "skip_reasons": {str(k): v for k, v in self.skip_reasons.items()},
                 "first_nonfinite_param": self.first_nonfinite_param,
                 "first_nonfinite_step": self.first_nonfinite_step,
                 "norms": list(self._norms), "underflow": list(self._underflow)}
