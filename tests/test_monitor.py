@@ -64,10 +64,11 @@ def test_diverged_after_abort_after_consecutive_steps_above() -> None:
 
 
 def _step(n: int, pre: float, clipped: bool = False, skipped: bool = False,
-          reason: str = "", underflow: float = math.nan, param: str = "") -> StepLog:
+          reason: str = "", underflow: float = math.nan, param: str = "",
+          skips: int = 0) -> StepLog:
     return StepLog(step=n, lr=1e-3, grad_l2_pre_clip=pre, grad_l2_post_clip=min(pre, 1.0),
                    loss=0.5, skipped=skipped, skip_reason=reason, scaler_scale=1.0,
-                   clipped=clipped, micro_batches=1, samples=8, skips_cumulative=0,
+                   clipped=clipped, micro_batches=1, samples=8, skips_cumulative=skips,
                    underflow_frac=underflow,
                    nonfinite_param=param)
 
@@ -78,9 +79,11 @@ def test_diagnostics_summary() -> None:
     norms = [0.5, 2.0, 3.0, 0.1, 8.0]
     for i, pre in enumerate(norms, start=1):
         diag.on_step(_step(i, pre, clipped=pre > 1.0, underflow=0.2 if i == 1 else math.nan))
-    diag.on_step(_step(6, math.inf, skipped=True, reason="nonfinite_grad", param="rnn.bias_hh_l0"))
-    diag.on_step(_step(7, math.nan, skipped=True, reason="nonfinite_loss"))
-    diag.on_step(_step(8, math.inf, skipped=True, reason="nonfinite_grad", param="head.weight"))
+    diag.on_step(_step(6, math.inf, skipped=True, reason="nonfinite_grad", param="rnn.bias_hh_l0",
+                       skips=1))
+    diag.on_step(_step(7, math.nan, skipped=True, reason="nonfinite_loss", skips=2))
+    diag.on_step(_step(8, math.inf, skipped=True, reason="nonfinite_grad", param="head.weight",
+                       skips=3))
 
     s = diag.summary()
     assert s["clip_count"] == 3
@@ -198,7 +201,8 @@ def test_diagnostics_state_dict_round_trip_and_epoch_counts() -> None:
     """The run's counts survive ``state_dict``; the epoch's restart at every ``on_epoch``."""
     diag = Diagnostics()
     diag.on_step(_step(1, 2.0, clipped=True), epoch=1)
-    diag.on_step(_step(2, math.inf, skipped=True, reason="nonfinite_grad", param="w"), epoch=1)
+    diag.on_step(_step(2, math.inf, skipped=True, reason="nonfinite_grad", param="w", skips=1),
+                 epoch=1)
     e1 = diag.epoch_record(1, val_loss=0.4, val_acc=0.9, seconds=1.0)
     assert (e1.steps, e1.skip_count, e1.clip_fraction, e1.max_grad_norm, e1.train_loss) == (
         2, 1, 0.5, 2.0, 0.5)
@@ -206,7 +210,7 @@ def test_diagnostics_state_dict_round_trip_and_epoch_counts() -> None:
     resumed = Diagnostics()
     resumed.load_state_dict(diag.state_dict())
     for d in (diag, resumed):
-        d.on_step(_step(3, 3.0), epoch=2)
+        d.on_step(_step(3, 3.0, skips=1), epoch=2)
         e2 = d.epoch_record(2, val_loss=0.3, val_acc=0.95, seconds=1.0)
         assert (e2.steps, e2.skip_count, e2.max_grad_norm) == (1, 0, 3.0)
     assert resumed.summary() == diag.summary()

@@ -31,7 +31,7 @@ import torch
 from stability.core import rundir
 from stability.core.config import RunConfig
 from stability.core.identity import fingerprint
-from stability.core.sinks import Stateful, load_states, state_of
+from stability.core.sinks import Stateful, StepSink, load_states, state_of
 from stability.core.steplog import EpochLog
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class Parts:
     optimizer: torch.optim.Optimizer
     trainer: Stateful  # TrainStep: scaler, scheduler, step counters
     shuffle: torch.Generator
-    sinks: Mapping[str, Any]  # the loop's named step sinks (those with state are saved)
+    sinks: Mapping[str, StepSink]  # the loop's named step sinks (those with state are saved)
 
 
 @dataclass

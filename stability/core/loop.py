@@ -133,14 +133,14 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     diag = Diagnostics()
     monitor = SkipRateMonitor(cfg.monitor)
     csv_writer = CsvStepWriter(out / CSV_NAME) if main else None
-    named: dict[str, Any] = {}
-    if cfg.telemetry.per_layer and main:
-        named["layers"] = LayerNormRecorder(model, cfg.clip.enabled and cfg.clip.method == "norm",
-                                            out / LAYER_NORMS_NAME)
+    layers = (LayerNormRecorder(model, cfg.clip.enabled and cfg.clip.method == "norm",
+                                out / LAYER_NORMS_NAME)
+              if cfg.telemetry.per_layer and main else None)
+    named: dict[str, StepSink] = {} if layers is None else {"layers": layers}
     named["diagnostics"] = diag
     if csv_writer is not None:
         named["csv"] = csv_writer
-    named |= {f"extra{i}": s for i, s in enumerate(sinks)}
+    named |= {f"extra{i}": sink for i, sink in enumerate(sinks)}
     named["monitor"] = monitor
     all_sinks = list(named.values())
     cost = CostMeter(device)
@@ -187,8 +187,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     finally:
         if csv_writer is not None:
             csv_writer.close()
-        if "layers" in named:  # the rows of an epoch cut short (diverged or failed)
-            named["layers"].flush()
+        if layers is not None:  # the rows of an epoch cut short (diverged or failed)
+            layers.flush()
     if main:
         checkpoint.discard(out)  # the run ended (finished or diverged): nothing to resume
 

@@ -119,9 +119,11 @@ class _EpochCounts:
 class Diagnostics:
     """The run's counts from ``StepLog`` records, and the current epoch's (one owner).
 
-    The run's (``summary``): steps, clips, skips by reason, the first non-finite parameter,
-    the pre-clip norms and fp16 underflow shares. The epoch's (``epoch_record``): the losses
-    and norms of the steps taken, clips, skips and steps; ``on_epoch`` starts the next one.
+    The run's (``summary``): clips, skips by reason, the first non-finite parameter, the
+    pre-clip norms and fp16 underflow shares; the step and skip totals are the step's own
+    (``StepLog.step``, ``skips_cumulative``, counted once by ``StepMeter``). The epoch's
+    (``epoch_record``): the losses and norms of the steps taken, clips, skips and steps;
+    ``on_epoch`` starts the next one.
     """
 
     steps: int = 0
@@ -136,10 +138,9 @@ class Diagnostics:
 
     def on_step(self, s: StepLog, epoch: int = 0) -> None:
         """Fold one step in."""
-        self.steps += 1
+        self.steps, self.skip_count = s.step, s.skips_cumulative
         self.clip_count += s.clipped
         if s.skipped:
-            self.skip_count += 1
             self.skip_reasons[s.skip_reason] = self.skip_reasons.get(s.skip_reason, 0) + 1
             if s.nonfinite_param and not self.first_nonfinite_param:
                 self.first_nonfinite_param = s.nonfinite_param

@@ -46,12 +46,12 @@ class StepSink(Stateful, Protocol):
         ...
 
 
-def state_of(sinks: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def state_of(sinks: Mapping[str, object]) -> dict[str, dict[str, Any]]:
     """``{name: state_dict()}`` of the sinks that have state (a plain callback may not)."""
     return {name: s.state_dict() for name, s in sinks.items() if isinstance(s, Stateful)}
 
 
-def load_states(sinks: Mapping[str, Any], states: Mapping[str, dict[str, Any]]) -> None:
+def load_states(sinks: Mapping[str, object], states: Mapping[str, dict[str, Any]]) -> None:
     """Hand each sink its saved state (sinks absent from ``states`` start fresh)."""
     for name, s in sinks.items():
         if name in states and isinstance(s, Stateful):
