@@ -132,6 +132,10 @@ class StepMeter:
         self.step_count = 0  # optimizer steps attempted (taken or skipped)
         self.skip_count = 0  # of which skipped
 
+    def samples_underflow(self, step: int) -> bool:
+        """Whether step ``step`` measures the fp16 underflow share (step 1 and every N)."""
+        return step == 1 or step % self.underflow_every == 0
+
     def begin(self) -> int:
         """Start the next optimizer step; returns its 1-based index."""
         self.step_count += 1
@@ -147,8 +151,7 @@ class StepMeter:
         """
         step = self.begin()
         m = measure(model.parameters() if params is None else params, self.clip, self.scaler,
-                    loss=loss, model=model,
-                    sample_underflow=step == 1 or step % self.underflow_every == 0)
+                    loss=loss, model=model, sample_underflow=self.samples_underflow(step))
         reason = SkipReason.NONE
         if not m.finite:
             reason = (SkipReason.NONFINITE_GRAD if math.isfinite(m.loss)

@@ -103,7 +103,6 @@ class TrainStep:
         self.clip = clip
         self.accum_steps = accum_steps
         self.device = device
-        self.underflow_every = underflow_every
         self.scheduler = scheduler
         self.hooks = tuple(hooks)
         self.scaler = make_scaler(precision, device)
@@ -174,8 +173,8 @@ class TrainStep:
             scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
             self._skip_without_backward()
             return self.meter.log(step=step, lr=lr, loss=float(fwd.loss),
-                             skip=SkipReason.NONFINITE_LOSS, scale=scale, micro_batches=n,
-                             samples=fwd.samples)
+                                  skip=SkipReason.NONFINITE_LOSS, scale=scale, micro_batches=n,
+                                  samples=fwd.samples)
         for hook in self.hooks:
             hook.on_gradients(step, self.params)
 
@@ -183,7 +182,7 @@ class TrainStep:
         #    on every run (clip on or off); clipping runs once, on finite gradients only.
         self.scaler.unscale_(self.optimizer)
         m = measure(self.params, self.clip, self.scaler, loss=fwd.loss, model=self.model,
-                    sample_underflow=step == 1 or step % self.underflow_every == 0)
+                    sample_underflow=self.meter.samples_underflow(step))
 
         # 3. Step only on finite gradients; with fp16, scaler.step re-checks the same
         #    found_inf that unscale_ recorded. update() always runs: it halves on overflow.
