@@ -64,10 +64,11 @@ def test_diverged_after_abort_after_consecutive_steps_above() -> None:
 
 
 def _step(n: int, pre: float, clipped: bool = False, skipped: bool = False,
-          reason: str = "", underflow: float = math.nan, param: str = "") -> StepLog:
+          reason: str = "", underflow: float = math.nan, param: str = "",
+          skips: int = 0) -> StepLog:
     return StepLog(step=n, lr=1e-3, grad_l2_pre_clip=pre, grad_l2_post_clip=min(pre, 1.0),
                    loss=0.5, skipped=skipped, skip_reason=reason, scaler_scale=1.0,
-                   clipped=clipped, micro_batches=1, samples=8, skips_cumulative=0,
+                   clipped=clipped, micro_batches=1, samples=8, skips_cumulative=skips,
                    underflow_frac=underflow,
                    nonfinite_param=param)
 
@@ -78,9 +79,11 @@ def test_diagnostics_summary() -> None:
     norms = [0.5, 2.0, 3.0, 0.1, 8.0]
     for i, pre in enumerate(norms, start=1):
         diag.on_step(_step(i, pre, clipped=pre > 1.0, underflow=0.2 if i == 1 else math.nan))
-    diag.on_step(_step(6, math.inf, skipped=True, reason="nonfinite_grad", param="rnn.bias_hh_l0"))
-    diag.on_step(_step(7, math.nan, skipped=True, reason="nonfinite_loss"))
-    diag.on_step(_step(8, math.inf, skipped=True, reason="nonfinite_grad", param="head.weight"))
+    diag.on_step(_step(6, math.inf, skipped=True, reason="nonfinite_grad", param="rnn.bias_hh_l0",
+                       skips=1))
+    diag.on_step(_step(7, math.nan, skipped=True, reason="nonfinite_loss", skips=2))
+    diag.on_step(_step(8, math.inf, skipped=True, reason="nonfinite_grad", param="head.weight",
+                       skips=3))
 
     s = diag.summary()
     assert s["clip_count"] == 3
@@ -168,3 +171,48 @@ def test_no_alert_before_the_window_holds_enough_steps(caplog: pytest.LogCapture
             monitor.update(True)
     assert monitor.alerts == 1
     assert len([r for r in caplog.records if "skip rate" in r.getMessage()]) == 1
+
+
+def test_monitor_state_dict_continues_the_window_and_the_excursion(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A monitor restored from ``state_dict`` behaves as the one never interrupted."""
+    cfg = MonitorConfig(window=4, max_skip_rate=0.25, abort_after=5)
+    whole, first = SkipRateMonitor(cfg), SkipRateMonitor(cfg)
+    for skipped in (False, True, True):  # above twice, too few steps to alert yet
+        whole.update(skipped)
+        first.update(skipped)
+    resumed = SkipRateMonitor(cfg)
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.state_dict() == first.state_dict() == {
+        "window": [False, True, True], "consecutive_above": 2, "alerts": 0, "alerted": False}
+    with caplog.at_level(logging.WARNING, logger="stability.core.monitor"):
+        # FTTF: above, the window is full: one alert; TTFF: still above (4 in a row)
+        assert [resumed.update(s) for s in (False, False)] == [True, True]
+        assert [whole.update(s) for s in (False, False)] == [True, True]
+        assert resumed.state_dict() == whole.state_dict()
+        assert resumed.rate == 0.5 and resumed.alerts == 1
+        for m in (whole, resumed):  # TFFT: the fifth consecutive step above ends both alike
+            with pytest.raises(DivergedError, match="for 5 consecutive steps"):
+                m.update(True)
+    assert len([r for r in caplog.records if "skip rate" in r.getMessage()]) == 2
+
+
+def test_diagnostics_state_dict_round_trip_and_epoch_counts() -> None:
+    """The run's counts survive ``state_dict``; the epoch's restart at every ``on_epoch``."""
+    diag = Diagnostics()
+    diag.on_step(_step(1, 2.0, clipped=True), epoch=1)
+    diag.on_step(_step(2, math.inf, skipped=True, reason="nonfinite_grad", param="w", skips=1),
+                 epoch=1)
+    e1 = diag.epoch_record(1, val_loss=0.4, val_acc=0.9, seconds=1.0)
+    assert (e1.steps, e1.skip_count, e1.clip_fraction, e1.max_grad_norm, e1.train_loss) == (
+        2, 1, 0.5, 2.0, 0.5)
+    diag.on_epoch(e1)
+    resumed = Diagnostics()
+    resumed.load_state_dict(diag.state_dict())
+    for d in (diag, resumed):
+        d.on_step(_step(3, 3.0, skips=1), epoch=2)
+        e2 = d.epoch_record(2, val_loss=0.3, val_acc=0.95, seconds=1.0)
+        assert (e2.steps, e2.skip_count, e2.max_grad_norm) == (1, 0, 3.0)
+    assert resumed.summary() == diag.summary()
+    assert resumed.summary()["first_nonfinite_param"] == "w"
+    assert resumed.summary()["skip_count"] == 1 and resumed.summary()["grad_norm_max"] == 3.0

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-import stability.core.step
 from stability.core.clipping import grad_global_norm
 from stability.core.config import ClipConfig, FaultConfig, ModelConfig, PrecisionConfig
 from stability.core.faults import FaultInjector
@@ -55,58 +54,65 @@ def _norm(ts: TrainStep) -> float:
     return float(grad_global_norm([p.grad for p in ts.params if p.grad is not None]))
 
 
-def _instrument(ts: TrainStep, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], dict]:
-    """Wrap the real scaler/optimizer/clip calls of ``ts`` with recorders (no behaviour change).
+def _instrument(ts: TrainStep) -> tuple[list[str], dict]:
+    """Wrap the real scaler/optimizer calls of ``ts`` with recorders (no behaviour change).
 
     Returns the event list and a dict of gradient norms seen at unscale_ and scaler.step.
     """
     events: list[str] = []
     seen: dict[str, float] = {}
 
-    def record(name: str, fn: Callable[..., Any], before: Callable[[], None] | None = None):
+    def record(name: str, fn: Callable[..., Any], before: Callable[[], None] | None = None,
+               after: Callable[[], None] | None = None):
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             events.append(name)
             if before is not None:
                 before()
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            if after is not None:
+                after()
+            return out
         return wrapper
 
     ts.scaler.scale = record("scale", ts.scaler.scale)
     ts.scaler.unscale_ = record("unscale_", ts.scaler.unscale_,
-                                lambda: seen.__setitem__("at_unscale", _norm(ts)))
+                                lambda: seen.__setitem__("at_unscale", _norm(ts)),
+                                lambda: seen.__setitem__("after_unscale", _norm(ts)))
     ts.scaler.step = record("scaler.step", ts.scaler.step,
                             lambda: seen.__setitem__("at_step", _norm(ts)))
     ts.scaler.update = record("update", ts.scaler.update)
     ts.optimizer.register_step_pre_hook(lambda *_: events.append("optimizer.step"))
     ts.model.head.weight.register_post_accumulate_grad_hook(lambda _: events.append("backward"))
-    monkeypatch.setattr(stability.core.step, "clip_by_norm_",
-                        record("clip", stability.core.step.clip_by_norm_))
     return events, seen
 
 
-def test_fp16_amp_call_order_with_accumulation(monkeypatch: pytest.MonkeyPatch) -> None:
-    """scale+backward per micro-batch, then unscale_ -> clip -> scaler.step -> update, once."""
+def test_fp16_amp_call_order_with_accumulation() -> None:
+    """scale+backward per micro-batch, then unscale_ -> clip -> scaler.step -> update, once.
+
+    The clip is seen in the gradients themselves: unclipped right after ``unscale_``, clipped
+    when ``scaler.step`` starts.
+    """
     ts = _make("fp16", accum=4, clip=True, max_norm=1e-3)
-    events, seen = _instrument(ts, monkeypatch)
+    events, seen = _instrument(ts)
     scale = ts.scaler.get_scale()
 
     log = ts.step([_batch(seed=i) for i in range(4)])
 
     assert events == ["scale", "backward"] * 4 + [
-        "unscale_", "clip", "scaler.step", "optimizer.step", "update"]
+        "unscale_", "scaler.step", "optimizer.step", "update"]
     assert not log.skipped and log.clipped
     # backward ran on the scaled loss; unscale_ came before the norm and the clip.
     assert seen["at_unscale"] == pytest.approx(scale * log.grad_l2_pre_clip, rel=1e-3)
+    assert seen["after_unscale"] == pytest.approx(log.grad_l2_pre_clip, rel=1e-6)
+    assert log.grad_l2_pre_clip > 10 * 1e-3  # so the clip below really changed them
     assert seen["at_step"] == pytest.approx(1e-3, rel=1e-4)
     assert log.grad_l2_post_clip == pytest.approx(1e-3, rel=1e-4)
 
 
-def test_fp16_update_runs_on_skipped_step_without_optimizer_step(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_fp16_update_runs_on_skipped_step_without_optimizer_step() -> None:
     """An inf gradient: unscale_ then update (scale halved); the optimizer never steps."""
     ts = _make("fp16", fault=FaultConfig(inf_grad_at_step=1))
-    events, _ = _instrument(ts, monkeypatch)
+    events, _ = _instrument(ts)
     scale = ts.scaler.get_scale()
 
     log = ts.step([_batch()])
@@ -117,10 +123,10 @@ def test_fp16_update_runs_on_skipped_step_without_optimizer_step(
     assert ts.scaler.get_scale() == scale / 2
 
 
-def test_update_runs_on_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_update_runs_on_every_step() -> None:
     """Over taken and skipped steps alike, update() is called exactly once per step."""
     ts = _make("fp16", fault=FaultConfig(inf_grad_at_step=2))
-    events, _ = _instrument(ts, monkeypatch)
+    events, _ = _instrument(ts)
     logs = [ts.step([_batch(seed=i)]) for i in range(4)]
     assert [s.skipped for s in logs] == [False, True, False, False]
     assert events.count("update") == 4
@@ -144,12 +150,10 @@ class _PoisonLoss:
 
 
 @pytest.mark.parametrize("poison", [math.inf, -math.inf, math.nan])
-def test_nonfinite_loss_skips_before_any_backward(
-    poison: float, monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_nonfinite_loss_skips_before_any_backward(poison: float) -> None:
     """A non-finite loss is caught before backward; fp16 scale is halved, update still runs."""
     ts = _make("fp16", loss_fn=_PoisonLoss({1}, poison))
-    events, _ = _instrument(ts, monkeypatch)
+    events, _ = _instrument(ts)
     scale = ts.scaler.get_scale()
 
     log = ts.step([_batch()])
@@ -161,10 +165,10 @@ def test_nonfinite_loss_skips_before_any_backward(
     assert math.isnan(log.grad_l2_pre_clip)
 
 
-def test_nonfinite_loss_mid_window_discards_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nonfinite_loss_mid_window_discards_the_window() -> None:
     """A non-finite third micro-batch: two backwards ran, none for the bad one, grads cleared."""
     ts = _make("fp32", accum=4, loss_fn=_PoisonLoss({3}, math.nan))
-    events, _ = _instrument(ts, monkeypatch)
+    events, _ = _instrument(ts)
 
     log = ts.step([_batch(seed=i) for i in range(4)])
 

@@ -15,11 +15,14 @@ import pytest
 
 from stability.core.config import ClipConfig, DataConfig, PrecisionConfig, RunConfig, TrainConfig
 from stability.core.loop import train
-from stability.core.steplog import CSV_COLUMNS, CsvStepWriter, StepLog
+from stability.core.steplog import CsvStepWriter, StepLog
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_COLUMNS = ["step", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "loss", "skipped",
                  "skip_reason", "scaler_scale"]
+# The whole header, written out: a column renamed, dropped or moved fails here.
+ALL_COLUMNS = [*FIRST_COLUMNS, "epoch", "clipped", "micro_batches", "samples",
+               "skips_cumulative", "underflow_frac", "nonfinite_param"]
 
 
 def _log(step: int, skipped: bool = False, skips: int = 0) -> StepLog:
@@ -35,12 +38,45 @@ def _rows(path: Path) -> list[list[str]]:
 
 
 def test_first_columns_are_the_contract(tmp_path: Path) -> None:
-    """The header starts with exactly the eight contract columns, in order."""
+    """The header is the pinned column list, and a row holds every ``StepLog`` field."""
+    log = StepLog(step=7, lr=1e-3, grad_l2_pre_clip=2.5, grad_l2_post_clip=1.25, loss=0.75,
+                  skipped=True, skip_reason="nonfinite_grad", scaler_scale=512.0, clipped=False,
+                  micro_batches=3, samples=96, skips_cumulative=2, underflow_frac=0.125,
+                  nonfinite_param="rnn.weight_hh_l0")
+    writer = CsvStepWriter(tmp_path / "steps.csv")
+    writer.on_step(log, epoch=4)
+    writer.close()
+    header, row = _rows(tmp_path / "steps.csv")
+    assert header == ALL_COLUMNS
+    assert dict(zip(header, row, strict=True)) == {
+        "step": "7", "lr": "0.001", "grad_l2_pre_clip": "2.5", "grad_l2_post_clip": "1.25",
+        "loss": "0.75", "skipped": "1", "skip_reason": "nonfinite_grad", "scaler_scale": "512.0",
+        "epoch": "4", "clipped": "0", "micro_batches": "3", "samples": "96",
+        "skips_cumulative": "2", "underflow_frac": "0.125", "nonfinite_param": "rnn.weight_hh_l0"}
+
+
+def test_a_run_without_steps_leaves_the_header(tmp_path: Path) -> None:
+    """Closed before any step (a run that failed at once): the file holds the header."""
     writer = CsvStepWriter(tmp_path / "steps.csv")
     writer.close()
-    header = _rows(tmp_path / "steps.csv")[0]
-    assert header[:8] == FIRST_COLUMNS
-    assert header == CSV_COLUMNS
+    assert _rows(tmp_path / "steps.csv") == [ALL_COLUMNS]
+
+
+def test_writer_state_cuts_the_file_back_and_continues_it(tmp_path: Path) -> None:
+    """``load_state_dict`` of a saved length: later rows go, new ones follow the kept ones."""
+    path = tmp_path / "steps.csv"
+    writer = CsvStepWriter(path)
+    writer.on_step(_log(1), epoch=1)
+    state = writer.state_dict()
+    writer.on_step(_log(2), epoch=1)  # written after the checkpoint: lost to a kill
+    writer.close()
+    resumed = CsvStepWriter(path)
+    resumed.load_state_dict(state)
+    resumed.on_step(_log(3), epoch=2)
+    resumed.close()
+    rows = _rows(path)
+    assert rows[0] == ALL_COLUMNS and [r[0] for r in rows[1:]] == ["1", "3"]
+    assert resumed.state_dict() == {"bytes": len(path.read_bytes())}
 
 
 def test_each_row_is_on_disk_before_the_next_step(tmp_path: Path) -> None:
@@ -48,7 +84,6 @@ def test_each_row_is_on_disk_before_the_next_step(tmp_path: Path) -> None:
     path = tmp_path / "steps.csv"
     writer = CsvStepWriter(path)
     try:
-        assert len(_rows(path)) == 1  # header flushed at creation
         for n in range(1, 4):
             writer.on_step(_log(n, skipped=n == 2, skips=int(n >= 2)), epoch=1)
             rows = _rows(path)
@@ -117,12 +152,12 @@ def test_sigkill_leaves_only_complete_consecutive_rows(tmp_path: Path) -> None:
     text = csv_path.read_text()
     assert text.endswith("\n")
     rows = list(csv.reader(text.splitlines()))
-    assert rows[0] == CSV_COLUMNS
+    assert rows[0] == ALL_COLUMNS
     body = rows[1:]
     assert len(body) >= 40
     for row in body:
-        assert len(row) == len(CSV_COLUMNS)
-        record = dict(zip(CSV_COLUMNS, row, strict=True))
+        assert len(row) == len(ALL_COLUMNS)
+        record = dict(zip(ALL_COLUMNS, row, strict=True))
         for key in ("lr", "grad_l2_pre_clip", "grad_l2_post_clip", "loss", "scaler_scale"):
             assert math.isfinite(float(record[key])), (key, row)
         assert record["skipped"] == "0" and record["skip_reason"] == ""

@@ -203,36 +203,6 @@ def test_sqlite_artifacts_live_beside_the_store(tmp_path: Path) -> None:
         tmp_path / "mlruns" / "my_study")
 
 
-def test_sender_rides_out_a_passing_failure_in_order_then_gives_up_within_its_bound() -> None:
-    """Back-off retries keep the order; an outage longer than retry_s goes offline, bounded."""
-    from stability.tracking.buffer import Sender
-
-    delivered: list[int] = []
-    failures = iter([ConnectionError("refused")] * 3)
-
-    def flaky(i: int) -> None:
-        err = next(failures, None)
-        if err is not None:
-            raise err
-        delivered.append(i)
-
-    sender = Sender(retry_s=30)
-    for i in range(5):
-        sender.submit(lambda i=i: flaky(i), f"call {i}")
-    assert sender.close() and delivered == [0, 1, 2, 3, 4] and sender.retries == 3
-
-    def down() -> None:
-        raise ConnectionError("refused")
-
-    sender = Sender(retry_s=1.0)
-    for i in range(3):
-        sender.submit(down, f"call {i}")
-    assert not sender.close()
-    # Bounded: the first call backs off (0.25-0.5 s, then up to the 1 s left) and the outage
-    # outlasts retry_s; the later ones are dropped at once (the journal keeps them).
-    assert sender.offline and sender.lost == 3 and 1 <= sender.retries <= 3
-
-
 def test_heartbeat_and_dead_process_run_is_ended_killed(mlflow_server, tmp_path: Path) -> None:
     """A run's heartbeat tag moves; a RUNNING run whose process is gone is ended KILLED."""
     from stability.tracking.contract import Tag

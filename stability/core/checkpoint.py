@@ -1,13 +1,15 @@
 """Resume a killed or preempted run from its last whole epoch (``checkpoints/last.pt``).
 
-After every epoch the loop saves everything the next epoch depends on: model, optimizer,
-GradScaler, scheduler, the step counters, RNG states (torch, CUDA, numpy, Python, the shuffle
-generator), the skip-rate monitor's window, the diagnostics, the epochs so far, the best
-validation result, and the CSV position (bytes; the step keeps the cumulative skips). Run
-again in the same folder with the same config and seed, training continues after that epoch
-and the resumed ``steps.csv`` is byte-identical to an uninterrupted run's. A run that ends
-(finished or diverged) removes the file. Only tensors and plain containers are saved, so it
-loads with ``torch.load(..., weights_only=True)``.
+After every epoch the loop saves everything the next epoch depends on, each part as its own
+``state_dict`` (the PyTorch convention): ``model``, ``optimizer``, ``trainer`` (``TrainStep``:
+GradScaler, scheduler, step and skip counters), ``sinks`` (``{name: sink.state_dict()}``: the
+CSV position, the skip-rate monitor's window, the diagnostics, the per-layer table's last
+step), ``rng`` (torch, CUDA, numpy, Python, the shuffle generator), the epochs so far and the
+best validation result. Run again in the same folder with the same config and seed, training
+continues after that epoch and the resumed ``steps.csv`` is byte-identical to an
+uninterrupted run's. A run that ends (finished or diverged) removes the file. Only tensors and
+plain containers are saved, so it loads with ``torch.load(..., weights_only=True)``. A
+checkpoint of the previous format (1, flat) is still read.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import logging
 import os
 import random
 import shutil
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +31,11 @@ import torch
 from stability.core import rundir
 from stability.core.config import RunConfig
 from stability.core.identity import fingerprint
+from stability.core.sinks import Stateful, StepSink, load_states, state_of
 from stability.core.steplog import EpochLog
 
 log = logging.getLogger(__name__)
-FORMAT = 1
+FORMAT = 2
 LOW_SPACE = 1 << 20  # bytes: less free space than this after a failed write means "disk full"
 
 
@@ -43,10 +45,9 @@ class Parts:
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    trainer: Any  # TrainStep: scaler, scheduler, step counters
+    trainer: Stateful  # TrainStep: scaler, scheduler, step counters
     shuffle: torch.Generator
-    monitor: Any  # SkipRateMonitor
-    diag: Any  # Diagnostics
+    sinks: Mapping[str, StepSink]  # the loop's named step sinks (those with state are saved)
 
 
 @dataclass
@@ -55,8 +56,6 @@ class Resume:
 
     epoch: int  # the last whole epoch
     step: int  # optimizer steps taken so far
-    skips: int  # skips_cumulative after that step
-    csv_bytes: int  # steps.csv length at that point
     epochs: list[EpochLog]
     best: tuple[float, int, float]  # best val_loss, its epoch, its val_acc
     best_metrics: dict[str, float]  # the task's validation metrics at that epoch
@@ -64,6 +63,29 @@ class Resume:
 
 def _identity(cfg: RunConfig) -> str:
     return f"{fingerprint(cfg)}/{cfg.seed}"
+
+
+def _from_format_1(state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint of format 1 (every part flat at the top) in today's layout."""
+    m, d = state["monitor"], state["diag"]
+    return state | {
+        "trainer": {"scaler": state["scaler"], "scheduler": state["scheduler"],
+                    "grad_syncs": state["grad_syncs"], "step": state["step"],
+                    "skips": state["skips"]},
+        "sinks": {
+            "csv": {"bytes": state["csv_bytes"]},
+            "layers": {"step": state["step"]},
+            "monitor": {"window": m["_window"], "consecutive_above": m["consecutive_above"],
+                        "alerts": m["alerts"], "alerted": m["_alerted"]},
+            "diagnostics": {k: d[k] for k in ("steps", "clip_count", "skip_count",
+                                              "skip_reasons", "first_nonfinite_param",
+                                              "first_nonfinite_step")}
+            | {"norms": d["_norms"], "underflow": d["_underflow"]},
+        },
+        "rng": {"shuffle": state["shuffle"], "torch": state["torch_rng"],
+                "cuda": state["cuda_rng"], "numpy": state["numpy_rng"],
+                "python": state["python_rng"]},
+    }
 
 
 def _load(folder: Path, cfg: RunConfig) -> dict[str, Any] | None:
@@ -75,14 +97,14 @@ def _load(folder: Path, cfg: RunConfig) -> dict[str, Any] | None:
     except Exception as err:  # torn by a kill in the middle of saving: start over
         log.warning("ignoring unreadable %s: %s", path, err)
         return None
-    if state.get("format") != FORMAT or state.get("identity") != _identity(cfg):
-        log.warning("ignoring %s: it belongs to another config or seed", path)
+    if state.get("format") not in (1, FORMAT) or state.get("identity") != _identity(cfg):
+        log.warning("ignoring %s: it belongs to another config, seed or format", path)
         return None
-    return state
+    return _from_format_1(state) if state["format"] == 1 else state
 
 
 def _resume(state: dict[str, Any]) -> Resume:
-    return Resume(state["epoch"], state["step"], state["skips"], state["csv_bytes"],
+    return Resume(state["epoch"], state["trainer"]["step"],
                   [EpochLog(**e) for e in state["epochs"]], tuple(state["best"]),
                   dict(state["best_metrics"]))
 
@@ -100,21 +122,15 @@ def restore(folder: str | Path, cfg: RunConfig, parts: Parts) -> Resume | None:
         return None
     parts.model.load_state_dict(state["model"])
     parts.optimizer.load_state_dict(state["optimizer"])
-    t = parts.trainer
-    t.scaler.load_state_dict(state["scaler"])
-    if t.scheduler is not None and state["scheduler"] is not None:
-        t.scheduler.load_state_dict(state["scheduler"])
-    t.step_count, t.skip_count, t.grad_syncs = state["step"], state["skips"], state["grad_syncs"]
-    parts.shuffle.set_state(state["shuffle"])
-    torch.set_rng_state(state["torch_rng"])
-    if torch.cuda.is_available() and state["cuda_rng"]:
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
-    np.random.set_state(_np_state(state["numpy_rng"]))
-    random.setstate(_py_state(state["python_rng"]))
-    m = state["monitor"]
-    parts.monitor._window = deque(m.pop("_window"), maxlen=parts.monitor.cfg.window)
-    vars(parts.monitor).update(m)
-    vars(parts.diag).update(state["diag"])
+    parts.trainer.load_state_dict(state["trainer"])
+    load_states(parts.sinks, state["sinks"])
+    rng = state["rng"]
+    parts.shuffle.set_state(rng["shuffle"])
+    torch.set_rng_state(rng["torch"])
+    if torch.cuda.is_available() and rng["cuda"]:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    np.random.set_state(_np_state(rng["numpy"]))
+    random.setstate(_py_state(rng["python"]))
     resume = _resume(state)
     log.info("resuming after epoch %d (step %d) from %s", resume.epoch, resume.step,
              Path(folder) / rundir.RESUME_NAME)
@@ -122,29 +138,23 @@ def restore(folder: str | Path, cfg: RunConfig, parts: Parts) -> Resume | None:
 
 
 def save(folder: str | Path, cfg: RunConfig, parts: Parts, epochs: list[EpochLog],
-         best: tuple[float, int, float], csv_bytes: int,
-         best_metrics: Mapping[str, float]) -> None:
+         best: tuple[float, int, float], best_metrics: Mapping[str, float]) -> None:
     """Write ``checkpoints/last.pt`` after an epoch (atomically: a kill leaves the old one)."""
-    t = parts.trainer
-    monitor = {k: v for k, v in vars(parts.monitor).items() if k != "cfg"}
-    monitor["_window"] = [bool(x) for x in monitor["_window"]]
     np_state = np.random.get_state()
     state = {
         "format": FORMAT, "identity": _identity(cfg), "epoch": epochs[-1].epoch if epochs else 0,
-        "step": t.step_count, "grad_syncs": t.grad_syncs,
-        "csv_bytes": csv_bytes, "skips": t.skip_count,
         "epochs": [dataclasses.asdict(e) for e in epochs], "best": list(best),
         "best_metrics": {k: float(v) for k, v in best_metrics.items()},
         "model": parts.model.state_dict(), "optimizer": parts.optimizer.state_dict(),
-        "scaler": t.scaler.state_dict(),
-        "scheduler": t.scheduler.state_dict() if t.scheduler is not None else None,
-        "shuffle": parts.shuffle.get_state(), "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy_rng": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)),
+        "trainer": parts.trainer.state_dict(),
+        "sinks": state_of(parts.sinks),
+        "rng": {
+            "shuffle": parts.shuffle.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)),
                       *np_state[2:]],
-        "python_rng": _py_plain(random.getstate()),
-        "monitor": monitor,
-        "diag": {k: (dict(v) if isinstance(v, dict) else v) for k, v in vars(parts.diag).items()},
+            "python": _py_plain(random.getstate()),
+        },
     }
     save_atomic(state, Path(folder) / rundir.RESUME_NAME)
 

@@ -17,19 +17,21 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from stability.core.steplog import StepLog
+from stability.core.steplog import EpochLog, StepLog
 
 
 class LayerNormRecorder:
     """One ``torch._foreach_norm`` and one host read per step; rows appended once an epoch.
 
-    The table grows on disk at every epoch end, before that epoch's resume checkpoint, so a
-    run killed (even by SIGKILL) and resumed from its checkpoint keeps the rows up to its
-    resume point (``resume``) and ends with the same table as a run never interrupted.
+    A step sink (``core.sinks.StepSink``). The table grows on disk at every epoch end
+    (``on_epoch``), before that epoch's resume checkpoint, so a run killed (even by SIGKILL)
+    and resumed from its checkpoint (``load_state_dict``) keeps the rows up to its resume point
+    and ends with the same table as a run never interrupted.
 
     Args:
         model: the unwrapped module (parameter names without DDP's ``module.`` prefix).
@@ -46,6 +48,15 @@ class LayerNormRecorder:
         self.rows: list[list[float]] = []  # not yet on disk
         self._zeros = [torch.zeros((), device=p.device) for p in self.params]
         self._fresh = True  # the first flush starts the table (unless resume() kept one)
+        self.last_step = 0  # the last step recorded
+
+    def state_dict(self) -> dict[str, Any]:
+        """The last step recorded (on disk once ``on_epoch`` flushed it)."""
+        return {"step": self.last_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Cut the table on disk back to the rows of ``state_dict`` and continue it."""
+        self.resume(int(state["step"]))
 
     def resume(self, last_step: int) -> None:
         """Keep the rows of steps ``<= last_step`` of an earlier attempt (the resume point)."""
@@ -62,8 +73,9 @@ class LayerNormRecorder:
             w.writerow(["step", *self.names])
             w.writerows(kept)
         self._fresh = False
+        self.last_step = last_step
 
-    def on_step(self, log: StepLog) -> None:
+    def on_step(self, log: StepLog, epoch: int = 0) -> None:
         """Record this step's per-parameter norms (a parameter without gradient reads 0)."""
         grads = [p.grad if p.grad is not None else z for p, z in zip(self.params, self._zeros,
                                                                      strict=True)]
@@ -75,6 +87,11 @@ class LayerNormRecorder:
         if factor != 1.0:
             values = [v * factor for v in values]
         self.rows.append([log.step, *values])
+        self.last_step = log.step
+
+    def on_epoch(self, log: EpochLog) -> None:
+        """``StepSink``: the epoch's rows go to disk (before its resume checkpoint)."""
+        self.flush()
 
     def flush(self) -> None:
         """Append the rows recorded since the last flush (every epoch end, and at the end)."""

@@ -4,9 +4,11 @@ The task (``stability.tasks``) is instantiated from ``cfg.task``; its model is b
 training seed is set, one micro-batch is tried before training (bad input fails as a
 ``ConfigError`` naming ``task.*``), and the best-validation checkpoint is kept.
 
-Records flow one way: ``TrainStep.step`` returns a ``StepLog``; this loop hands it to the
-CSV writer (the ground truth, flushed per row), the diagnostics, the skip-rate monitor and
-any extra sinks (e.g. the MLflow buffer). The step itself never logs.
+Records flow one way: ``TrainStep.step`` returns a ``StepLog``; this loop hands it to its
+named step sinks (``core.sinks``) with one call each: the per-layer table, the diagnostics
+(which own the run's and the epoch's counts), the CSV writer (the ground truth, flushed per
+row), any extra sinks (e.g. the MLflow buffer) and, last, the skip-rate monitor. The step
+itself never logs.
 
 With ``world_size > 1`` (under torchrun, see ``docs/distributed.md``) the model is wrapped in
 ``DistributedDataParallel``, each rank trains on its shard of every epoch's shuffled order,
@@ -35,8 +37,9 @@ from stability.core.layers import LayerNormRecorder
 from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
 from stability.core.precision import check_precision_supported, resolve_device
 from stability.core.rundir import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME, LAYER_NORMS_NAME
+from stability.core.sinks import StepSink
 from stability.core.step import TrainStep
-from stability.core.steplog import CsvStepWriter, EpochLog, StepSink
+from stability.core.steplog import CsvStepWriter, EpochLog
 from stability.core.task import check_task
 
 log = logging.getLogger(__name__)
@@ -79,7 +82,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
 
     Args:
         cfg: the validated run configuration.
-        sinks: extra consumers of ``StepLog``/``EpochLog`` records (the CSV is always written).
+        sinks: extra consumers of ``StepLog``/``EpochLog`` records (the CSV is always written);
+            the resume checkpoint keeps the state of those that have one.
         world_size: number of data-parallel ranks: the effective batch is
             ``batch_size * accum_steps * world_size``. Above 1 it must equal the size of the
             initialised process group (``distributed.setup``); training then uses DDP and
@@ -124,21 +128,25 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     # Same seed on every rank: the same permutation each epoch, of which each takes its share.
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
+    # The step sinks, in the order they see each step; the monitor last: it may end the run
+    # once the step is recorded everywhere. Their state is part of the resume checkpoint.
+    diag = Diagnostics()
+    monitor = SkipRateMonitor(cfg.monitor)
+    csv_writer = CsvStepWriter(out / CSV_NAME) if main else None
     layers = (LayerNormRecorder(model, cfg.clip.enabled and cfg.clip.method == "norm",
                                 out / LAYER_NORMS_NAME)
               if cfg.telemetry.per_layer and main else None)
-    monitor = SkipRateMonitor(cfg.monitor)
-    diag = Diagnostics()
+    named: dict[str, StepSink] = {} if layers is None else {"layers": layers}
+    named["diagnostics"] = diag
+    if csv_writer is not None:
+        named["csv"] = csv_writer
+    named |= {f"extra{i}": sink for i, sink in enumerate(sinks)}
+    named["monitor"] = monitor
+    all_sinks = list(named.values())
     cost = CostMeter(device)
     # A killed run's folder continues after its last whole epoch (core/checkpoint.py).
-    parts = checkpoint.Parts(model, optimizer, trainer, shuffle, monitor, diag)
+    parts = checkpoint.Parts(model, optimizer, trainer, shuffle, named)
     resumed = checkpoint.restore(out, cfg, parts) if main and not ddp else None
-    resume_at = resumed.csv_bytes if resumed else None
-    if resumed and layers is not None:
-        layers.resume(trainer.step_count)
-    csv_writer = CsvStepWriter(out / CSV_NAME, resume_at=resume_at) if main else None
-    all_sinks: list[StepSink] = [] if csv_writer is None else [csv_writer]
-    all_sinks.extend(sinks)
     epochs: list[EpochLog] = resumed.epochs if resumed else []
     best_val, best_epoch, best_acc = resumed.best if resumed else (math.inf, 0, math.nan)
     best_metrics: Mapping[str, float] = resumed.best_metrics if resumed else {}
@@ -146,55 +154,32 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     try:
         for epoch in range((resumed.epoch if resumed else 0) + 1, cfg.train.epochs + 1):
             te = time.perf_counter()
-            losses, norms, clipped, skipped, n_steps = [], [], 0, 0, 0
             for window in windows(train_set, cfg.train.batch_size, cfg.train.accum_steps,
                                   shuffle, device, rank, world_size, cfg.train.num_workers):
                 ts = time.perf_counter()
                 s = trainer.step(window)
                 cost.on_step(time.perf_counter() - ts)
-                if layers is not None:
-                    layers.on_step(s)
-                diag.on_step(s)
                 for sink in all_sinks:
-                    sink.on_step(s, epoch)
-                n_steps += 1
-                clipped += s.clipped
-                skipped += s.skipped
-                if not s.skipped:
-                    losses.append(s.loss)
-                    norms.append(s.grad_l2_pre_clip)
-                monitor.update(s.skipped)  # raises DivergedError
+                    sink.on_step(s, epoch)  # the monitor raises DivergedError
             val = evaluate_task(task, model, val_set, cfg.precision.name, device, sharded=ddp,
                                 num_workers=cfg.train.num_workers)
             val_loss, val_acc = val["loss"], val.get("acc", math.nan)
-            record = EpochLog(
-                epoch=epoch,
-                train_loss=sum(losses) / len(losses) if losses else math.nan,
-                val_loss=val_loss,
-                val_acc=val_acc,
-                clip_fraction=clipped / n_steps,
-                max_grad_norm=max(norms) if norms else math.nan,
-                skip_count=skipped,
-                steps=n_steps,
-                seconds=time.perf_counter() - te,
-            )
+            record = diag.epoch_record(epoch, val_loss, val_acc, time.perf_counter() - te)
             epochs.append(record)
-            for sink in all_sinks:
+            for sink in all_sinks:  # the per-layer table reaches the disk here
                 sink.on_epoch(record)
             if val_loss < best_val:  # nan never wins; identical on every rank (reduced)
                 best_val, best_epoch, best_acc = val_loss, epoch, val_acc
                 best_metrics = val
                 if main:  # the unwrapped module: keys load into the task's fresh model
                     checkpoint.save_atomic(model.state_dict(), out / CHECKPOINT_NAME)
-            if layers is not None:  # on disk before the resume point that counts it
-                layers.flush()
             if csv_writer is not None and not ddp:  # the resume point of this epoch
                 checkpoint.save(out, cfg, parts, epochs, (best_val, best_epoch, best_acc),
-                                csv_writer.position, best_metrics)
+                                best_metrics)
             log.log(logging.INFO if main else logging.DEBUG,
                 "epoch %2d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  clip %.2f  "
                 "skips %d", epoch, cfg.train.epochs, record.train_loss, val_loss, val_acc,
-                record.clip_fraction, skipped,
+                record.clip_fraction, record.skip_count,
             )
     except DivergedError as err:
         status, reason = "diverged", str(err)
@@ -202,7 +187,7 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     finally:
         if csv_writer is not None:
             csv_writer.close()
-        if layers is not None:
+        if layers is not None:  # the rows of an epoch cut short (diverged or failed)
             layers.flush()
     if main:
         checkpoint.discard(out)  # the run ended (finished or diverged): nothing to resume

@@ -6,6 +6,9 @@ The order is the one AMP requires and every test pins:
     after the window: scaler.unscale_(opt) -> finiteness check -> clip -> scaler.step(opt)
     always:           scaler.update()  (skipped or not; a no-op unless fp16)
 
+The finiteness check, the norms and the clip are ``core.measure.measure``, which any other
+loop can call the same way; ``StepMeter`` owns the step index and the cumulative skip count.
+
 The step never logs anything itself: it returns a ``StepLog`` and the run loop decides
 where records go. Data-parallel training changes only the forward/backward phase (every rank
 must take the same skip decision); that path is ``_backward_distributed``.
@@ -17,20 +20,15 @@ import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from stability.core.clipping import (
-    clip_by_norm_,
-    clip_by_value_,
-    first_non_finite,
-    grad_global_norm,
-)
 from stability.core.config import ClipConfig, PrecisionConfig, RunConfig
-from stability.core.precision import autocast, fp16_underflow_fraction, make_scaler
+from stability.core.measure import StepMeter, measure
+from stability.core.precision import autocast, make_scaler
 from stability.core.steplog import SkipReason, StepLog
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
@@ -105,7 +103,6 @@ class TrainStep:
         self.clip = clip
         self.accum_steps = accum_steps
         self.device = device
-        self.underflow_every = underflow_every
         self.scheduler = scheduler
         self.hooks = tuple(hooks)
         self.scaler = make_scaler(precision, device)
@@ -113,10 +110,37 @@ class TrainStep:
         # on the very first micro-batch can back the scale off.
         self.scaler.scale(torch.zeros((), device=device))
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
-        self.step_count = 0  # optimizer steps attempted (taken or skipped)
-        self.skip_count = 0  # of which skipped
+        # The step index and the cumulative skips (StepLog.step, skips_cumulative) live here.
+        self.meter = StepMeter(clip, self.scaler, underflow_every)
         self.grad_syncs = 0  # backward passes that all-reduce (outside no_sync)
         self._distributed = _is_ddp(model) and dist.is_available() and dist.is_initialized()
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer steps attempted so far (taken or skipped)."""
+        return self.meter.step_count
+
+    @property
+    def skip_count(self) -> int:
+        """Of which skipped."""
+        return self.meter.skip_count
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs of the step: scaler, scheduler and the counters."""
+        return {
+            "scaler": self.scaler.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "grad_syncs": self.grad_syncs,
+            **self.meter.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict``: the next ``step`` is the one after it."""
+        self.scaler.load_state_dict(state["scaler"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.grad_syncs = int(state["grad_syncs"])
+        self.meter.load_state_dict(state)
 
     @classmethod
     def for_run(cls, cfg: RunConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -135,10 +159,8 @@ class TrainStep:
         n = len(micro_batches)
         if not 1 <= n <= self.accum_steps:
             raise ValueError(f"a window holds 1..{self.accum_steps} micro-batches, got {n}")
-        self.step_count += 1
-        step = self.step_count
+        step = self.meter.begin()
         lr = float(self.optimizer.param_groups[0]["lr"])
-        scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
         self.optimizer.zero_grad(set_to_none=True)
 
         # 1. Forward/backward per micro-batch. A non-finite loss skips the step before any
@@ -148,56 +170,32 @@ class TrainStep:
         else:
             fwd = self._backward_local(micro_batches, step)
         if not fwd.ok:
+            scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
             self._skip_without_backward()
-            return self._log(step=step, lr=lr, loss=float(fwd.loss),
-                             skip=SkipReason.NONFINITE_LOSS, scale=scale, micro_batches=n,
-                             samples=fwd.samples)
+            return self.meter.log(step=step, lr=lr, loss=float(fwd.loss),
+                                  skip=SkipReason.NONFINITE_LOSS, scale=scale, micro_batches=n,
+                                  samples=fwd.samples)
         for hook in self.hooks:
             hook.on_gradients(step, self.params)
 
-        # 2. Unscale once, then measure: the pre-clip norm is computed on every run (clip on or
-        #    off), and a non-finite norm is exactly "some gradient element is inf/nan".
+        # 2. Unscale once, then measure and clip (core.measure): the pre-clip norm is computed
+        #    on every run (clip on or off); clipping runs once, on finite gradients only.
         self.scaler.unscale_(self.optimizer)
-        grads = [p.grad for p in self.params if p.grad is not None]
-        pre = grad_global_norm(grads)
-        finite = bool(torch.isfinite(pre))
+        m = measure(self.params, self.clip, self.scaler, loss=fwd.loss, model=self.model,
+                    sample_underflow=self.meter.samples_underflow(step))
 
-        # The fp16 underflow share describes the raw unscaled gradients, so it is sampled
-        # before clipping (clipped gradients are smaller and would inflate it).
-        underflow = math.nan
-        if finite and self.scaler.is_enabled() and (step == 1 or step % self.underflow_every == 0):
-            underflow = fp16_underflow_fraction(grads)
-
-        # 3. Clip once per window, only on finite gradients (clipping inf yields nan).
-        post = pre
-        if finite and self.clip.enabled:
-            if self.clip.method == "norm":
-                post = clip_by_norm_(grads, pre, self.clip.max_norm)
-            else:
-                post = clip_by_value_(grads, self.clip.clip_value)
-
-        # 4. Step only on finite gradients; with fp16, scaler.step re-checks the same
+        # 3. Step only on finite gradients; with fp16, scaler.step re-checks the same
         #    found_inf that unscale_ recorded. update() always runs: it halves on overflow.
-        nonfinite_param = ""
-        if finite:
+        if m.finite:
             self.scaler.step(self.optimizer)
             if self.scheduler is not None:
                 self.scheduler.step()
-        else:
-            named = getattr(self.model, "module", self.model).named_parameters()
-            nonfinite_param = first_non_finite(named)
         self.scaler.update()
-
-        # One host read for everything logged (a device sync on CUDA).
-        loss_t = fwd.loss if isinstance(fwd.loss, torch.Tensor) else torch.zeros(())
-        pre_f, post_f, loss_f = torch.stack([pre, post, loss_t.to(pre.device)]).tolist()
-        if not isinstance(fwd.loss, torch.Tensor):
-            loss_f = fwd.loss  # the mean over all ranks, not just this one's
-        return self._log(
-            step=step, lr=lr, pre=pre_f, post=post_f, loss=loss_f,
-            skip=SkipReason.NONE if finite else SkipReason.NONFINITE_GRAD, scale=scale,
-            clipped=finite and self.clip.enabled and post_f < pre_f, micro_batches=n,
-            samples=fwd.samples, underflow=underflow, nonfinite_param=nonfinite_param,
+        return self.meter.log(
+            step=step, lr=lr, pre=m.grad_l2_pre_clip, post=m.grad_l2_post_clip, loss=m.loss,
+            skip=SkipReason.NONE if m.finite else SkipReason.NONFINITE_GRAD,
+            scale=m.scaler_scale, clipped=m.clipped, micro_batches=n, samples=fwd.samples,
+            underflow=m.underflow_frac, nonfinite_param=m.nonfinite_param,
         )
 
     def _forward(self, step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -292,16 +290,3 @@ class TrainStep:
         if self.scaler.is_enabled():
             self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
             self.scaler._growth_tracker.zero_()  # no public API for this; see docstring above
-
-    def _log(self, *, step: int, lr: float, loss: float, skip: SkipReason, scale: float,
-             micro_batches: int, samples: int, pre: float = math.nan, post: float = math.nan,
-             clipped: bool = False, underflow: float = math.nan,
-             nonfinite_param: str = "") -> StepLog:
-        skipped = skip is not SkipReason.NONE
-        self.skip_count += skipped
-        return StepLog(
-            step=step, lr=lr, grad_l2_pre_clip=pre, grad_l2_post_clip=post, loss=loss,
-            skipped=skipped, skip_reason=skip, scaler_scale=scale, clipped=clipped,
-            micro_batches=micro_batches, samples=samples, skips_cumulative=self.skip_count,
-            underflow_frac=underflow, nonfinite_param=nonfinite_param,
-        )

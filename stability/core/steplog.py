@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TextIO
 
 
 class SkipReason(StrEnum):
@@ -60,7 +60,8 @@ class EpochLog:
 
 
 class StepSink(Protocol):
-    """Anything that consumes the run's records (CSV writer, MLflow buffer...)."""
+    """Superseded by ``core.sinks.StepSink`` (which adds the resumable state); kept while
+    importers (stability/sweep/job.py) still name it here."""
 
     def on_step(self, log: StepLog, epoch: int) -> None: ...
 
@@ -77,13 +78,27 @@ assert {f.name for f in fields(StepLog)} <= set(CSV_COLUMNS)
 
 
 class CsvStepWriter:
-    """Writes ``steps.csv``: one row per optimizer step, flushed to disk per row."""
+    """Writes ``steps.csv``: one row per optimizer step, flushed to disk per row.
 
-    def __init__(self, path: str | Path, fsync: bool = False,
-                 resume_at: int | None = None) -> None:
-        """Args: path, fsync per row, and ``resume_at`` (a byte offset) to continue a file
-        cut back to that length (``core.checkpoint``) instead of starting it."""
+    The file is opened at the first row (or ``state_dict``/``close``), so that a resumed run
+    can first ``load_state_dict``: that cuts the file back to the checkpoint's length and
+    continues it, instead of starting a new one.
+
+    Args:
+        path: the file.
+        fsync: also ``fsync`` each row (survives a power cut; ~1 ms a row).
+    """
+
+    def __init__(self, path: str | Path, fsync: bool = False) -> None:
         self.path = Path(path)
+        self._fsync = fsync
+        self._file: TextIO | None = None
+        self._writer: Any = None
+        self._end = 0  # the length at close
+
+    def _open(self, resume_at: int | None = None) -> TextIO:
+        if self._file is not None:
+            self._file.close()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_at is None:
             self._file = self.path.open("w", newline="")
@@ -94,21 +109,31 @@ class CsvStepWriter:
         self._writer = csv.writer(self._file)
         if resume_at is None:
             self._writer.writerow(CSV_COLUMNS)
-        self._fsync = fsync
-        self._flush()
+        self._flush(self._file)
+        return self._file
 
     @property
     def position(self) -> int:
         """Bytes written: where a resumed run continues."""
-        return self._file.tell()
+        f = self._file if self._file is not None else self._open()
+        return self._end if f.closed else f.tell()
 
-    def _flush(self) -> None:
-        self._file.flush()
+    def state_dict(self) -> dict[str, Any]:
+        """The file's length (``load_state_dict`` cuts it back to it)."""
+        return {"bytes": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the file from ``state_dict``'s length (later rows are written again)."""
+        self._open(resume_at=int(state["bytes"]))
+
+    def _flush(self, f: TextIO) -> None:
+        f.flush()
         if self._fsync:
-            os.fsync(self._file.fileno())
+            os.fsync(f.fileno())
 
     def on_step(self, log: StepLog, epoch: int) -> None:
         """Append one row and flush it."""
+        f = self._file if self._file is not None else self._open()
         # vars(), not dataclasses.asdict(), which deep-copies every field (~24 us a row, most of
         # this writer's cost per step); the fields are immutable scalars, so a view is enough.
         row = vars(log) | {
@@ -117,13 +142,15 @@ class CsvStepWriter:
             "clipped": int(log.clipped),
         }
         self._writer.writerow([row[c] for c in CSV_COLUMNS])
-        self._flush()
+        self._flush(f)
 
     def on_epoch(self, log: EpochLog) -> None:
         """Epoch records are not part of the step CSV."""
 
     def close(self) -> None:
-        """Flush and close the file (idempotent)."""
-        if not self._file.closed:
-            self._flush()
-            self._file.close()
+        """Flush and close the file (idempotent; a run without steps leaves the header)."""
+        f = self._file if self._file is not None else self._open()
+        if not f.closed:
+            self._flush(f)
+            self._end = f.tell()
+            f.close()

@@ -90,17 +90,22 @@ class Sender:
         retry_s: how long one outage is ridden out before the sender goes offline.
         heartbeat: called from the thread every ``heartbeat_s`` while the server answers.
         heartbeat_s: heartbeat period.
+        clock: monotonic seconds (``time.monotonic``; a test passes a fake one).
+        sleep: waits between retries (``time.sleep``; a fake one advances the fake clock).
     """
 
     def __init__(self, retry_s: float, heartbeat: Callable[[], Any] | None = None,
-                 heartbeat_s: float = 30.0) -> None:
+                 heartbeat_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.retry_s = retry_s
+        self._clock = clock
+        self._sleep = sleep
         self.offline = False  # an outage outlasted retry_s
         self.lost = 0  # calls not delivered (the journal and steps.csv still have them)
         self.retries = 0  # failed attempts that were retried
         self._heartbeat = heartbeat
         self._heartbeat_s = heartbeat_s
-        self._last_beat = time.monotonic()
+        self._last_beat = clock()
         self._outage_since: float | None = None
         self._next_probe = 0.0
         self._queue: queue.Queue[Any] = queue.Queue()
@@ -119,7 +124,7 @@ class Sender:
 
     def _loop(self) -> None:
         while True:
-            wait = self._heartbeat_s - (time.monotonic() - self._last_beat)
+            wait = self._heartbeat_s - (self._clock() - self._last_beat)
             try:
                 item = self._queue.get(timeout=max(0.01, wait))
             except queue.Empty:
@@ -128,11 +133,11 @@ class Sender:
             if item is _STOP:
                 return
             self._deliver(*item)
-            if time.monotonic() - self._last_beat >= self._heartbeat_s:
+            if self._clock() - self._last_beat >= self._heartbeat_s:
                 self._beat()
 
     def _beat(self) -> None:
-        self._last_beat = time.monotonic()
+        self._last_beat = self._clock()
         if self._heartbeat is None or self.offline or self._outage_since is not None:
             return
         try:
@@ -143,7 +148,7 @@ class Sender:
     def _deliver(self, fn: Callable[[], Any], what: str) -> None:
         attempt = 0
         while True:
-            now = time.monotonic()
+            now = self._clock()
             if self.offline and now < self._next_probe:
                 self.lost += 1
                 return
@@ -167,12 +172,12 @@ class Sender:
                     self.lost += 1
                     return
                 self.retries += 1
-                time.sleep(min(left, backoff_s(attempt)) + 0.01)
+                self._sleep(min(left, backoff_s(attempt)) + 0.01)
                 attempt += 1
                 continue
             if self._outage_since is not None:
                 log.warning("tracking store answers again after %.0fs",
-                            time.monotonic() - self._outage_since)
+                            self._clock() - self._outage_since)
             self._outage_since, self.offline = None, False
             return
 
@@ -200,7 +205,8 @@ def epoch_points(e: EpochLog, ts: int) -> list[Point]:
 
 
 class MetricBuffer:
-    """Step sink that buffers metrics and hands them to the ``Sender`` in batches.
+    """Step sink (``core.sinks.StepSink``) that buffers metrics and hands them to the
+    ``Sender`` in batches.
 
     The training thread only appends plain tuples (~2 us a step). Batches go out when
     ``MAX_METRICS`` are pending, at the first epoch end, at a later epoch end once
@@ -226,6 +232,13 @@ class MetricBuffer:
         self._pending.extend(step_points(s, int(time.time() * 1000)))
         if len(self._pending) >= MAX_METRICS:
             self.flush()
+
+    def state_dict(self) -> dict[str, Any]:
+        """``StepSink``: nothing to resume (what was not sent is in the journal/steps.csv)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """``StepSink``: nothing to restore."""
 
     def on_epoch(self, e: EpochLog) -> None:
         """Buffer (and journal) the epoch's metrics; send if ``flush_every_s`` has passed."""

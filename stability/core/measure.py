@@ -1,0 +1,184 @@
+"""The step's measurements, for any training loop: norms, finiteness, clipping, scale.
+
+``measure`` turns (parameters holding unscaled gradients, the clip setting, the GradScaler)
+into plain numbers, clipping in place on the way. Call it between ``scaler.unscale_`` and
+``scaler.step``; it needs neither our loop nor a tracker. ``StepMeter`` adds the step index,
+the cumulative skip count and the fp16 underflow sampling, and returns the ``StepLog`` that
+``TrainStep`` returns for the same step. A plain PyTorch loop gets the same telemetry::
+
+    meter = StepMeter(ClipConfig(enabled=True, max_norm=1.0), scaler)
+    for x, y in batches:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", torch.bfloat16):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        log = meter.step(model, loss, lr=opt.param_groups[0]["lr"], samples=len(y))
+        if not log.skipped:
+            scaler.step(opt)
+        scaler.update()
+
+(``scaler = torch.amp.GradScaler("cpu", enabled=False)`` outside fp16; ``TrainStep`` also
+skips a non-finite loss before its backward, which this loop does not need to.)
+
+Host reads (a device sync on CUDA) per call, pinned by tests/test_measure.py: one
+``bool(isfinite(norm))`` to decide the skip, one ``.tolist()`` of ``[pre, post, loss]`` for
+everything logged, ``scaler.get_scale()`` with an enabled scaler, and the underflow share's
+two per gradient tensor on the steps that sample it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from stability.core.clipping import (
+    clip_by_norm_,
+    clip_by_value_,
+    first_non_finite,
+    grad_global_norm,
+)
+from stability.core.config import ClipConfig
+from stability.core.precision import fp16_underflow_fraction
+from stability.core.steplog import SkipReason, StepLog
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What ``measure`` found on one optimizer step's gradients (plain Python values)."""
+
+    grad_l2_pre_clip: float  # global L2 norm of the unscaled gradients (inf/nan: not finite)
+    grad_l2_post_clip: float  # after clipping (== pre when nothing was clipped)
+    loss: float  # the loss handed in, read together with the norms
+    finite: bool  # every gradient element is finite: the step may be taken
+    clipped: bool  # clipping changed the gradients
+    scaler_scale: float  # the loss scale of this step's backward (1.0 without fp16)
+    underflow_frac: float = math.nan  # fp16 underflow share, when sampled
+    nonfinite_param: str = ""  # the first parameter with a non-finite gradient, when skipped
+
+
+def _named(model: nn.Module) -> Iterable[tuple[str, nn.Parameter]]:
+    # DistributedDataParallel prefixes every name with "module.": report the model's own names.
+    return getattr(model, "module", model).named_parameters()
+
+
+def measure(params: Iterable[nn.Parameter], clip: ClipConfig,
+            scaler: torch.amp.GradScaler | None = None, *,
+            loss: torch.Tensor | float = math.nan, model: nn.Module | None = None,
+            sample_underflow: bool = False) -> Measurement:
+    """Measure (and clip in place) the unscaled gradients of one optimizer step.
+
+    Call after ``scaler.unscale_(optimizer)`` (or after backward without a scaler) and before
+    the optimizer step. Clipping runs once, on finite gradients only (clipping inf yields nan).
+
+    Args:
+        params: the parameters being optimized, in the optimizer's order.
+        clip: the clip setting (``enabled``, ``method`` = norm | value, thresholds).
+        scaler: the GradScaler, or None; a disabled one counts as none (scale 1.0).
+        loss: the step's loss (a 0-d tensor is read in the same host read as the norms).
+        model: names the first non-finite parameter of a skipped step (``""`` without it).
+        sample_underflow: measure the fp16 underflow share (enabled scaler only).
+
+    Returns:
+        The ``Measurement``; take the optimizer step only if ``finite``.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    scaling = scaler is not None and scaler.is_enabled()
+    scale = scaler.get_scale() if scaling else 1.0
+    pre = grad_global_norm(grads)
+    # A non-finite norm is exactly "some gradient element is inf/nan" (up to float32 overflow).
+    finite = bool(torch.isfinite(pre))
+    # The underflow share describes the raw unscaled gradients, so it is sampled before
+    # clipping (clipped gradients are smaller and would inflate it).
+    underflow = math.nan
+    if finite and scaling and sample_underflow:
+        underflow = fp16_underflow_fraction(grads)
+    post = pre
+    if finite and clip.enabled:
+        if clip.method == "norm":
+            post = clip_by_norm_(grads, pre, clip.max_norm)
+        else:
+            post = clip_by_value_(grads, clip.clip_value)
+    # One host read for everything logged (a device sync on CUDA).
+    loss_t = loss if isinstance(loss, torch.Tensor) else torch.zeros(())
+    pre_f, post_f, loss_f = torch.stack([pre, post, loss_t.detach().float().to(pre.device)
+                                         ]).tolist()
+    if not isinstance(loss, torch.Tensor):
+        loss_f = float(loss)
+    nonfinite = "" if finite or model is None else first_non_finite(_named(model))
+    return Measurement(pre_f, post_f, loss_f, finite, finite and clip.enabled and post_f < pre_f,
+                       scale, underflow, nonfinite)
+
+
+class StepMeter:
+    """Counts optimizer steps and skips and builds each step's ``StepLog`` (``TrainStep``'s).
+
+    Args:
+        clip: the clip setting.
+        scaler: the GradScaler, or None.
+        underflow_every: sample the fp16 underflow share on step 1 and every N steps.
+    """
+
+    def __init__(self, clip: ClipConfig, scaler: torch.amp.GradScaler | None = None,
+                 underflow_every: int = 25) -> None:
+        self.clip = clip
+        self.scaler = scaler
+        self.underflow_every = underflow_every
+        self.step_count = 0  # optimizer steps attempted (taken or skipped)
+        self.skip_count = 0  # of which skipped
+
+    def samples_underflow(self, step: int) -> bool:
+        """Whether step ``step`` measures the fp16 underflow share (step 1 and every N)."""
+        return step == 1 or step % self.underflow_every == 0
+
+    def begin(self) -> int:
+        """Start the next optimizer step; returns its 1-based index."""
+        self.step_count += 1
+        return self.step_count
+
+    def step(self, model: nn.Module, loss: torch.Tensor | float, *, lr: float,
+             micro_batches: int = 1, samples: int = 0,
+             params: Iterable[nn.Parameter] | None = None) -> StepLog:
+        """Measure (and clip) this step's unscaled gradients; its ``StepLog``.
+
+        Call between ``scaler.unscale_`` and ``scaler.step``; step only if not ``skipped``.
+        ``params`` defaults to the model's (pass the optimizer's when they differ).
+        """
+        step = self.begin()
+        m = measure(model.parameters() if params is None else params, self.clip, self.scaler,
+                    loss=loss, model=model, sample_underflow=self.samples_underflow(step))
+        reason = SkipReason.NONE
+        if not m.finite:
+            reason = (SkipReason.NONFINITE_GRAD if math.isfinite(m.loss)
+                      else SkipReason.NONFINITE_LOSS)
+        return self.log(step=step, lr=lr, loss=m.loss, skip=reason, scale=m.scaler_scale,
+                        micro_batches=micro_batches, samples=samples, pre=m.grad_l2_pre_clip,
+                        post=m.grad_l2_post_clip, clipped=m.clipped, underflow=m.underflow_frac,
+                        nonfinite_param=m.nonfinite_param)
+
+    def log(self, *, step: int, lr: float, loss: float, skip: SkipReason, scale: float,
+            micro_batches: int, samples: int, pre: float = math.nan, post: float = math.nan,
+            clipped: bool = False, underflow: float = math.nan,
+            nonfinite_param: str = "") -> StepLog:
+        """The ``StepLog`` of step ``step`` (a skip is counted here, once)."""
+        skipped = skip is not SkipReason.NONE
+        self.skip_count += skipped
+        return StepLog(
+            step=step, lr=lr, grad_l2_pre_clip=pre, grad_l2_post_clip=post, loss=loss,
+            skipped=skipped, skip_reason=skip, scaler_scale=scale, clipped=clipped,
+            micro_batches=micro_batches, samples=samples, skips_cumulative=self.skip_count,
+            underflow_frac=underflow, nonfinite_param=nonfinite_param,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counters (``load_state_dict`` continues them)."""
+        return {"step": self.step_count, "skips": self.skip_count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the counters of ``state_dict``."""
+        self.step_count, self.skip_count = int(state["step"]), int(state["skips"])
