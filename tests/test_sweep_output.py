@@ -72,7 +72,7 @@ def test_a_bad_progress_setting_is_one_line_and_exit_2(tmp_path: Path, override:
 
 
 def test_dash_v_is_the_verbose_override_for_both_entry_points() -> None:
-    from stability.sweep.job import verbose_argv
+    from stability.cli import verbose_argv
 
     assert verbose_argv(["-m", "-v", "seed=1"]) == ["-m", "hydra.sweeper.verbose=true", "seed=1"]
     assert verbose_argv(["--verbose"]) == ["hydra.sweeper.verbose=true"]
