@@ -62,6 +62,9 @@ def test_verbose_brings_the_epoch_lines_back_to_the_terminal(tmp_path: Path) -> 
     ("hydra.sweeper.progress_every_s=-1",
      "error: hydra.sweeper.progress_every_s=-1.0 is invalid: allowed values are a number of "
      "seconds >= 0"),
+    ("hydra.sweeper.strategy=no.such.Strategy",
+     "error: hydra.sweeper.strategy=no.such.Strategy is invalid: allowed values are grid or an "
+     "importable class module.Class (called as Class(points, make))"),
 ])
 def test_a_bad_progress_setting_is_one_line_and_exit_2(tmp_path: Path, override: str,
                                                        message: str) -> None:

@@ -166,10 +166,14 @@ class StabilitySweeper(BasicSweeper):
             return 1
         return 0  # submitit & co: the scheduler decides the parallelism
 
-    def make_strategy(self, points: Sequence[SweepPoint]) -> Strategy:
-        """The sweep's strategy over the de-duplicated grid (``strategy.load_strategy``)."""
+    def strategy_class(self) -> Callable[..., Strategy]:
+        """The class of ``hydra.sweeper.strategy`` (``strategy.load_strategy``).
+
+        Raises:
+            SweepError: it does not name an importable class (exit 2).
+        """
         try:
-            return load_strategy(self.strategy)(points, self.make_point)
+            return load_strategy(self.strategy)
         except ConfigError as err:
             raise SweepError(str(err), 2) from None
 
@@ -186,6 +190,7 @@ class StabilitySweeper(BasicSweeper):
             check_mode(self.progress, self.progress_every_s)
         except ConfigError as err:
             raise SweepError(str(err), 2) from None
+        make_strategy = self.strategy_class()
         if not self.verbose:
             for name in LAUNCHER_LOGGERS:
                 logging.getLogger(name).setLevel(logging.WARNING)
@@ -197,7 +202,7 @@ class StabilitySweeper(BasicSweeper):
             for p in points:
                 self.say(f"would run: {' '.join(p.overrides)}")
             return []
-        strategy = self.make_strategy(points)
+        strategy = make_strategy(points, self.make_point)
         batch = dedupe(strategy.initial())
         sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         sweep_dir = Path(self.config.hydra.sweep.dir)
