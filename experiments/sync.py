@@ -1,4 +1,4 @@
-"""Upload run folders kept locally while the tracking server was away.
+"""Upload run folders kept locally while the tracking server was away: ``stability sync``.
 
     python experiments/sync.py outputs/2026-12-01/10-00-00      # one run folder
     python experiments/sync.py multirun/                        # every pending run below it
@@ -9,11 +9,7 @@ what the server already has; then RUNNING runs of those experiments without hear
 ended as KILLED. Exit status 1 if any folder stays pending. See docs/TRACKING.md.
 """
 
-from __future__ import annotations
-
-import sys
-
-from stability.tracking.sync import main
+from stability.cli import sync_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sync_main()

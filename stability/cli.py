@@ -9,53 +9,211 @@ The configs ship inside the package (Hydra search path ``pkg://stability.conf``)
 with ``--config-dir DIR`` (e.g. ``DIR/task/my_task.yaml``). The current folder is put on the
 import path, as ``python -m`` does, so ``_target_: my_task.MyTask`` finds ``./my_task.py``. The
 embedded store is ``./mlflow.db`` of the folder the command runs in.
+
+This module is the project's one edge: the library raises and logs, and only this module prints
+to the terminal and chooses exit statuses (``experiments/*.py`` are shims of it):
+
+- 0: done; 1: the environment failed (an unreachable store, a full disk, a pending sync);
+- 2: a user mistake, one line naming the key and its allowed values, no traceback;
+- 3: ``report``: the sweep exists but none of its runs finished (an answer, not a mistake);
+- 128 + signal: a sweep stopped by Ctrl-C (130) or SIGTERM (143), after closing its runs.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+
+from stability.core.config import ConfigError
+from stability.core.signals import Terminated
+from stability.sweep.errors import SweepError
+from stability.sweep.sweeper import StabilitySweeper
+from stability.tracking.uri import TrackingError
 
 CONFIGS = "pkg://stability.conf"
 COMMANDS = ("sweep", "report", "ui", "sync")
+VERBOSE_FLAGS = ("-v", "--verbose")  # on the command line: hydra.sweeper.verbose=true
+
+
+def fail(line: str, status: int) -> NoReturn:
+    """End the process: ``line`` on stderr, exit ``status`` (no traceback)."""
+    print(line, file=sys.stderr, flush=True)
+    raise SystemExit(status)
+
+
+@contextmanager
+def exits() -> Iterator[None]:
+    """Turn the library's user-facing exceptions into one ``error:`` line and an exit status."""
+    try:
+        yield
+    except SweepError as err:
+        fail(f"error: {err}", err.exit_code)
+    except (ConfigError, TrackingError) as err:
+        fail(f"error: {err}", 2)
+
+
+def say_sweep(message: str) -> None:
+    """A line of the sweeper (``[sweep] ...``), on stdout (above the live area, if any)."""
+    print(f"[sweep] {message}", flush=True)
+
+
+class EdgeSweeper(StabilitySweeper):
+    """The sweeper Hydra runs (``hydra_plugins/stability_sweeper``): the library's sweeper,
+    its lines printed and its outcome turned into an exit status."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.say = say_sweep
+
+    def sweep(self, arguments: list[str]) -> Any:
+        """``StabilitySweeper.sweep``; a stopped sweep exits with 128 + the signal."""
+        try:
+            with exits():
+                return super().sweep(arguments)
+        except KeyboardInterrupt:
+            raise SystemExit(128 + signal.SIGINT) from None
+        except Terminated:
+            raise SystemExit(128 + signal.SIGTERM) from None
+
+
+def verbose_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``-v`` / ``--verbose`` turned into the override Hydra understands."""
+    return [("hydra.sweeper.verbose=true" if a in VERBOSE_FLAGS else a) for a in argv]
+
+
+def sweep_job(cfg: DictConfig) -> float:
+    """The Hydra task of ``stability sweep`` and ``experiments/sweep.py``: one run.
+
+    Returns:
+        The best validation loss (inf if the run did not finish), for sweepers.
+    """
+    from stability.sweep.job import hydra_job
+
+    with exits():
+        return hydra_job(cfg, say=print)
+
+
+def report_job(cfg: DictConfig) -> None:
+    """The Hydra task of ``stability report`` and ``experiments/report.py``.
+
+    Exit statuses: 0 report written; 2 a user mistake (bad key or value, unknown experiment or
+    sweep, an experiment with no sweep, tracking server unreachable); 3 the sweep exists but no
+    training run finished (every seed diverged or failed): nothing to recommend, nothing written.
+    """
+    from omegaconf import OmegaConf
+
+    from stability.report.options import to_report_config
+    from stability.report.pipeline import NothingToReport, build_report
+
+    t0 = time.perf_counter()
+    try:
+        out = build_report(to_report_config(OmegaConf.to_container(cfg, resolve=True)))
+    except NothingToReport as err:  # not a mistake, an answer: one line, its own exit code
+        fail(f"answer: {err}", 3)
+    except (ConfigError, TrackingError) as err:  # a user mistake: one line, no traceback
+        fail(f"error: {err}", 2)
+    created = "new" if out.model_created else "existing"
+    print(f"winner {out.winner_label} ({out.winner}) of sweep {out.sweep_id}\n"
+          f"report: {out.folder / 'report.md'}  MLflow report run: {out.report_run_id}"
+          + (f"  model version: {out.model_version} ({created})" if out.model_version else ""))
+    print(f"report finished in {time.perf_counter() - t0:.1f} s")
+
+
+def run_script(main: Callable[[], Any]) -> None:
+    """Run an ``experiments/`` script's Hydra ``main`` (``-v`` understood, as by ``stability``)."""
+    sys.argv = verbose_argv(sys.argv)
+    main()
 
 
 @hydra.main(version_base="1.3", config_path=CONFIGS, config_name="config")
 def sweep(cfg: DictConfig) -> float:
     """``stability sweep``: one run, or with ``-m`` the study grid (as experiments/sweep.py)."""
-    from stability.sweep.job import hydra_job
-
-    return hydra_job(cfg)
+    return sweep_job(cfg)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIGS, config_name="report")
 def report(cfg: DictConfig) -> None:
     """``stability report``: the review report, logged to MLflow (as experiments/report.py)."""
-    from stability.report.entry import run_report
-
-    run_report(OmegaConf.to_container(cfg, resolve=True))
+    report_job(cfg)
 
 
 def ui(args: Sequence[str]) -> None:
     """``stability ui``: the MLflow UI on this folder's store (or ``$MLFLOW_TRACKING_URI``)."""
     import argparse
 
-    from stability.tracking.server import serve_ui
+    from stability.tracking.server import serve_ui, ui_banner
     from stability.tracking.uri import resolve_tracking_uri
 
     parser = argparse.ArgumentParser(prog="stability ui")
     parser.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1")
     opts = parser.parse_args(args)
-    serve_ui(resolve_tracking_uri(None), opts.port)
+    store = resolve_tracking_uri(None)
+    print(ui_banner(store, opts.port), flush=True)
+    serve_ui(store, opts.port)
 
 
-def _fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+def sync(argv: Sequence[str] | None = None) -> int:
+    """``stability sync`` / ``python experiments/sync.py [PATH ...] [--uri URI]``.
+
+    Syncs the paths given (default: the current folder), then ends the synced experiments'
+    stale RUNNING runs; prints one line per run and a count.
+
+    Returns:
+        The exit status: 2 a journal names another store or cannot be read (nothing sent);
+        1 a folder stays pending; else 0.
+    """
+    import argparse
+    import logging
+
+    from stability.tracking.orphans import end_stale_after_sync
+    from stability.tracking.sync import (
+        REQUEST_TIMEOUT_S,
+        SyncError,
+        check_destination,
+        pending_folders,
+        read_journal,
+        sync_paths,
+    )
+    from stability.tracking.uri import configure_http, resolve_tracking_uri
+
+    parser = argparse.ArgumentParser(prog="stability sync",
+                                     description="Upload run folders kept locally while the "
+                                                 "tracking server was away.")
+    parser.add_argument("paths", nargs="*", default=["."], help="run folders or folders above")
+    parser.add_argument("--uri", default=None, help="tracking URI (default: "
+                        "$MLFLOW_TRACKING_URI, else ./mlflow.db); every journal must name it")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    configure_http(REQUEST_TIMEOUT_S)
+    wanted = pending_folders(args.paths)
+    try:  # every journal first: one naming another store (or unreadable) stops the sync
+        uri = resolve_tracking_uri(args.uri)
+        for folder in wanted:
+            check_destination(folder, read_journal(folder), uri)
+    except (SyncError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    results = sync_paths(args.paths, uri)
+    end_stale_after_sync(results)
+    for r in results:
+        print(r.line())
+    left = len(wanted) - len(results)
+    print(f"synced {len(results)} of {len(wanted)} pending runs" + (f"; {left} stay pending"
+                                                                     if left else ""))
+    return 1 if left else 0
+
+
+def sync_main() -> NoReturn:
+    """``experiments/sync.py``: ``sync`` with the process's arguments, as the exit status."""
+    raise SystemExit(sync(sys.argv[1:]))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -66,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(0 if args else 2)
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
-        _fail(f"unknown command {command!r}: allowed values are {' | '.join(COMMANDS)}")
+        fail(f"error: unknown command {command!r}: allowed values are {' | '.join(COMMANDS)}", 2)
     # User tasks live next to where the command runs (``_target_: my_task.MyTask``); the
     # environment variable carries that to launcher worker processes (joblib, submitit).
     sys.path.insert(0, os.getcwd())
@@ -74,16 +232,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                             os.environ.get("PYTHONPATH")]))
     if command in ("sweep", "report"):
         if command == "sweep":
-            from stability.sweep.job import verbose_argv
-
             rest = verbose_argv(rest)
         sys.argv = [f"stability-{command}", *rest]  # Hydra parses sys.argv
         (sweep if command == "sweep" else report)()
     elif command == "ui":
         ui(rest)
     else:
-        from stability.tracking.sync import main as sync
-
         raise SystemExit(sync(rest))
 
 

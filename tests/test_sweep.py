@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import joblib
@@ -27,11 +28,25 @@ from hydra.types import HydraContext, RunMode
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf, open_dict
 
-from stability.core.config import ClipConfig, PrecisionConfig, RunConfig, to_run_config
+from stability.core.config import (
+    ClipConfig,
+    ConfigError,
+    PrecisionConfig,
+    RunConfig,
+    to_run_config,
+)
 from stability.sweep.display import Display
 from stability.sweep.eta import Eta
-from stability.sweep.grid import chunks, dedupe, make_point
+from stability.sweep.grid import SweepPoint, chunks, dedupe, make_point
 from stability.sweep.progress import Progress, format_duration
+from stability.sweep.strategy import (
+    FINISHED,
+    GridStrategy,
+    PointResult,
+    Strategy,
+    load_strategy,
+    with_override,
+)
 from stability.sweep.sweeper import StabilitySweeper
 from stability.tracking.contract import STEP_METRICS
 from stability.tracking.server import free_port
@@ -371,3 +386,74 @@ def test_sigterm_stops_the_sweep_and_closes_every_run(mlflow_server, tmp_path: P
         rows = list(csv.DictReader(io.StringIO(Path(local).read_text())))
         assert [int(x["step"]) for x in rows] == list(range(1, len(rows) + 1))
         assert len(rows) > 20
+
+
+# --- the strategy seam ----------------------------------------------------------------------
+
+class AddOneSeed(GridStrategy):
+    """Round 1: the grid; round 2: seed 7 of the first point that finished; then done.
+
+    What each ``next`` call received is kept in ``ROUNDS`` (the sweeper builds the instance).
+    """
+
+    ROUNDS: list[list[PointResult]] = []
+
+    def next(self, results: Sequence[PointResult]) -> list[SweepPoint] | None:
+        AddOneSeed.ROUNDS.append(list(results))
+        if len(AddOneSeed.ROUNDS) > 1:
+            return None
+        first = next(r for r in results if r.status == FINISHED)
+        assert self.make is not None
+        return [self.make(with_override(first.point.overrides, "seed", 7))]
+
+
+def test_grid_strategy_is_the_whole_grid_in_one_round() -> None:
+    pts = dedupe([make_point([f"seed={s}"], RunConfig(seed=s)) for s in range(3)])
+    grid = GridStrategy(pts)
+    assert isinstance(grid, Strategy)
+    assert [p.key for p in grid.initial()] == [p.key for p in pts]
+    assert grid.next([PointResult(p, FINISHED, 0.5) for p in pts]) is None
+    assert load_strategy(None) is GridStrategy and load_strategy("grid") is GridStrategy
+    assert load_strategy("tests.test_sweep.AddOneSeed") is AddOneSeed
+    with pytest.raises(ConfigError, match=r"hydra.sweeper.strategy=no.such.Strategy is invalid: "
+                                          r"allowed values are grid or an importable class"):
+        load_strategy("no.such.Strategy")
+
+
+@pytest.mark.slow
+def test_a_strategy_adds_a_second_round_to_the_same_sweep(tmp_path: Path, capsys,
+                                                          monkeypatch) -> None:
+    """A custom strategy drives a real sweep in-process; its second round's seed runs in it."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from stability import cli
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    AddOneSeed.ROUNDS.clear()
+    monkeypatch.setattr(sys, "argv", [
+        "stability-sweep", "-m", *TINY, "hydra/launcher=basic", "clip.enabled=false",
+        "train.accum_steps=2", "precision=fp32", "seed=0", f"tracking.uri={uri}",
+        "tracking.experiment=rounds", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "hydra.sweeper.strategy=tests.test_sweep.AddOneSeed"])
+    try:
+        cli.sweep()
+    finally:
+        GlobalHydra.instance().clear()
+    out = capsys.readouterr().out
+
+    first, second = AddOneSeed.ROUNDS
+    assert [(r.seed, r.status) for r in first] == [(0, FINISHED)]
+    assert [(r.seed, r.status) for r in second] == [(7, FINISHED)]
+    assert second[0].fingerprint == first[0].fingerprint  # the same config, another seed
+    assert all(math.isfinite(r.best_val_loss) for r in (*first, *second))
+    assert "[sweep] round 2: 1 more points to run" in out
+    runs = runs_of(uri, "rounds")
+    assert sorted(int(r.data.params["seed"]) for r in runs) == [0, 7]
+    (parent,) = runs_of(uri, "rounds", "sweep")
+    assert parent.info.status == "FINISHED"
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent.info.run_id}
+    assert {r.data.tags["stability.sweep_id"] for r in runs} == {
+        parent.data.tags["stability.sweep_id"]}
+    assert parent.data.metrics["runs_launched"] == 2 and parent.data.metrics["runs_unique"] == 2
+    losses = {int(r.data.params["seed"]): r.data.metrics["best_val_loss"] for r in runs}
+    assert losses == pytest.approx({0: first[0].best_val_loss, 7: second[0].best_val_loss})

@@ -62,6 +62,9 @@ def test_verbose_brings_the_epoch_lines_back_to_the_terminal(tmp_path: Path) -> 
     ("hydra.sweeper.progress_every_s=-1",
      "error: hydra.sweeper.progress_every_s=-1.0 is invalid: allowed values are a number of "
      "seconds >= 0"),
+    ("hydra.sweeper.strategy=no.such.Strategy",
+     "error: hydra.sweeper.strategy=no.such.Strategy is invalid: allowed values are grid or an "
+     "importable class module.Class (called as Class(points, make))"),
 ])
 def test_a_bad_progress_setting_is_one_line_and_exit_2(tmp_path: Path, override: str,
                                                        message: str) -> None:
@@ -72,7 +75,7 @@ def test_a_bad_progress_setting_is_one_line_and_exit_2(tmp_path: Path, override:
 
 
 def test_dash_v_is_the_verbose_override_for_both_entry_points() -> None:
-    from stability.sweep.job import verbose_argv
+    from stability.cli import verbose_argv
 
     assert verbose_argv(["-m", "-v", "seed=1"]) == ["-m", "hydra.sweeper.verbose=true", "seed=1"]
     assert verbose_argv(["--verbose"]) == ["hydra.sweeper.verbose=true"]

@@ -1,5 +1,8 @@
 """Registers ``hydra/sweeper=stability``; Hydra only instantiates plugins from ``hydra_plugins``.
 
+The sweeper is ``stability.sweep.sweeper`` (the library, which raises and logs) seen through
+``stability.cli.EdgeSweeper`` (which prints and picks the exit status).
+
 Hydra imports every module here at start-up to discover plugins, so this file stays light:
 MLflow is imported only once a sweep runs. No ``from __future__ import annotations`` here:
 Hydra executes this module without registering it in ``sys.modules``, and dataclasses then
@@ -10,7 +13,7 @@ from dataclasses import dataclass
 
 from hydra.core.config_store import ConfigStore
 
-from stability.sweep import sweeper
+from stability import cli
 
 
 @dataclass
@@ -25,11 +28,13 @@ class StabilitySweeperConf:
     progress: str = "auto"
     progress_every_s: float = 60.0
     verbose: bool = False
+    strategy: str | None = None
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="stability", node=StabilitySweeperConf,
                              provider="stability")
 
 
-class StabilitySweeper(sweeper.StabilitySweeper):
-    """The plugin class Hydra instantiates; see ``stability.sweep.sweeper.StabilitySweeper``."""
+class StabilitySweeper(cli.EdgeSweeper):
+    """The plugin class Hydra instantiates: ``stability.sweep.sweeper.StabilitySweeper`` with the
+    CLI's edge (its lines printed, its errors one line and an exit status)."""

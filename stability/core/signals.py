@@ -22,13 +22,16 @@ mechanism leaves signals alone.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class Terminated(BaseException):
@@ -112,11 +115,15 @@ class StopRequest:
         in_process: jobs run in this process (basic launcher): raise at once instead.
         stop_file: written on the first signal, before the workers hear of it, so that jobs
             queued in a worker pool (``stability.sweep.pool``) return without starting.
+        say: tells the user that the sweep is stopping (default: a log warning; the sweep's
+            CLI prints it).
     """
 
-    def __init__(self, in_process: bool, stop_file: Path | None = None) -> None:
+    def __init__(self, in_process: bool, stop_file: Path | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
         self.in_process = in_process
         self.stop_file = stop_file
+        self.say = say or log.warning
         self.signum: int | None = None
 
     @property
@@ -141,8 +148,8 @@ class StopRequest:
             for pid in child_pids():
                 with suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
-        print(f"[sweep] {signal.Signals(signum).name}: running jobs close their runs as KILLED, "
-              "no new job starts (send it again to stop at once)", flush=True)
+        self.say(f"{signal.Signals(signum).name}: running jobs close their runs as KILLED, "
+                 "no new job starts (send it again to stop at once)")
 
     @contextmanager
     def installed(self) -> Iterator[StopRequest]:

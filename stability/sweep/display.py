@@ -128,7 +128,8 @@ class Display:
             self.poll()
             line = self.progress.line()
             self._printed = self.progress.done + self.progress.failed
-        print(f"[sweep] {line}", file=self.stream, flush=True)
+        self.stream.write(f"[sweep] {line}\n")
+        self.stream.flush()
         self._last_line = time.monotonic()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

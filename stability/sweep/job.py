@@ -1,10 +1,10 @@
 """The job behind ``experiments/sweep.py``: plain mapping in, best validation loss out.
 
-This is the edge: the composed Hydra config arrives as a plain dict, is converted once
-to a frozen ``RunConfig``, and a user mistake ends the job with a one-line error and
-exit status 2 instead of a traceback. A run that fails for any other reason is closed
-in MLflow as FAILED (KILLED on Ctrl-C/SIGTERM) with its reason, and, inside a sweep,
-returns ``inf`` so the other jobs go on.
+The composed Hydra config arrives as a plain dict and is converted once to a frozen
+``RunConfig``. A user mistake raises (``ConfigError``, ``TrackingError``, ``errors.SweepError``),
+which ``stability.cli`` turns into a one-line error and its exit status instead of a
+traceback. A run that fails for any other reason is closed in MLflow as FAILED (KILLED on
+Ctrl-C/SIGTERM) with its reason, and, inside a sweep, returns ``inf`` so the other jobs go on.
 
 Inside a sweep a job prints nothing but warnings and errors on the terminal: its per-epoch lines
 and its one-line result go to its log file (``<job folder>/<job name>.log``, Hydra's file
@@ -20,8 +20,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +30,12 @@ from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.loop import RunResult, train
 from stability.core.signals import sigterm_deferred
 from stability.core.steplog import StepSink
+from stability.sweep.errors import SweepError
 from stability.tracking.claim import claim
 from stability.tracking.run import TrackedRun
 from stability.tracking.uri import TrackingError, redact_uri, scrub_hydra_files
 
 log = logging.getLogger(__name__)
-
-
-VERBOSE_FLAGS = ("-v", "--verbose")  # on the command line: hydra.sweeper.verbose=true
-
-
-def verbose_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` with ``-v`` / ``--verbose`` turned into the override Hydra understands."""
-    return [("hydra.sweeper.verbose=true" if a in VERBOSE_FLAGS else a) for a in argv]
 
 
 def quiet_console() -> None:
@@ -53,14 +45,19 @@ def quiet_console() -> None:
             handler.setLevel(max(handler.level, logging.WARNING))
 
 
-def hydra_job(cfg: Any) -> float:
+def hydra_job(cfg: Any, say: Callable[[str], None] = log.info) -> float:
     """The body of a Hydra entry point (``experiments/sweep.py``, ``stability sweep``).
 
     Args:
         cfg: the composed ``DictConfig`` of this job.
+        say: where a single run's one-line result goes (the CLI prints it); inside a sweep
+            it goes to the job's log.
 
     Returns:
         The best validation loss (inf if the run did not finish), for sweepers.
+
+    Raises:
+        Those of ``run_job``.
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -71,20 +68,7 @@ def hydra_job(cfg: Any) -> float:
     if in_sweep and not hc.sweeper.get("verbose", False):
         quiet_console()
     raw = OmegaConf.to_container(cfg, resolve=True)
-    return run_job(raw, overrides=list(hc.overrides.task), in_sweep=in_sweep)
-
-
-def load_run_config(raw: Mapping[str, Any]) -> RunConfig:
-    """``to_run_config`` that turns a ``ConfigError`` into a clean exit (status 2)."""
-    try:
-        return to_run_config(raw)
-    except ConfigError as err:
-        _user_error(err)
-
-
-def _user_error(err: Exception) -> None:
-    print(f"error: {err}", file=sys.stderr)
-    raise SystemExit(2) from None
+    return run_job(raw, overrides=list(hc.overrides.task), in_sweep=in_sweep, say=say)
 
 
 def train_tracked(cfg: RunConfig, overrides: Sequence[str] = (),
@@ -111,7 +95,8 @@ def train_tracked(cfg: RunConfig, overrides: Sequence[str] = (),
     return result
 
 
-def run_job(raw: Mapping[str, Any], overrides: Sequence[str] = (), in_sweep: bool = False) -> float:
+def run_job(raw: Mapping[str, Any], overrides: Sequence[str] = (), in_sweep: bool = False,
+            say: Callable[[str], None] = log.info) -> float:
     """Train the configuration in ``raw``; returns its best validation loss (inf if not finished).
 
     Args:
@@ -119,42 +104,49 @@ def run_job(raw: Mapping[str, Any], overrides: Sequence[str] = (), in_sweep: boo
         overrides: the Hydra override strings of this job (recorded with the run).
         in_sweep: inside a multirun an unexpected failure is logged and returns ``inf`` so the
             sweep goes on; a single run re-raises it.
+        say: where a single run's one-line result goes.
+
+    Raises:
+        ConfigError: ``raw`` is not a valid config; outside a sweep (or distributed) also a
+            point the device cannot run.
+        TrackingError: outside a sweep (or distributed), the tracking store is unusable.
+        SweepError: outside a sweep (or distributed), the disk is full (exit status 1).
     """
-    cfg = load_run_config(raw)
+    cfg = to_run_config(raw)
     scrub_hydra_files(Path(cfg.output_dir))
+    alone = not in_sweep or distributed.is_distributed()
     try:
         result = train_tracked(cfg, overrides)
     except OSError as err:
         if err.errno != errno.ENOSPC:
             raise
         # Disk full (a checkpoint, steps.csv): one line; the run is closed FAILED with it.
-        print(f"error: {err.strerror if isinstance(err, DiskFull) else err}", file=sys.stderr)
-        if not in_sweep or distributed.is_distributed():
-            raise SystemExit(1) from None
+        message = err.strerror if isinstance(err, DiskFull) else str(err)
+        if alone:
+            raise SweepError(message, 1) from None
+        log.error("error: %s", message)
         return math.inf
     except (ConfigError, TrackingError) as err:
-        if not in_sweep or distributed.is_distributed():
-            _user_error(err)
+        if alone:
+            raise
         # In a sweep, one point the device cannot run (or a tracking outage) must not end the
         # other jobs: the sweeper counts it as not finished.
         log.error("run not trained, the sweep goes on: %s", err)
         return math.inf
     except Exception:
         # Distributed, the process group is broken after a failure: the ranks stop together.
-        if not in_sweep or distributed.is_distributed():
+        if alone:
             raise
         log.exception("run failed; the sweep goes on")
         return math.inf
     if distributed.is_main():
-        print_summary(result, in_sweep)
+        (log.info if in_sweep else say)(summary_line(result))
     return result.best_val_loss if result.status == "finished" else math.inf
 
 
-def print_summary(result: RunResult, in_sweep: bool = False) -> None:
-    """One readable line at the end of a run (in a sweep: to the job's log)."""
+def summary_line(result: RunResult) -> str:
+    """One readable line at the end of a run (in a sweep: in the job's log)."""
     s = result.summary
-    (log.info if in_sweep else print)(
-        f"{result.status}: best val_loss {result.best_val_loss:.4f} at epoch {result.best_epoch}, "
-        f"clip fraction {s['clip_fraction']:.3f}, skipped steps {s['skip_count']}, "
-        f"{result.wall_time_s:.1f}s -> {result.output_dir}"
-    )
+    return (f"{result.status}: best val_loss {result.best_val_loss:.4f} at epoch "
+            f"{result.best_epoch}, clip fraction {s['clip_fraction']:.3f}, skipped steps "
+            f"{s['skip_count']}, {result.wall_time_s:.1f}s -> {result.output_dir}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from hydra.core.utils import JobReturn, JobStatus
@@ -43,7 +42,7 @@ def _log_failure(result: JobReturn) -> None:
 
 
 def stream(launcher: Launcher, jobs: list[list[str]], offset: int, state_dir: Path,
-           display: Display, started: set[int]) -> list[JobReturn]:
+           display: Display, started: set[int], ended: dict[int, JobReturn]) -> None:
     """Every job through ``launcher.stream`` (``pool.PoolLauncher``); the display per job.
 
     Args:
@@ -53,16 +52,15 @@ def stream(launcher: Launcher, jobs: list[list[str]], offset: int, state_dir: Pa
         state_dir: the sweep's pool state folder (stop file, start marks).
         display: updated as each job ends (its ``poll`` reads the start marks).
         started: receives the position of every job that ran.
+        ended: receives each job's ``JobReturn`` by position, as it ends.
     """
-    results = []
     for i, result in launcher.stream(jobs, offset, state_dir):  # type: ignore[attr-defined]
         if result is None:  # the sweep was stopped before this job started
             continue
         started.add(i)
         _log_failure(result)
+        ended[i] = result
         display.end(i, value(result))
-        results.append(result)
-    return results
 
 
 def poll_marks(display: Display, state_dir: Path, offset: int, n: int) -> None:
@@ -79,15 +77,14 @@ def poll_marks(display: Display, state_dir: Path, offset: int, n: int) -> None:
 
 
 def batches(launcher: Launcher, jobs: list[list[str]], costs: list[float], offset: int,
-            size: int, display: Display, started: set[int],
-            stop: StopRequest) -> list[Sequence[JobReturn]]:
+            size: int, display: Display, started: set[int], stop: StopRequest,
+            ended: dict[int, JobReturn]) -> None:
     """Batch after batch of ``size`` (0: one batch), for launchers that return at a list's end.
 
     A batch's results all arrive at its end, so each job's duration is taken as the batch's
     wall time scaled by its expected cost against the batch's longest (``costs``).
     Other args are those of ``stream``, plus ``stop`` (no new batch once requested).
     """
-    returns = []
     first = 0
     for batch in chunks(jobs, size):
         positions = range(first, first + len(batch))
@@ -100,9 +97,8 @@ def batches(launcher: Launcher, jobs: list[list[str]], costs: list[float], offse
         longest = max(costs[i] for i in positions)
         for i, r in zip(positions, results, strict=False):
             _log_failure(r)
+            ended[i] = r
             display.end(i, value(r), duration=wall * costs[i] / longest)
-        returns.append(results)
         first += len(batch)
         if stop.requested:
             break
-    return returns

@@ -180,7 +180,7 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
     configure_http(tracking.request_timeout_s)
     check_reachable(uri)
     exp_id = ensure_experiment(uri, tracking.experiment)
-    synced = len(sync_paths([sweep_dir], uri, end_stale=False)) if sweep_dir else 0
+    synced = len(sync_paths([sweep_dir], uri)) if sweep_dir else 0
     stale = end_stale_runs(uri, tracking.experiment, tracking.stale_after_s)
     # One read serves resume (what is done) and scheduling (how long each kind of job took).
     finished = finished_runs(uri, tracking.experiment)

@@ -1,28 +1,34 @@
 """The study sweeper: Hydra's BasicSweeper plus de-duplication, resume, MLflow and progress.
 
 Before any job starts, the sweeper composes every grid point once (so a bad value fails the
-whole sweep early, naming the key), drops duplicates (clip-off points differ only in settings
-that cannot matter), checks the tracking store, creates the experiment and the sweep's parent
-run once (parallel workers initialising a brand-new SQLite store at the same time crash
-MLflow's migrations), and skips points already FINISHED in the experiment. Jobs are launched
-longest first (``schedule``): through the local worker pool (``pool``) all at once, a job
-starting whenever a core frees, the status area (``display``: done, running, ETA, best so
-far) updated as each ends; through any other launcher in batches, updated between them. A
-failed job never stops the sweep. The Hydra plugin in ``hydra_plugins/stability_sweeper`` is a
-thin subclass of this.
+whole sweep early, naming the key) and drops duplicates (clip-off points differ only in
+settings that cannot matter). Then it runs a loop over its strategy (``strategy``; the default
+is the whole grid in one round)::
+
+    points = strategy.initial()
+    open the sweep's tracking                      # session: parent run, what is done
+    while points:
+        run the round                               # rounds: schedule, launch, collect
+        points = strategy.next(results)
+    close the sweep's tracking                      # session: sync, orphans, summary
+
+A failed job never stops the sweep. The Hydra plugin in ``hydra_plugins/stability_sweeper``
+is this class with ``stability.cli``'s edge: the library raises (``errors.SweepError``, or
+``KeyboardInterrupt``/``Terminated`` once a stopped sweep is closed) and the CLI turns that
+into one line and an exit status. What the sweeper tells the user goes through ``say``
+(default: the log) and the status area's ``stream``, both set by the CLI.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
-import signal
-import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, TextIO
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -32,26 +38,17 @@ from omegaconf import OmegaConf
 
 from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.signals import StopRequest, Terminated
-from stability.sweep import launch, pool, schedule
+from stability.sweep import pool
 from stability.sweep.compose import CachedComposer
-from stability.sweep.display import Display, check_mode
-from stability.sweep.grid import SweepPoint, dedupe, make_point, override_key
-from stability.sweep.parent import (
-    SweepRun,
-    next_job_index,
-    open_sweep_run,
-    override,
-    resumable_folders,
-)
-from stability.sweep.progress import Progress, format_duration
-from stability.tracking.auth import AuthError, check_credentials, check_no_userinfo
-from stability.tracking.sync import sync_paths
-from stability.tracking.uri import (
-    TrackingError,
-    redact_uri,
-    resolve_tracking_uri,
-    scrub_hydra_files,
-)
+from stability.sweep.display import check_mode
+from stability.sweep.errors import SweepError
+from stability.sweep.grid import SweepPoint, dedupe, make_point
+from stability.sweep.parent import next_job_index
+from stability.sweep.progress import format_duration
+from stability.sweep.rounds import Launching, RoundOutcome, run_round
+from stability.sweep.session import Session, open_session
+from stability.sweep.strategy import SKIPPED, PointResult, Strategy, load_strategy
+from stability.tracking.uri import redact_uri, scrub_hydra_files
 
 log = logging.getLogger(__name__)
 
@@ -59,25 +56,6 @@ log = logging.getLogger(__name__)
 LAUNCHER_LOGGERS = ("hydra._internal.core_plugins.basic_launcher",
                     "hydra_plugins.hydra_joblib_launcher._core",
                     "hydra_plugins.hydra_submitit_launcher.submitit_launcher")
-# Set by the sweeper on every job; a user's own values for these would be ambiguous.
-JOB_TRACKING_KEYS = ("tracking.uri", "tracking.sweep_id", "tracking.parent_run_id")
-
-
-def _fail(message: str, status: int) -> None:
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(status)
-
-
-def _say(message: str) -> None:
-    print(f"[sweep] {message}", flush=True)
-
-
-def _on_cpu(points: Sequence[SweepPoint]) -> bool:
-    """Whether the points train on a CPU (``device=auto`` without CUDA here)."""
-    import torch
-
-    devices = {p.cfg.device for p in points}
-    return devices == {"cpu"} or ("cuda" not in devices and not torch.cuda.is_available())
 
 
 class StabilitySweeper(BasicSweeper):
@@ -88,16 +66,23 @@ class StabilitySweeper(BasicSweeper):
             its worker count, basic: 1, anything else: the whole grid at once).
         params: the grid, ``{key: "v1,v2"}`` (Hydra sweep syntax).
         resume: skip points (fingerprint + seed) already FINISHED in the experiment.
-        dry_run: print the grid size and the points that would run; launch nothing.
+        dry_run: say the grid size and the points that would run; launch nothing.
         progress: the status area (``display.MODES``): ``auto``, ``live`` or ``plain``.
         progress_every_s: plain status lines at most this often (seconds).
         verbose: the jobs print their per-epoch lines to the terminal too (read by the jobs,
             ``stability.sweep.job``).
+        strategy: how the sweep plans (``strategy.load_strategy``): None or ``grid`` for the
+            whole grid, else a class ``module.Class`` (or the class itself).
+
+    Attributes:
+        say: where the sweeper's lines go (default: this module's log; the CLI prints them).
+        stream: where the status area writes (None: stdout).
     """
 
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None,
                  resume: bool = True, dry_run: bool = False, progress: str = "auto",
-                 progress_every_s: float = 60.0, verbose: bool = False) -> None:
+                 progress_every_s: float = 60.0, verbose: bool = False,
+                 strategy: str | type | None = None) -> None:
         # Not BasicSweeper.__init__: its ``super(BasicSweeper, self)`` breaks when Hydra's plugin
         # scan re-executes that module after this class was defined (it rebinds the name).
         Sweeper.__init__(self)
@@ -113,13 +98,20 @@ class StabilitySweeper(BasicSweeper):
         self.progress = progress
         self.progress_every_s = progress_every_s
         self.verbose = verbose
+        self.strategy = strategy
         self.grid: dict[str, str] = {}
+        self.say: Callable[[str], None] = log.info
+        self.stream: TextIO | None = None
         self._composer: CachedComposer | None = None
         self._composed: dict[tuple[str, ...], RunConfig] = {}
 
     def _compose(self, overrides: Sequence[str]) -> RunConfig:
         """The ``RunConfig`` a job with ``overrides`` will see (``compose.CachedComposer``:
-        composing from scratch costs ~0.1 s a point, a minute for the default study)."""
+        composing from scratch costs ~0.1 s a point, a minute for the default study).
+
+        Raises:
+            SweepError: the point's config is invalid (exit 2, the grid point named).
+        """
         assert self.hydra_context is not None and self.config is not None
         key = tuple(overrides)
         if key in self._composed:  # e.g. every clip-off point once its max_norm is dropped
@@ -130,10 +122,16 @@ class StabilitySweeper(BasicSweeper):
         try:
             run = to_run_config(OmegaConf.to_container(cfg, resolve=True))
         except ConfigError as err:
-            _fail(f"{err} (grid point: {' '.join(overrides)})", 2)
-            raise  # unreachable: _fail exits
+            raise SweepError(f"{err} (grid point: {' '.join(overrides)})", 2) from None
         self._composed[key] = run  # frozen: points with the same overrides may share it
         return run
+
+    def make_point(self, overrides: Sequence[str]) -> SweepPoint:
+        """The point of one job's overrides: composed, validated, irrelevant settings dropped."""
+        p = make_point(overrides, self._compose(overrides))
+        if len(p.overrides) < len(overrides):  # settings that cannot matter were dropped:
+            p = replace(p, cfg=self._compose(p.overrides))  # keep the config that will run
+        return p
 
     def plan(self, arguments: list[str]) -> tuple[int, list[SweepPoint]]:
         """Expand the grid and compose every point; returns (grid size, unique points).
@@ -149,12 +147,7 @@ class StabilitySweeper(BasicSweeper):
                      if not o.get_key_element().lstrip("+~").startswith("tracking.")}
         jobs = self.split_arguments(overrides, None)[0]
         t0 = time.perf_counter()
-        points = []
-        for job in jobs:
-            p = make_point(job, self._compose(job))
-            if len(p.overrides) < len(job):  # settings that cannot matter were dropped:
-                p = replace(p, cfg=self._compose(p.overrides))  # keep the config that will run
-            points.append(p)
+        points = [self.make_point(job) for job in jobs]
         log.debug("composed %d grid points in %.1fs", len(points), time.perf_counter() - t0)
         return len(points), dedupe(points)
 
@@ -173,94 +166,130 @@ class StabilitySweeper(BasicSweeper):
             return 1
         return 0  # submitit & co: the scheduler decides the parallelism
 
+    def strategy_class(self) -> Callable[..., Strategy]:
+        """The class of ``hydra.sweeper.strategy`` (``strategy.load_strategy``).
+
+        Raises:
+            SweepError: it does not name an importable class (exit 2).
+        """
+        try:
+            return load_strategy(self.strategy)
+        except ConfigError as err:
+            raise SweepError(str(err), 2) from None
+
     def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
-        """Plan, de-duplicate, skip finished points, then launch longest first."""
+        """Plan, de-duplicate, then run the strategy's rounds (see the module docstring).
+
+        Raises:
+            SweepError: a bad setting or grid value (exit 2), a store that cannot take the
+                sweep (exit 1); nothing was launched then.
+            KeyboardInterrupt | Terminated: the sweep was stopped (after it was closed).
+        """
         assert self.config is not None
         try:
             check_mode(self.progress, self.progress_every_s)
         except ConfigError as err:
-            _fail(str(err), 2)
+            raise SweepError(str(err), 2) from None
+        make_strategy = self.strategy_class()
         if not self.verbose:
             for name in LAUNCHER_LOGGERS:
                 logging.getLogger(name).setLevel(logging.WARNING)
         grid_size, points = self.plan(arguments)
         dupes = grid_size - len(points)
-        _say(f"grid: {grid_size} points, {len(points)} after de-duplication ({dupes} duplicates: "
-             "settings that cannot matter, e.g. clip.max_norm with clipping off)")
+        self.say(f"grid: {grid_size} points, {len(points)} after de-duplication ({dupes} "
+                 "duplicates: settings that cannot matter, e.g. clip.max_norm with clipping off)")
         if self.dry_run:
             for p in points:
-                _say(f"would run: {' '.join(p.overrides)}")
+                self.say(f"would run: {' '.join(p.overrides)}")
             return []
+        strategy = make_strategy(points, self.make_point)
+        batch = dedupe(strategy.initial())
         sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         sweep_dir = Path(self.config.hydra.sweep.dir)
         scrub_hydra_files(sweep_dir)
-        run, done = self._open_tracking(points, grid_size, sweep_id, arguments, sweep_dir)
-        todo = [p for p in points if p.key not in done]
-        # --- durability (docs/TRACKING.md): killed points go on from their checkpoint, and a
-        # re-run in the same folder never reuses an old job's folder
-        resume = resumable_folders(run, todo) if run is not None else {}
-        offset = next_job_index(sweep_dir) if sweep_dir.is_dir() else 0
-        if run is not None:
-            _say(f"synced {run.synced} pending runs; ended {run.stale} runs without heartbeat "
-                 f"as KILLED; {len(resume)} points resume from a checkpoint")
-        # --- end durability
-        if run is not None:
-            _say(f"skipped {len(points) - len(todo)} points already FINISHED in experiment "
-                 f"'{run.experiment}' ({redact_uri(run.uri)}); {len(todo)} to run")
-            _say(f"sweep {sweep_id}: parent run {run.run_id}")
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-
-        # Longest first: a pool that takes the next job as a core frees ends soonest that way;
-        # without measured costs, one job of each kind first, so the ETA measures every kind.
-        observed = run.costs if run else None
-        costed = schedule.order(todo, observed, on_cpu=_on_cpu(todo))
-        if not schedule.measured(todo, observed):
-            costed = schedule.with_probes(costed)
-        todo, costs = [p for p, _ in costed], [c for _, c in costed]
-        job_dirs = self._job_dirs(todo, offset) | {p.key: resume[p.key] for p in todo
-                                                   if p.key in resume}
-        streams = self._streams()
-        workers = self.batch_size() or len(todo)
-        progress = Progress.of(todo, costs, workers, skipped=len(points) - len(todo))
+        session = open_session(batch, grid_size, sweep_id, arguments, self.grid, self.resume,
+                               sweep_dir)
         state_dir = sweep_dir / f".pool-{sweep_id}"  # stop file, jobs' start marks (pool)
-        state_dir.mkdir(parents=True)
-        display = Display(progress, sweep_id, self.progress, self.progress_every_s,
-                          poll=(lambda: launch.poll_marks(display, state_dir, offset, len(todo)))
-                          if streams else None)
+        how = Launching(self.launcher, self._streams(), self.batch_size(), self.batch_size(),
+                        self._job_dirs_known(), sweep_dir, state_dir, sweep_id, self.progress,
+                        self.progress_every_s, self.stream)
         stop = StopRequest(in_process=self._launcher_target().endswith("BasicLauncher"),
-                           stop_file=state_dir / pool.STOP_FILE)
-        status, started, returns = "FAILED", set(), []
+                           stop_file=state_dir / pool.STOP_FILE, say=self.say)
+        rounds: list[RoundOutcome] = []
+        seen: set[tuple[str, int]] = set()
+        skipped, status, started = 0, "FAILED", time.time()
         try:
-            with stop.installed(), display:
-                jobs = self._jobs(todo, run, resume)
-                if streams:
-                    returns = [launch.stream(self.launcher, jobs, offset, state_dir, display,
-                                             started)]
-                else:
-                    returns = launch.batches(self.launcher, jobs, costs, offset,
-                                             self.batch_size(), display, started, stop)
-                if stop.requested:
-                    raise stop.exception()
+            with stop.installed():
+                while batch:
+                    # a point proposed again is not run twice in one sweep
+                    batch = [p for p in batch if p.key not in seen]
+                    seen.update(p.key for p in batch)
+                    todo = [p for p in batch if p.key not in session.done]
+                    skipped += len(batch) - len(todo)
+                    resume, offset = self._durability(session, todo, sweep_dir, first=not rounds)
+                    if not rounds:
+                        self._opened(session, sweep_id, len(batch), len(todo), state_dir)
+                        started = time.time()
+                    else:
+                        self.say(f"round {len(rounds) + 1}: {len(todo)} more points to run")
+                    rounds.append(RoundOutcome())
+                    run_round(how, todo, len(batch) - len(todo), session, resume, offset, stop,
+                              rounds[-1])
+                    if stop.requested:
+                        raise stop.exception()
+                    results = rounds[-1].results + [PointResult(p, SKIPPED) for p in batch
+                                                    if p.key in session.done]
+                    batch = dedupe(strategy.next(results) or [])
             status = "FINISHED"
-        except (KeyboardInterrupt, Terminated) as err:
+        except (KeyboardInterrupt, Terminated):  # the CLI exits with 128 + the signal
             status = "KILLED"
-            interrupted = isinstance(err, KeyboardInterrupt)
-            raise SystemExit(128 + (signal.SIGINT if interrupted else signal.SIGTERM)) from None
+            raise
         finally:
             shutil.rmtree(state_dir, ignore_errors=True)
-            launched = len(started | {i for i, p in enumerate(todo)
-                                      if p.key in job_dirs and job_dirs[p.key].is_dir()})
-            summary = {"runs_grid": grid_size, "runs_unique": len(points),
-                       "runs_launched": launched, "runs_skipped_done": len(points) - len(todo),
-                       "runs_not_finished": progress.failed}
-            if run is not None:
-                summary |= self._close(run, status, summary, job_dirs, sweep_dir)
-            _say(f"{status.lower()} after {format_duration(progress.elapsed())}: "
+            self._summary(session, status, grid_size, len(seen) or len(points), skipped,
+                          rounds, sweep_dir, time.time() - started)
+        return [r.returns for r in rounds]
+
+    def _durability(self, session: Session, todo: Sequence[SweepPoint], sweep_dir: Path,
+                    first: bool) -> tuple[dict[tuple[str, int], Path], int]:
+        """Killed points go on from their checkpoint, and a re-run in the same folder never
+        reuses an old job's folder (docs/TRACKING.md)."""
+        resume = session.resumable(todo)
+        offset = next_job_index(sweep_dir) if sweep_dir.is_dir() else 0
+        if first and session.run is not None:
+            self.say(f"synced {session.run.synced} pending runs; ended {session.run.stale} runs "
+                     f"without heartbeat as KILLED; {len(resume)} points resume from a "
+                     "checkpoint")
+        return resume, offset
+
+    def _opened(self, session: Session, sweep_id: str, planned: int, todo: int,
+                state_dir: Path) -> None:
+        """Say what the sweep skips and where it is tracked; write its folder's records."""
+        assert self.config is not None
+        run = session.run
+        if run is not None:
+            self.say(f"skipped {planned - todo} points already FINISHED in experiment "
+                     f"'{run.experiment}' ({redact_uri(run.uri)}); {todo} to run")
+            self.say(f"sweep {sweep_id}: parent run {run.run_id}")
+        state_dir.parent.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, state_dir.parent / "multirun.yaml")
+        state_dir.mkdir(parents=True)
+
+    def _summary(self, session: Session, status: str, grid_size: int, unique: int, skipped: int,
+                 rounds: Sequence[RoundOutcome], sweep_dir: Path, elapsed: float) -> None:
+        """Close the sweep's tracking and say its one-line outcome."""
+        job_dirs: dict[Any, Path] = {}
+        for r in rounds:
+            job_dirs |= r.job_dirs
+        summary = {"runs_grid": grid_size, "runs_unique": unique,
+                   "runs_launched": sum(len(r.launched) for r in rounds),
+                   "runs_skipped_done": skipped,
+                   "runs_not_finished": sum(r.failed for r in rounds)}
+        summary |= session.close(status, summary, job_dirs, sweep_dir, self.say)
+        self.say(f"{status.lower()} after {format_duration(elapsed)}: "
                  + ", ".join(f"{k.removeprefix('runs_')}={int(v)}" for k, v in summary.items()))
-            if run is not None:
-                _say(f"view: {run.view_hint()}")
-        return returns
+        if session.run is not None:
+            self.say(f"view: {session.run.view_hint()}")
 
     def _streams(self) -> bool:
         """Whether to hand the launcher the whole grid at once (``pool.PoolLauncher``).
@@ -273,66 +302,8 @@ class StabilitySweeper(BasicSweeper):
         assert self.config is not None
         return str(self.config.hydra.launcher.get("_target_", ""))
 
-    def _job_dirs(self, batch: list[SweepPoint], first: int) -> dict[tuple[str, int], Path]:
-        """Each job's output folder (Hydra's default layout: <sweep dir>/<job number>)."""
+    def _job_dirs_known(self) -> bool:
+        """Hydra's default layout: each job's folder is ``<sweep dir>/<job number>``."""
         assert self.config is not None
         sweep = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)
-        if sweep.get("subdir") != "${hydra.job.num}":
-            return {}
-        root = Path(self.config.hydra.sweep.dir)
-        return {p.key: root / str(first + i) for i, p in enumerate(batch)}
-
-    def _open_tracking(self, points: list[SweepPoint], grid_size: int, sweep_id: str,
-                       arguments: list[str], sweep_dir: Path
-                       ) -> tuple[SweepRun | None, set[tuple[str, int]]]:
-        if not points:
-            return None, set()
-        tracking = points[0].cfg.tracking
-        for p in points:
-            t = p.cfg.tracking
-            if (t.uri, t.experiment, t.enabled) != (tracking.uri, tracking.experiment,
-                                                    tracking.enabled):
-                _fail("tracking.uri, tracking.experiment and tracking.enabled cannot vary "
-                      "within a sweep (allowed: one value each)", 2)
-        if not tracking.enabled:
-            return None, set()
-        try:  # before any run: a refused password is a user error, not a grid of failed runs
-            # A password in tracking.uri would be in Hydra's multirun.yaml and every job's
-            # overrides: refused (MLFLOW_TRACKING_USERNAME / _PASSWORD carry credentials).
-            check_no_userinfo(tracking.uri or "")
-            check_credentials(resolve_tracking_uri(tracking.uri))
-        except (AuthError, ConfigError) as err:
-            _fail(str(err), 2)
-        try:
-            return open_sweep_run(tracking, sweep_id, grid_size, len(points), arguments,
-                                  self.grid, self.resume, sweep_dir)
-        except (TrackingError, ConfigError) as err:
-            _fail(str(err), 1)
-            raise  # unreachable: _fail exits
-        except Exception as err:  # e.g. MlflowException: a store that refuses the sweep
-            _fail(redact_uri(f"cannot prepare the sweep in tracking store "
-                             f"{tracking.uri or '(default)'}: {type(err).__name__}: {err}"), 1)
-            raise
-
-    @staticmethod
-    def _jobs(points: list[SweepPoint], run: SweepRun | None,
-              resume: dict[tuple[str, int], Path]) -> list[list[str]]:
-        """Each point's overrides, plus the sweep's tracking and a resumed point's folder."""
-        extra = run.job_overrides() if run else []
-        return [[o for o in p.overrides if override_key(o) not in JOB_TRACKING_KEYS] + extra
-                + ([override("output_dir", str(resume[p.key]))] if p.key in resume else [])
-                for p in points]
-
-    @staticmethod
-    def _close(run: SweepRun, status: str, summary: dict[str, int],
-               job_dirs: dict[tuple[str, int], Path], sweep_dir: Path) -> dict[str, int]:
-        try:
-            synced = len(sync_paths([sweep_dir], run.uri, end_stale=False))
-            _say(f"synced {synced} pending runs of this sweep")
-            orphans = run.close_orphans(job_dirs, killed=status == "KILLED")
-            if orphans:
-                _say(f"closed {orphans} runs their jobs left open (worker killed or crashed)")
-            return run.close(status, summary) | {"runs_orphaned": orphans}
-        except Exception as err:  # never hide the sweep's own outcome behind a tracking error
-            log.error("could not close the sweep's parent run %s: %s", run.run_id, err)
-            return {}
+        return sweep.get("subdir") == "${hydra.job.num}"

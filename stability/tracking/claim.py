@@ -61,6 +61,6 @@ def claim(folder: str | Path, cfg: RunConfig, world_size: int = 1) -> Path | Non
         if src.exists():
             (aside / rel).parent.mkdir(parents=True, exist_ok=True)
             src.replace(aside / rel)
-    print(f"moved the previous run's records in {folder} aside to {aside} ({why}); "
-          f"`stability sync {aside}` uploads what MLflow lacks", flush=True)
+    log.warning("moved the previous run's records in %s aside to %s (%s); `stability sync %s` "
+                "uploads what MLflow lacks", folder, aside, why, aside)
     return aside

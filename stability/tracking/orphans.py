@@ -4,7 +4,8 @@ MLflow leaves a run RUNNING when its process is SIGKILLed, OOM-killed or its nod
 Every tracked run refreshes ``stability.heartbeat`` from its sender thread and records
 ``stability.process`` (``<host>:<pid>``). A RUNNING run is stale when its heartbeat is older
 than ``tracking.stale_after_s``, or at once when its process ran on this host and is gone.
-Before it is ended, what its folder holds (if the folder is on this machine) is synced.
+Before it is ended, what its folder holds (if the folder is on this machine) is synced
+(``sync.sync_folder``: this module builds on the sync, never the other way round).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from stability.tracking.artifacts import upload_artifacts
 from stability.tracking.contract import Kind, Outcome, Tag, search_filter
 from stability.tracking.journal import now_ms
 from stability.tracking.queries import search_all
+from stability.tracking.sync import SyncResult, sync_folder
 from stability.tracking.uri import client
 
 log = logging.getLogger(__name__)
@@ -75,8 +78,6 @@ def end_stale_runs(uri: str, experiment: str, stale_after_s: float = STALE_AFTER
         stale_after_s: a heartbeat older than this means the process is gone.
         sweep_id: only runs of this sweep.
     """
-    from stability.tracking.sync import sync_folder
-
     c = client(uri)
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
@@ -123,3 +124,13 @@ def end_stale_sweeps(c: Any, experiment_id: str, stale_after_s: float,
         log.warning("ended sweep run %s as KILLED: %s", rid, reason)
         ended += 1
     return ended
+
+
+def end_stale_after_sync(results: Iterable[SyncResult]) -> int:
+    """End the stale RUNNING runs of every experiment ``results`` synced into; how many.
+
+    What ``stability sync`` does once the pending folders are uploaded: a run whose folder was
+    synced is complete, the ones still RUNNING without heartbeat are dead.
+    """
+    stores = sorted({(r.uri, r.experiment) for r in results})
+    return sum(end_stale_runs(store, experiment) for store, experiment in stores)

@@ -7,6 +7,7 @@ dozen consumer processes that this project never uses.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -16,6 +17,8 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 def free_port() -> int:
@@ -99,15 +102,19 @@ def prepare_store(store_uri: str) -> None:
         client(store_uri)
 
 
+def ui_banner(store_uri: str, port: int) -> str:
+    """The line that says where the UI of ``store_uri`` will answer (credentials removed)."""
+    from stability.tracking.uri import redact_uri
+
+    return f"MLflow UI for {redact_uri(store_uri)}: http://127.0.0.1:{port}"
+
+
 def serve_ui(store_uri: str, port: int = 5000) -> None:
     """Replace this process with the MLflow UI on ``store_uri`` (``make ui``; Ctrl-C stops it).
 
     A SQLite store's artifacts are where its experiments say (``mlruns/`` beside the file), so
-    no artifact flags are needed.
+    no artifact flags are needed. The caller says ``ui_banner`` first.
     """
-    from stability.tracking.uri import redact_uri
-
-    print(f"MLflow UI for {redact_uri(store_uri)}: http://127.0.0.1:{port}", flush=True)
     prepare_store(store_uri)
     cmd = server_command(store_uri, port)
     os.execvpe(cmd[0], cmd, server_env())
@@ -123,7 +130,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--store", default=None, help="tracking store (default: ./mlflow.db)")
     p.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default 5000)")
     args = p.parse_args(argv)
-    serve_ui(args.store or default_store_uri(), args.port)
+    store = args.store or default_store_uri()
+    # ``make ui``'s only line: the log, to stdout, as the ``stability ui`` command prints it
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    log.info(ui_banner(store, args.port))
+    serve_ui(store, args.port)
 
 
 def start_server(

@@ -1,4 +1,4 @@
-"""Upload what MLflow lacks of a run folder: ``stability sync`` / ``experiments/sync.py``.
+"""Upload what MLflow lacks of a run folder (``stability sync``, whose edge is ``stability.cli``).
 
 A run folder's journal (``tracking.jsonl``) and ``steps.csv`` hold everything its run puts into
 MLflow. A sync replays them into the same MLflow run (creating it if it never reached the
@@ -10,17 +10,14 @@ retried like the run's own sender (a locked SQLite database included).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import logging
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stability.core import rundir
-from stability.core.config import ConfigError
 from stability.tracking import journal
 from stability.tracking.artifacts import upload_artifacts
 from stability.tracking.buffer import MAX_PARAMS, MAX_TAGS, Point, retry_call, send_metrics
@@ -29,7 +26,6 @@ from stability.tracking.queries import metric_steps
 from stability.tracking.uri import (
     TrackingError,
     client,
-    configure_http,
     ensure_experiment,
     is_http,
     reachable_now,
@@ -215,25 +211,22 @@ def pending_folders(paths: Iterable[str | Path]) -> list[Path]:
     return list(found)
 
 
-def sync_paths(paths: Iterable[str | Path], uri: str | None = None,
-               end_stale: bool = True) -> list[SyncResult]:
-    """Sync every pending run folder under ``paths``; then end stale RUNNING runs.
+def sync_paths(paths: Iterable[str | Path], uri: str | None = None) -> list[SyncResult]:
+    """Sync every pending run folder under ``paths``.
 
     A folder that cannot be synced now (server away) stays pending and is reported in the
-    log; the others go on.
+    log; the others go on. Ending the synced experiments' stale RUNNING runs afterwards is
+    ``orphans.end_stale_after_sync`` (``stability sync`` does both).
 
     Args:
         paths: run folders or folders above them (a sweep folder, ``multirun/``).
         uri: the tracking URI (default: ``$MLFLOW_TRACKING_URI``, else the embedded store);
             a folder whose journal names another store stays pending (logged).
-        end_stale: also end RUNNING runs of the synced experiments whose heartbeat is stale.
 
     Returns:
         One result per folder synced.
     """
-    from stability.tracking.orphans import end_stale_runs
-
-    results, stores = [], set()
+    results = []
     for folder in pending_folders(paths):
         try:
             res = sync_folder(folder, uri)
@@ -241,39 +234,4 @@ def sync_paths(paths: Iterable[str | Path], uri: str | None = None,
             log.error("not synced, stays pending: %s: %s", folder, redact_uri(str(err)))
             continue
         results.append(res)
-        stores.add((res.uri, res.experiment))
-    for store, experiment in sorted(stores) if end_stale else ():
-        end_stale_runs(store, experiment)
     return results
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``stability sync`` / ``python experiments/sync.py [PATH ...] [--uri URI]``.
-
-    Syncs the paths given (default: the current folder) and prints one line per run and a
-    count. Returns the exit status: 1 if any folder stays pending, else 0.
-    """
-    parser = argparse.ArgumentParser(prog="stability sync",
-                                     description="Upload run folders kept locally while the "
-                                                 "tracking server was away.")
-    parser.add_argument("paths", nargs="*", default=["."], help="run folders or folders above")
-    parser.add_argument("--uri", default=None, help="tracking URI (default: "
-                        "$MLFLOW_TRACKING_URI, else ./mlflow.db); every journal must name it")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    configure_http(REQUEST_TIMEOUT_S)
-    wanted = pending_folders(args.paths)
-    try:  # every journal first: one naming another store (or unreadable) stops the sync
-        uri = resolve_tracking_uri(args.uri)
-        for folder in wanted:
-            check_destination(folder, read_journal(folder), uri)
-    except (SyncError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    results = sync_paths(args.paths, uri)
-    for r in results:
-        print(r.line())
-    left = len(wanted) - len(results)
-    print(f"synced {len(results)} of {len(wanted)} pending runs" + (f"; {left} stay pending"
-                                                                     if left else ""))
-    return 1 if left else 0
