@@ -9,15 +9,16 @@ a device sync on CUDA) are counted with ``torch.profiler`` over several steps an
 change cannot add one silently. Per optimizer step of ``TrainStep`` without the per-layer
 table, outside the optimizer's own ``step``:
 
-- one ``loss.item()`` per micro-batch (a non-finite loss skips the step before its backward);
-- one ``bool(isfinite(pre-clip norm))``: whether the step is taken;
+- one ``loss.item()`` per micro-batch (a non-finite loss skips the step before its backward,
+  so it must be known on the host before that backward);
+- one ``.tolist()`` of ``[pre, post, loss]``: whether the step is taken, and everything logged
+  (counted through a torch-function mode: on CPU it runs no aten op the profiler could see);
 - with fp16 only: ``scaler.get_scale()`` (the logged scale) and the ``found_inf`` read inside
   ``GradScaler.step``.
 
-Not counted here: the one ``.tolist()`` of ``[pre, post, loss]`` that reads everything logged
-(on CPU it reads memory without an aten op, so the profiler cannot see it), the fp16 underflow
-share's two reads per gradient tensor on the steps that sample it (step 1 and every
-``underflow_every``), and PyTorch's AdamW on CPU, which reads each parameter's step count.
+Not counted here: the fp16 underflow share's two reads per gradient tensor on the steps that
+sample it (step 1 and every ``underflow_every``, pinned separately), and PyTorch's AdamW on
+CPU, which reads each parameter's step count inside its own ``step``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import fields
 import pytest
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile
 
 import stability.core.measure as measure_module
@@ -120,9 +122,23 @@ def test_plain_loop_gets_train_steps_step_logs(precision: str, clip: ClipConfig)
 
 
 
+class _ToList(TorchFunctionMode):
+    """Counts ``Tensor.tolist`` calls: on CPU a ``.tolist()`` reads memory without an aten op,
+    so the profiler cannot see it; a torch-function mode sees every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.calls += func is torch.Tensor.tolist
+        return func(*args, **(kwargs or {}))
+
+
 def _host_reads(run: object, steps: int) -> int:
-    """``aten::_local_scalar_dense`` events of ``run()`` outside any ``Optimizer.step``."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    """Host reads of ``run()`` outside any ``Optimizer.step``: ``aten::_local_scalar_dense``
+    events (``.item()``, ``bool()``, ``float()``) plus ``.tolist()`` calls."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof, _ToList() as tolist:
         for _ in range(steps):
             run()  # type: ignore[operator]
 
@@ -133,15 +149,15 @@ def _host_reads(run: object, steps: int) -> int:
             e = e.cpu_parent  # type: ignore[attr-defined]
         return False
 
-    return sum(1 for e in prof.events()
-               if e.name == "aten::_local_scalar_dense" and not in_optimizer(e))
+    return tolist.calls + sum(1 for e in prof.events()
+                              if e.name == "aten::_local_scalar_dense" and not in_optimizer(e))
 
 
 @pytest.mark.parametrize(("precision", "accum", "per_step"), [
     ("fp32", 1, 2), ("fp32", 4, 5), ("bf16", 1, 2), ("bf16", 4, 5), ("fp16", 1, 4), ("fp16", 4, 7),
 ])
 def test_train_step_host_reads_are_pinned(precision: str, accum: int, per_step: int) -> None:
-    """Per step: one loss read per micro-batch + the finiteness read (+2 with the fp16 scaler)."""
+    """Per step: one loss read per micro-batch + the one ``.tolist()`` (+2 with fp16's scaler)."""
     ts = _train_step(precision, ClipConfig(enabled=True, max_norm=0.05), accum=accum,
                      underflow_every=10**6)
     window = _batches(accum)
@@ -180,18 +196,30 @@ def test_measure_reads_once_plus_the_scale(precision: str, reads: int) -> None:
     assert m.grad_l2_pre_clip > 1e-2
 
 
-def test_measure_leaves_non_finite_gradients_unclipped_and_names_the_parameter() -> None:
-    """A skipped step: no clip (inf would turn into nan), the first bad parameter named."""
-    model = _model()
-    nn.functional.binary_cross_entropy_with_logits(model(_batches(1)[0][0]),
-                                                   _batches(1)[0][1]).backward()
-    bad = model[2].bias
-    bad.grad.view(-1)[0] = math.inf
-    m = measure(model.parameters(), ClipConfig(enabled=True, max_norm=1e-3), None, model=model)
-    assert not m.finite and not m.clipped and m.nonfinite_param == "2.bias"
-    assert m.grad_l2_pre_clip == math.inf == m.grad_l2_post_clip
-    assert math.isinf(float(bad.grad.view(-1)[0]))
+@pytest.mark.parametrize("clip", [ClipConfig(enabled=True, max_norm=1e-3),
+                                  ClipConfig(enabled=True, method="value", clip_value=1e-3),
+                                  ClipConfig(enabled=False)], ids=["norm", "value", "off"])
+def test_a_non_finite_gradient_is_reported_unclipped_and_named(clip: ClipConfig) -> None:
+    """A skipped step logs the pre-clip norm as post (nothing counted as clipped) and names the
+    first bad parameter, even when value clipping has turned its inf into a finite bound."""
+    def with_grads(*bad: str) -> nn.Module:
+        model = _model()
+        x, y = _batches(1)[0]
+        nn.functional.binary_cross_entropy_with_logits(model(x), y).backward()
+        named = dict(model.named_parameters())
+        for name, value in zip(bad, (math.inf, math.nan), strict=False):
+            named[name].grad.view(-1)[0] = value
+        return model
+
+    model = with_grads("2.bias", "0.weight")  # 0.weight comes first in the model's order
+    m = measure(model.parameters(), clip, None, model=model)
+    assert not m.finite and not m.clipped and m.nonfinite_param == "0.weight"
+    assert math.isnan(m.grad_l2_pre_clip) and math.isnan(m.grad_l2_post_clip)
     assert math.isnan(m.loss) and m.scaler_scale == 1.0
+    model = with_grads("2.bias")
+    m = measure(model.parameters(), clip, None, model=model)
+    assert m.nonfinite_param == "2.bias"
+    assert m.grad_l2_pre_clip == math.inf == m.grad_l2_post_clip
 
 
 def test_the_documented_plain_loop_runs_and_matches_train_step() -> None:

@@ -19,12 +19,21 @@ def _grads(parameters: Iterable[torch.nn.Parameter]) -> list[torch.Tensor]:
     return [p.grad for p in parameters if p.grad is not None]
 
 
+def grad_norms(grads: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor L2 norms of ``grads`` (stacked) and their global norm, both on the device.
+
+    A tensor's norm is inf/nan exactly when one of its elements is (up to float32 overflow),
+    so the per-tensor norms also say *which* gradient went non-finite, without another pass.
+    """
+    if not grads:
+        return torch.zeros((0,)), torch.zeros(())
+    norms = torch.stack(torch._foreach_norm(grads, 2.0))
+    return norms, torch.linalg.vector_norm(norms.float(), 2.0)
+
+
 def grad_global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """Global L2 norm of ``grads``, a 0-d float32 tensor (inf/nan if any element is)."""
-    if not grads:
-        return torch.zeros(())
-    norms = torch._foreach_norm(grads, 2.0)
-    return torch.linalg.vector_norm(torch.stack(norms).float(), 2.0)
+    return grad_norms(grads)[1]
 
 
 def clip_by_norm_(grads: list[torch.Tensor], pre: torch.Tensor, max_norm: float) -> torch.Tensor:

@@ -21,10 +21,10 @@ the cumulative skip count and the fp16 underflow sampling, and returns the ``Ste
 (``scaler = torch.amp.GradScaler("cpu", enabled=False)`` outside fp16; ``TrainStep`` also
 skips a non-finite loss before its backward, which this loop does not need to.)
 
-Host reads (a device sync on CUDA) per call, pinned by tests/test_measure.py: one
-``bool(isfinite(norm))`` to decide the skip, one ``.tolist()`` of ``[pre, post, loss]`` for
-everything logged, ``scaler.get_scale()`` with an enabled scaler, and the underflow share's
-two per gradient tensor on the steps that sample it.
+Host reads (a device sync on CUDA) per call, pinned by tests/test_measure.py: one ``.tolist()``
+of ``[pre, post, loss]``, which decides the skip and carries everything logged;
+``scaler.get_scale()`` with an enabled scaler; and the underflow share's two per gradient
+tensor on the steps that sample it.
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ from torch import nn
 from stability.core.clipping import (
     clip_by_norm_,
     clip_by_value_,
-    first_non_finite,
-    grad_global_norm,
+    grad_norms,
 )
 from stability.core.config import ClipConfig
 from stability.core.precision import fp16_underflow_fraction
@@ -67,6 +66,20 @@ def _named(model: nn.Module) -> Iterable[tuple[str, nn.Parameter]]:
     return getattr(model, "module", model).named_parameters()
 
 
+def _first_non_finite(model: nn.Module, with_grad: list[nn.Parameter],
+                      per_tensor: torch.Tensor) -> str:
+    """The model's first parameter (in its own order) whose gradient was non-finite before
+    clipping, from the per-tensor norms taken then (value clipping turns inf into a finite
+    bound, so the gradients themselves can no longer tell). A read only on the skip path."""
+    bad = (~torch.isfinite(per_tensor)).tolist()
+    index = {id(p): i for i, p in enumerate(with_grad)}
+    for name, p in _named(model):
+        i = index.get(id(p))
+        if i is not None and bad[i]:
+            return name
+    return ""
+
+
 def measure(params: Iterable[nn.Parameter], clip: ClipConfig,
             scaler: torch.amp.GradScaler | None = None, *,
             loss: torch.Tensor | float = math.nan, model: nn.Module | None = None,
@@ -87,30 +100,35 @@ def measure(params: Iterable[nn.Parameter], clip: ClipConfig,
     Returns:
         The ``Measurement``; take the optimizer step only if ``finite``.
     """
-    grads = [p.grad for p in params if p.grad is not None]
+    with_grad = [p for p in params if p.grad is not None]
+    grads = [p.grad for p in with_grad]
     scaling = scaler is not None and scaler.is_enabled()
     scale = scaler.get_scale() if scaling else 1.0
-    pre = grad_global_norm(grads)
-    # A non-finite norm is exactly "some gradient element is inf/nan" (up to float32 overflow).
-    finite = bool(torch.isfinite(pre))
+    per_tensor, pre = grad_norms(grads)
     # The underflow share describes the raw unscaled gradients, so it is sampled before
     # clipping (clipped gradients are smaller and would inflate it).
-    underflow = math.nan
-    if finite and scaling and sample_underflow:
-        underflow = fp16_underflow_fraction(grads)
+    underflow = fp16_underflow_fraction(grads) if scaling and sample_underflow else math.nan
+    # Clip before knowing whether the gradients are finite, so that one host read serves both
+    # the skip decision and the log: on finite gradients this is the clip the step needs; on
+    # non-finite ones (clipping inf yields nan) the gradients are discarded unused, since the
+    # step is skipped, so what clipping did to them never matters.
     post = pre
-    if finite and clip.enabled:
+    if clip.enabled:
         if clip.method == "norm":
             post = clip_by_norm_(grads, pre, clip.max_norm)
         else:
             post = clip_by_value_(grads, clip.clip_value)
-    # One host read for everything logged (a device sync on CUDA).
+    # One host read for the decision and everything logged (a device sync on CUDA).
     loss_t = loss if isinstance(loss, torch.Tensor) else torch.zeros(())
     pre_f, post_f, loss_f = torch.stack([pre, post, loss_t.detach().float().to(pre.device)
                                          ]).tolist()
     if not isinstance(loss, torch.Tensor):
         loss_f = float(loss)
-    nonfinite = "" if finite or model is None else first_non_finite(_named(model))
+    # A non-finite norm is exactly "some gradient element is inf/nan" (up to float32 overflow).
+    finite = math.isfinite(pre_f)
+    if not finite:
+        post_f, underflow = pre_f, math.nan  # nothing was clipped or sampled that counts
+    nonfinite = "" if finite or model is None else _first_non_finite(model, with_grad, per_tensor)
     return Measurement(pre_f, post_f, loss_f, finite, finite and clip.enabled and post_f < pre_f,
                        scale, underflow, nonfinite)
 

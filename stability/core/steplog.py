@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
 
 class SkipReason(StrEnum):
@@ -57,15 +57,6 @@ class EpochLog:
     skip_count: int
     steps: int
     seconds: float
-
-
-class StepSink(Protocol):
-    """Superseded by ``core.sinks.StepSink`` (which adds the resumable state); kept while
-    importers (stability/sweep/job.py) still name it here."""
-
-    def on_step(self, log: StepLog, epoch: int) -> None: ...
-
-    def on_epoch(self, log: EpochLog) -> None: ...
 
 
 # The first eight columns are fixed by contract; extra columns follow.

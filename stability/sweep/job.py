@@ -29,7 +29,7 @@ from stability.core.checkpoint import DiskFull
 from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.loop import RunResult, train
 from stability.core.signals import sigterm_deferred
-from stability.core.steplog import StepSink
+from stability.core.sinks import StepSink
 from stability.sweep.errors import SweepError
 from stability.tracking.claim import claim
 from stability.tracking.run import TrackedRun
