@@ -212,7 +212,7 @@ def run_scale(spec: ScaleSpec, work: Path, say: Callable[[str], None],
         say(f"scale: ingest window, {spec.writers} writers")
         out: dict[str, Any] = {"spec": {"runs": spec.runs, "writers": spec.writers,
                                         "warm_s": spec.warm_s, "window_s": spec.window_s},
-                               "store": "sqlite (started here)" if server else "given"}
+                               "store": "SQLite, started here" if server else "given"}
         out["ingest"] = ingest(uri, spec, server.process.pid if server else None)
         out["sweep"] = write_sweep(uri, spec.runs, work, say)
         say(f"scale: the report of {spec.runs} runs")
