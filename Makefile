@@ -1,6 +1,7 @@
 # make run   : set up .venv and run the default study (python experiments/sweep.py -m) on the embedded store
 # make test  : set up .venv (+ dev tools; as root the Debian packages of the server, SLURM and
-#              UI tests) and run the test suite
+#              UI tests) and run the test suite (the 20 slowest tests listed at the end)
+# make benchmark : overhead, memory, precision, accumulation (docs/performance.md; ~3 min)
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -11,7 +12,7 @@ DEB_PACKAGES := postgresql slurm-wlm slurmdbd munge mariadb-server chromium
 
 # Installs happen once: a stamp file in the venv, redone only when pyproject.toml changes.
 STAMP   := $(VENV)/.installed
-.PHONY: setup setup-dev run test test-fast ui report lint
+.PHONY: setup setup-dev run test test-fast ui report lint benchmark
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,10 +41,13 @@ run: $(STAMP)
 
 test: setup-dev
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=20
 
 test-fast: setup-dev
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" --durations=20
+
+benchmark: $(STAMP)
+	$(BIN)/python experiments/benchmark.py
 
 ui:
 	$(BIN)/python -m stability.tracking.server --store sqlite:///$(CURDIR)/mlflow.db --port 5000

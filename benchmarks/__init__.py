@@ -11,9 +11,9 @@ Nothing under ``stability/`` imports it; results go to ``benchmarks/results/`` (
 - ``memory``: peak RSS of each variant, each in its own child process.
 - ``accum``: the accumulation throughput curve (and DDP gradient syncs per step) and its plot.
 - ``study``: the default study's wall time against its ideal on this machine's cores.
-- ``scale`` (``scale_measure``, ``scale_out``): 1x/3x/10x the default study on SQLite and
-  PostgreSQL: ingest (``ingest``: simulated writers, ``simulate``: their runs), the stores
-  (``bulk``), the report, the UI (``browser``: headless Chromium), resume bookkeeping.
+- ``store_write``: CPU a metric point costs on the embedded store, MLflow's route vs ours.
+- ``scale`` (``simulate``: default-study runs without the training): what sizes a tracking
+  server, through MLflow's public client only: its ingest rate and the report at 10x the study.
 - ``machine``: what the numbers were measured on.
 - ``writers``: JSON and Markdown output.
 """

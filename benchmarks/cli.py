@@ -4,11 +4,11 @@
     python experiments/benchmark.py --part overhead --reps 11 --profile
     python experiments/benchmark.py --part study          # the latest finished sweep in MLflow
     python experiments/benchmark.py --part study --run-study   # run the default study, timed
-    python experiments/benchmark.py --part scale          # 1x/3x/10x the study: ~25 min
+    python experiments/benchmark.py --part scale          # ingest rate, report at 10x: ~10 min
 
-Writes ``benchmarks/results/bench.json``, ``bench.md`` (docs-ready tables),
-``accum-curve.json`` and ``accum-curve.png`` (``scale-growth.png`` with ``--part scale``), and
-prints the tables. See docs/performance.md.
+Writes ``benchmarks/results/bench.json``, ``bench.md`` (its tables, generated from the JSON's
+figures), ``accum-curve.json`` and ``accum-curve.png``, and prints the tables. See
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 import torch  # noqa: E402
 
-from benchmarks import accum, memory, overhead, scale_out, study, writers  # noqa: E402
+from benchmarks import accum, memory, overhead, study, writers  # noqa: E402
 from benchmarks.machine import machine_info, usable_cores  # noqa: E402
 from benchmarks.profiling import profile_call  # noqa: E402
 from benchmarks.spec import DEFAULT_PARTS, PARTS, BenchSpec  # noqa: E402
@@ -57,8 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-norm", type=float, default=1.0, help="clipping threshold")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output folder")
     p.add_argument("--tracking-uri", default=None,
-                   help="an existing mlflow server for the tracked variants (default: start "
-                        "one in a temp folder)")
+                   help="an existing mlflow server for the tracked variants and the scale "
+                        "part (default: start one in a temp folder)")
     p.add_argument("--memory-reps", type=int, default=2,
                    help="child processes per variant for peak memory")
     p.add_argument("--skinny-python", type=Path, default=None,
@@ -82,15 +82,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="extra overrides for --run-study, e.g. '+sweep=smoke'")
     g.add_argument("--cores", type=int, default=None,
                    help="cores of the ideal (default: the cores this process may use)")
-    g = p.add_argument_group("scale")
-    g.add_argument("--scale-runs", default="240,720,2400",
-                   help="study sizes, nested grids (1x 3x 10x the default study; tiny: 24,48)")
-    g.add_argument("--scale-stores", default="sqlite,postgres",
-                   help="sqlite and/or postgres, each behind a real mlflow server")
-    g.add_argument("--scale-writers", default="2,8,32",
-                   help="writer processes of the ingest windows at the first size")
+    g = p.add_argument_group("scale (through MLflow's public client; --tracking-uri: that server)")
+    g.add_argument("--scale-runs", type=int, default=2400,
+                   help="runs of the reported sweep (2400: 10x the default study; tiny: 12)")
+    g.add_argument("--scale-writers", type=int, default=8,
+                   help="writer threads of the ingest window")
     g.add_argument("--scale-window", type=float, default=12.0,
-                   help="seconds of each measured ingest window (after 4 s of warm-up)")
+                   help="seconds of the measured ingest window (after 4 s of warm-up)")
     return p.parse_args(argv)
 
 
@@ -98,17 +96,8 @@ def scale_spec(args: argparse.Namespace) -> Any:
     """The validated ``ScaleSpec``; a bad value exits with status 2 naming the option."""
     from benchmarks.scale import ScaleSpec
 
-    def ints(option: str, text: str) -> tuple[int, ...]:
-        try:
-            return tuple(int(x) for x in text.split(","))
-        except ValueError:
-            _fail(f"{option}={text!r} is invalid: allowed values are comma-separated integers")
-            raise
-
     try:
-        return ScaleSpec(runs=ints("--scale-runs", args.scale_runs),
-                         stores=tuple(args.scale_stores.split(",")),
-                         writers=ints("--scale-writers", args.scale_writers),
+        return ScaleSpec(runs=args.scale_runs, writers=args.scale_writers,
                          window_s=args.scale_window)
     except ConfigError as err:
         _fail(str(err))
@@ -229,10 +218,8 @@ def run_parts(args: argparse.Namespace, spec: BenchSpec, parts: list[str], out: 
         if "scale" in parts:
             from benchmarks.scale import run_scale
 
-            sspec = scale_spec(args)
-            result["scale"] = run_scale(sspec, work / "scale", _say)
-            result["scale"]["goals"] = scale_out.targets(result["scale"], sspec.size_writers)
-            scale_out.plot(result["scale"], out / "scale-growth.png")
+            result["scale"] = run_scale(scale_spec(args), work / "scale", _say,
+                                        args.tracking_uri)
     finally:
         if server is not None:
             server.stop()

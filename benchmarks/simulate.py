@@ -1,14 +1,13 @@
-"""Simulated default-study runs: the sweeper's configs, fabricated telemetry, ``TrackedRun``.
+"""Simulated default-study runs for ``--part scale``: the sweeper's configs, made-up telemetry.
 
 A simulated run is a real training run minus the training: its ``RunConfig`` is composed from
-``conf/`` like the sweeper composes a grid point (so its fingerprint, params and tags are what
-``python experiments/sweep.py -m`` would log, and the real sweeper skips it as FINISHED), its
-per-step and per-epoch records have the default study's shape (optimizer steps per epoch from
-the task's real train split, 18 epochs, the 8 per-step and 6 per-epoch metrics), its summary
-comes from the loop's own ``Diagnostics``, and everything goes out through ``TrackedRun``: the
-journal, ``MetricBuffer``, the ``Sender`` thread and ``log_batch``, then ``steps.csv``,
-``config.yaml`` and ``checkpoints/best.pt`` as artifacts. Values are made up (seeded per
-config and seed) so that the report has a winner, clipping, fp16 skips and seed noise.
+``conf/`` like the sweeper composes a grid point (so its fingerprint and params are what
+``python experiments/sweep.py -m`` would log), its per-step and per-epoch records have the
+default study's shape (optimizer steps per epoch from the task's real train split, 18 epochs),
+its summary comes from the loop's own ``Diagnostics``. ``log_run`` writes it through MLflow's
+public client only (``MlflowClient``: runs, tags, params, metrics, artifacts), under the names of
+``stability.tracking.contract``. Values are made up (seeded per config and seed) so that the
+report has a winner, clipping, fp16 skips and seed noise.
 """
 
 from __future__ import annotations
@@ -17,17 +16,18 @@ import copy
 import io
 import math
 import random
-from collections.abc import Sequence
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchmarks import PROJECT_ROOT
 from stability.core.config import ConfigError, RunConfig, to_run_config
-from stability.core.identity import fingerprint
+from stability.core.identity import fingerprint, flatten
 from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME, write_config
 from stability.core.monitor import Diagnostics
 from stability.core.steplog import CsvStepWriter, EpochLog, StepLog
+from stability.tracking.contract import EPOCH_METRICS, STEP_METRICS, Kind, Outcome, Tag
 
 ACCUM = (1, 2, 4, 8)
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -68,20 +68,6 @@ class Grid:
         """Training runs after de-duplication."""
         return 12 * (self.thresholds + 1) * self.seeds
 
-    def contains(self, other: Grid) -> bool:
-        """Every point of ``other`` is a point of this grid."""
-        return self.thresholds >= other.thresholds and self.seeds >= other.seeds
-
-    def arguments(self) -> list[str]:
-        """The sweep's command-line overrides (``python experiments/sweep.py -m ...``)."""
-        clip = "clip.enabled=false" + (",true" if self.thresholds else "")
-        args = [clip, "train.accum_steps=" + ",".join(map(str, ACCUM)),
-                "precision=" + ",".join(PRECISIONS),
-                "seed=" + ",".join(str(s) for s in range(self.seeds))]
-        if self.thresholds:
-            args.insert(1, "clip.max_norm=" + ",".join(map(str, THRESHOLDS[: self.thresholds])))
-        return args
-
     def points(self) -> list[Point]:
         """Unique points in the sweeper's order (clipping off once, not once per max_norm)."""
         out: list[Point] = []
@@ -93,16 +79,6 @@ class Grid:
                                 for s in range(self.seeds)]
         return out
 
-
-def growing_points(grids: Sequence[Grid]) -> list[list[Point]]:
-    """Per grid, the points it adds to the previous one (the first: all of its own)."""
-    seen: set[Point] = set()
-    out = []
-    for g in grids:
-        new = [p for p in g.points() if p not in seen]
-        seen.update(new)
-        out.append(new)
-    return out
 
 
 def overrides(point: Point) -> list[str]:
@@ -251,30 +227,50 @@ def records(cfg: RunConfig, train_size: int) -> Records:
     return out
 
 
-def write_run(cfg: RunConfig, point: Point, rec: Records, checkpoint: bytes) -> str:
-    """Write one simulated run through ``TrackedRun``, as ``train_tracked`` does; its run id.
+def log_run(c: Any, experiment_id: str, cfg: RunConfig, point: Point, rec: Records,
+            checkpoint: bytes, parent_run_id: str) -> str:
+    """Write one simulated run through MLflow's public client, as docs/TRACKING.md lays it out.
 
-    The run folder (``cfg.output_dir``) gets ``config.yaml``, ``checkpoints/best.pt`` and
-    ``steps.csv`` (row by row, as the loop writes it); the records go to the run's sink.
+    The run folder (``cfg.output_dir``) gets ``steps.csv``, ``config.yaml`` and
+    ``checkpoints/best.pt``, uploaded as artifacts. MLflow gets the contract's tags and params,
+    every per-epoch metric, the summary and each per-step metric's last value: the report reads
+    the per-step history from ``steps.csv``, never from MLflow, so the per-step points are not
+    sent (their cost is the ingest rate's, measured on its own).
+
+    Returns:
+        The run id.
     """
-    from stability.tracking.run import TrackedRun
+    from mlflow.entities import Metric, Param
 
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_config(cfg, out / CONFIG_NAME)
     (out / CHECKPOINT_NAME).parent.mkdir(parents=True, exist_ok=True)
+    write_config(cfg, out / CONFIG_NAME)
     (out / CHECKPOINT_NAME).write_bytes(checkpoint)
     csv = CsvStepWriter(out / CSV_NAME)
-    per_epoch = rec.epochs[0].steps
-    with TrackedRun(cfg, overrides(point)) as tracked:
-        assert tracked.sink is not None
-        epochs = iter(rec.epochs)
-        for epoch, s in rec.steps:
-            csv.on_step(s, epoch)
-            tracked.sink.on_step(s, epoch)
-            if s.step % per_epoch == 0:
-                tracked.sink.on_epoch(next(epochs))
-        csv.close()
-        tracked.finish(rec.summary, "finished")
-    assert tracked.run_id is not None and not tracked.pending, "the run did not reach MLflow"
-    return tracked.run_id
+    for epoch, s in rec.steps:
+        csv.on_step(s, epoch)
+    csv.close()
+    tags = {Tag.KIND: Kind.TRAIN, Tag.SWEEP_ID: cfg.tracking.sweep_id or "",
+            Tag.FINGERPRINT: fingerprint(cfg), Tag.SEED: str(cfg.seed),
+            Tag.OVERRIDES: " ".join(overrides(point)), Tag.OUTCOME: Outcome.FINISHED,
+            Tag.PARENT_RUN_ID: parent_run_id, Tag.OUTPUT_DIR: str(out)}
+    run_id = c.create_run(experiment_id, tags={str(k): str(v) for k, v in tags.items()},
+                          run_name=f"simulated s={cfg.seed}").info.run_id
+    params = [Param(k, str(v)) for k, v in flatten(cfg).items()
+              if k != "output_dir" and not k.startswith("tracking.")]
+    ts = int(time.time() * 1000)
+    last = rec.steps[-1][1]
+    metrics = [Metric(k, float(getattr(last, k)), ts, last.step) for k in STEP_METRICS]
+    metrics += [Metric(name, float(getattr(e, field)), ts, e.epoch)
+                for e in rec.epochs for name, field in EPOCH_METRICS.items()]
+    metrics += [Metric(k, float(v), ts, 0) for k, v in rec.summary.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)]  # as TrackedRun
+    for i in range(0, len(params), 100):  # MLflow's limit of params a call
+        c.log_batch(run_id, params=params[i:i + 100])
+    c.log_batch(run_id, metrics=metrics)
+    for name in (CSV_NAME, CONFIG_NAME):
+        c.log_artifact(run_id, str(out / name))
+    c.log_artifact(run_id, str(out / CHECKPOINT_NAME),
+                   artifact_path=str(Path(CHECKPOINT_NAME).parent))
+    c.set_terminated(run_id, status=Outcome.FINISHED.status)
+    return run_id

@@ -71,6 +71,13 @@ class StepClock:
         self._last = None
         self._skip -= 1
 
+    def state_dict(self) -> dict[str, object]:
+        """The sink interface's checkpoint state: none, timings do not survive a resume."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """The sink interface's restore: nothing to restore."""
+
 
 Samples = dict[str, list[float]]  # metric -> values, e.g. {"epoch_s": [...], "step_cpu_s": ...}
 

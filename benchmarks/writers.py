@@ -1,4 +1,8 @@
-"""The benchmark's outputs: targets checked, ``bench.json``, ``accum-curve.json``, Markdown."""
+"""The benchmark's outputs: targets checked, ``bench.json``, ``accum-curve.json``, Markdown.
+
+Every table is data first (a header of ``Column`` and rows of cells, built from the result's
+figures) and rendered by one function, ``render``: no table layout is spelled out by hand.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,10 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from benchmarks import scale_out
 from benchmarks.machine import describe
-from benchmarks.spec import TARGETS
+from benchmarks.spec import FLOORS, TARGETS
 
 VARIANT_LABELS = {
     "bare": "Bare PyTorch loop (inline: backward, clip_grad_norm_, step)",
@@ -34,10 +37,11 @@ PER_LAYER_METRICS = {"epoch_s": "wall s/epoch", "step_cpu_s": "CPU per optimizer
 
 
 def _target(name: str, label: str, value: float | None, limit: float, unit: str = "x",
-            cpu_value: float | None = None) -> dict[str, Any]:
-    met = value is not None and math.isfinite(value) and value <= limit
+            cpu_value: float | None = None, floor: bool = False) -> dict[str, Any]:
+    finite = value is not None and math.isfinite(value)
+    met = finite and (value >= limit if floor else value <= limit)
     out = {"name": name, "label": label, "value": value, "target": limit, "unit": unit,
-           "met": met}
+           "met": met, "floor": floor}
     if cpu_value is not None:
         out["cpu_value"] = cpu_value
         out["cpu_met"] = math.isfinite(cpu_value) and cpu_value <= limit
@@ -72,6 +76,14 @@ def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         s = result["study"]
         out.append(_target("study_ratio", "study wall / ideal",
                            s.get("command_ratio", s["parent_ratio"]), TARGETS["study_ratio"]))
+    if "scale" in result:
+        sc = result["scale"]
+        out.append(_target("ingest_points_per_s", f"ingest, {sc['ingest']['writers']} writers, "
+                           "per-step points/s", sc["ingest"]["step_points_per_s"],
+                           FLOORS["ingest_points_per_s"], "points/s", floor=True))
+        if sc["spec"]["runs"] == 2400:  # the target is set at 10x the default study
+            out.append(_target("report_10x_s", "the report of 2400 runs, wall s",
+                               sc["report"]["wall_s"], TARGETS["report_10x_s"], "s"))
     return out
 
 
@@ -94,6 +106,8 @@ def write_json(path: Path, payload: Any) -> None:
 def _limit(t: dict[str, Any] | None) -> str:
     if t is None:
         return ""
+    if t.get("floor"):
+        return f"≥ {t['target']:,.0f} {t['unit']}"
     return f"≤ {t['target']} s" if t["unit"] == "s" else f"≤ {t['target']:.2f}"
 
 
@@ -122,111 +136,157 @@ def _paired(stats: dict[str, Any]) -> str:
                    "ratio_vs_bare_per_round": stats["per_round"]})
 
 
-def _overhead_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[str]:
+class Column(NamedTuple):
+    """A table column: its title and whether its cells are numbers (right-aligned)."""
+
+    title: str
+    number: bool = False
+
+
+Table = tuple[list[Column], list[list[str]]]
+
+
+def render(table: Table) -> list[str]:
+    """A Markdown table of ``table``'s header and rows (pipes in cells escaped)."""
+    columns, rows = table
+    cells = [[c.title for c in columns], ["---:" if c.number else "---" for c in columns]]
+    cells += [[str(x).replace("|", "\\|") for x in row] for row in rows]
+    return ["| " + " | ".join(row) + " |" for row in cells]
+
+
+def _overhead_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> Table:
     v = r["overhead"]["variants"]
-    lines = ["| Variant | Wall ms/epoch | vs bare | CPU ms/optimizer step | vs bare | "
-             "CPU s/run | vs bare | Target (wall) | |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    columns = [Column("Variant"), *(Column(t, True) for t in (
+        "Wall ms/epoch", "vs bare", "CPU ms/optimizer step", "vs bare", "CPU s/run", "vs bare",
+        "Target (wall)")), Column("")]
+    rows = []
     for name, label in VARIANT_LABELS.items():
-        e, c, r = v[name]["epoch_s"], v[name]["step_cpu_s"], v[name]["run_cpu_s"]
+        e, c, run = v[name]["epoch_s"], v[name]["step_cpu_s"], v[name]["run_cpu_s"]
         t = targets.get(TABLE_TARGETS.get(name, ""))
         limit = _limit(t) + (" × instrumented" if t and t["name"] == "per_layer_ratio" else "")
-        lines.append(f"| {label} | {e['median'] * 1e3:.1f} | {_ratio(e)} | "
-                     f"{c['median'] * 1e3:.2f} | {_ratio(c)} | "
-                     f"{r['median']:.2f} | {_ratio(r)} | {limit} | {_status(t)} |")
-    return lines
+        rows.append([label, f"{e['median'] * 1e3:.1f}", _ratio(e), f"{c['median'] * 1e3:.2f}",
+                     _ratio(c), f"{run['median']:.2f}", _ratio(run), limit, _status(t)])
+    return columns, rows
 
 
-def _cost_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[str]:
-    lines = ["| Measure | Value | Target | |", "|---|---:|---:|---|"]
-    if "overhead" in r:
-        pl, t = r["overhead"]["per_layer_vs_instrumented"], targets.get("per_layer_ratio")
-        values = "; ".join(f"{what} {_paired(pl[m])}" for m, what in PER_LAYER_METRICS.items())
-        lines.append(f"| Per-layer gradient norms: instrumented + per-layer / instrumented "
-                     f"(paired) | {values} | {_limit(t)} × instrumented | {_status(t)} |")
-        t = targets.get("tracked_sqlite_cpu_run")
-        lines.append(f"| Embedded SQLite store: CPU s/run vs bare (paired) | "
-                     f"{_ratio(r['overhead']['variants']['tracked_sqlite']['run_cpu_s'])} | "
-                     f"{_limit(t)} | {_status(t)} |")
-        dv = r["overhead"].get("sqlite_direct_vs_log_batch")
-        if dv:
-            values = "; ".join(f"{what} {_paired(dv[m])}" for m, what in PER_LAYER_METRICS.items())
-            lines.append(f"| Embedded SQLite store: rows (`DirectMetrics`) / MLflow's `log_batch` "
-                         f"(paired, same run) | {values} |  |  |")
-        sw = r["overhead"].get("store_write")
-        if sw:
-            us = sw["cpu_us_per_point"]
-            lines.append(f"| Writing one metric point into the SQLite store, process CPU "
-                         f"({sw['rounds']} paired rounds of {sw['points_per_round']}): "
-                         f"MLflow's `log_batch` / `DirectMetrics` | {us['mlflow']:.0f} µs / "
-                         f"{us['direct']:.1f} µs ({sw['mlflow_over_direct']:.1f}×) |  |  |")
-        for store in r["overhead"]["fixed_cost_s"]:
-            t = targets.get("fixed_cost_s") if store == "server" else None
-            fixed = r["overhead"]["fixed_cost_s"][store]
-            lines.append(f"| Fixed cost per run in a sweep worker, {store} store (run creation, "
-                         f"params, setup, checkpoints, artifacts, teardown) | "
-                         f"{fixed['median']:.3f} s | {_limit(t)} | {_status(t)} |")
-    if "memory" in r:
-        for variant, m in r["memory"].items():
-            t = targets.get(f"memory_ratio_{variant}")
-            loaded = ", ".join(m.get("loaded", [])) or "none"
-            lines.append(f"| Peak RSS, {variant} ({m['rss_after_imports_mib']:.0f} MiB after "
-                         f"imports, {m['import_s']:.1f} s to import; of pandas, pyarrow, scipy, "
-                         f"sqlalchemy & co. loaded: {loaded}) | {m['peak_rss_mib']:.0f} MiB"
-                         f" = {m['ratio_vs_bare']:.3f} × bare | {_limit(t)} | {_status(t)} |")
-    if "study" in r:
-        s, t = r["study"], targets["study_ratio"]
-        what = "timed command" if "command_wall_s" in s else "parent run"
-        wall = s.get("command_wall_s", s["parent_wall_s"])
-        lines.append(f"| Study {s['sweep_id']}: {s['runs']} runs, {s['epochs_total']} epochs on "
-                     f"{s['cores']} cores: wall ({what}) {wall:.0f} s vs ideal "
-                     f"{s['ideal_s']:.0f} s (bare training time / cores) | "
-                     f"{t['value']:.3f} × ideal | {_limit(t)} | {_status(t)} |")
-        lines.append(f"| Same study vs the pooled ideal {s['pooled_ideal_s']:.0f} s (bare runs "
-                     f"in the sweep's start order, each on the first of {s['cores']} cores to "
-                     f"free) | {wall / s['pooled_ideal_s']:.3f} × pooled | | |")
-        b = s["breakdown"]
-        lines.append(f"| Where it went: training {b['train_inflation']:.2f} × bare (sum of "
-                     f"`run.train` walls {b['train_wall_s_sum']:.0f} s), tracking outside "
-                     f"training {b['tracking_outside_train_s_per_run']:.2f} s/run, startup "
-                     f"{b['startup_s']:.1f} s, gap between a worker's runs "
-                     f"{b['job_gap_s_per_run']:.2f} s/run, cores busy "
-                     f"{b['busy_core_share']:.0%}, teardown {b['teardown_s']:.1f} s | | | |")
-        for i, run in enumerate(s.get("repeats", []), 1):
-            b = run["breakdown"]
-            lines.append(f"| Study run {i}/{len(s['repeats'])} ({run['sweep_id']}): wall "
-                         f"{run['command_wall_s']:.0f} s vs ideal {run['ideal_s']:.0f} s, pooled "
-                         f"ideal {run['pooled_ideal_s']:.0f} s; training "
-                         f"{b['train_inflation']:.2f} × bare, cores busy "
-                         f"{b['busy_core_share']:.0%}, gap {b['job_gap_s_per_run']:.2f} s/run | "
-                         f"{run['command_ratio']:.3f} × ideal | | |")
-    return lines
+def _overhead_costs(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[list[str]]:
+    o = r["overhead"]
+    pl, t = o["per_layer_vs_instrumented"], targets.get("per_layer_ratio")
+    values = "; ".join(f"{what} {_paired(pl[m])}" for m, what in PER_LAYER_METRICS.items())
+    rows = [["Per-layer gradient norms: instrumented + per-layer / instrumented (paired)",
+             values, f"{_limit(t)} × instrumented", _status(t)]]
+    t = targets.get("tracked_sqlite_cpu_run")
+    rows.append(["Embedded SQLite store: CPU s/run vs bare (paired)",
+                 _ratio(o["variants"]["tracked_sqlite"]["run_cpu_s"]), _limit(t), _status(t)])
+    dv = o.get("sqlite_direct_vs_log_batch")
+    if dv:
+        values = "; ".join(f"{what} {_paired(dv[m])}" for m, what in PER_LAYER_METRICS.items())
+        rows.append(["Embedded SQLite store: rows (`DirectMetrics`) / MLflow's `log_batch` "
+                     "(paired, same run)", values, "", ""])
+    sw = o.get("store_write")
+    if sw:
+        us = sw["cpu_us_per_point"]
+        rows.append([f"Writing one metric point into the SQLite store, process CPU "
+                     f"({sw['rounds']} paired rounds of {sw['points_per_round']}): MLflow's "
+                     "`log_batch` / `DirectMetrics`", f"{us['mlflow']:.0f} µs / "
+                     f"{us['direct']:.1f} µs ({sw['mlflow_over_direct']:.1f}×)", "", ""])
+    for store, fixed in o["fixed_cost_s"].items():
+        t = targets.get("fixed_cost_s") if store == "server" else None
+        rows.append([f"Fixed cost per run in a sweep worker, {store} store (run creation, "
+                     "params, setup, checkpoints, artifacts, teardown)",
+                     f"{fixed['median']:.3f} s", _limit(t), _status(t)])
+    return rows
 
 
-def _precision_table(r: dict[str, Any]) -> list[str]:
-    lines = ["| Precision | Bare s/epoch | vs fp32 | Instrumented s/epoch | Instrumented / bare "
-             "(wall) | Instrumented / bare (CPU per step) |", "|---|---:|---:|---:|---:|---:|"]
-    for prec, p in r["precision"].items():
-        bare = p["bare"]["epoch_s"]
-        lines.append(f"| {prec} | {bare['median']:.3f} | {bare['ratio_vs_bare_fp32']:.2f} | "
-                     f"{p['instrumented']['epoch_s']['median']:.3f} | "
-                     f"{p['instrumented_ratio']:.3f} | {p['instrumented_cpu_ratio']:.3f} |")
-    return lines
+def _memory_costs(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for variant, m in r["memory"].items():
+        t = targets.get(f"memory_ratio_{variant}")
+        loaded = ", ".join(m.get("loaded", [])) or "none"
+        rows.append([f"Peak RSS, {variant} ({m['rss_after_imports_mib']:.0f} MiB after imports, "
+                     f"{m['import_s']:.1f} s to import; of pandas, pyarrow, scipy, sqlalchemy & "
+                     f"co. loaded: {loaded})",
+                     f"{m['peak_rss_mib']:.0f} MiB = {m['ratio_vs_bare']:.3f} × bare",
+                     _limit(t), _status(t)])
+    return rows
 
 
-def _accum_table(r: dict[str, Any]) -> list[str]:
+def _study_costs(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[list[str]]:
+    s, t = r["study"], targets["study_ratio"]
+    what = "timed command" if "command_wall_s" in s else "parent run"
+    wall = s.get("command_wall_s", s["parent_wall_s"])
+    b = s["breakdown"]
+    rows = [[f"Study {s['sweep_id']}: {s['runs']} runs, {s['epochs_total']} epochs on "
+             f"{s['cores']} cores: wall ({what}) {wall:.0f} s vs ideal {s['ideal_s']:.0f} s "
+             "(bare training time / cores)", f"{t['value']:.3f} × ideal", _limit(t), _status(t)],
+            [f"Same study vs the pooled ideal {s['pooled_ideal_s']:.0f} s (bare runs in the "
+             f"sweep's start order, each on the first of {s['cores']} cores to free)",
+             f"{wall / s['pooled_ideal_s']:.3f} × pooled", "", ""],
+            [f"Where it went: training {b['train_inflation']:.2f} × bare (sum of `run.train` "
+             f"walls {b['train_wall_s_sum']:.0f} s), tracking outside training "
+             f"{b['tracking_outside_train_s_per_run']:.2f} s/run, startup {b['startup_s']:.1f} "
+             f"s, gap between a worker's runs {b['job_gap_s_per_run']:.2f} s/run, cores busy "
+             f"{b['busy_core_share']:.0%}, teardown {b['teardown_s']:.1f} s", "", "", ""]]
+    for i, run in enumerate(s.get("repeats", []), 1):
+        b = run["breakdown"]
+        rows.append([f"Study run {i}/{len(s['repeats'])} ({run['sweep_id']}): wall "
+                     f"{run['command_wall_s']:.0f} s vs ideal {run['ideal_s']:.0f} s, pooled "
+                     f"ideal {run['pooled_ideal_s']:.0f} s; training {b['train_inflation']:.2f}"
+                     f" × bare, cores busy {b['busy_core_share']:.0%}, gap "
+                     f"{b['job_gap_s_per_run']:.2f} s/run", f"{run['command_ratio']:.3f} × ideal",
+                     "", ""])
+    return rows
+
+
+def _scale_costs(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[list[str]]:
+    sc = r["scale"]
+    ing, rep, sweep = sc["ingest"], sc["report"], sc["sweep"]
+    t = targets.get("ingest_points_per_s")
+    server = (f"; server {ing['server_cores']:.2f} cores, {ing['server_cpu_us_per_point']:.0f} "
+              "µs CPU a point" if ing.get("server_cpu_us_per_point") else "")
+    rows = [[f"Ingest into the tracking server ({sc['store']}), {ing['writers']} writers, "
+             f"`MlflowClient.log_batch` of 1,000 per-step points, {ing['window_s']:.0f} s window",
+             f"{ing['step_points_per_s']:,.0f} points/s{server}", _limit(t), _status(t)]]
+    t = targets.get("report_10x_s")
+    rows.append([f"The report of a {sweep['runs']}-run sweep (`python experiments/report.py`; "
+                 f"the runs written with `MlflowClient`, {sweep['write_ms_per_run']:.0f} ms a run)",
+                 f"{rep['wall_s']:.1f} s ({rep['build_report_s']:.1f} s inside the report, "
+                 f"{rep['ms_per_run']:.0f} ms a run)", _limit(t), _status(t)])
+    return rows
+
+
+def _cost_table(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> Table:
+    columns = [Column("Measure"), Column("Value", True), Column("Target", True), Column("")]
+    rows: list[list[str]] = []
+    for part, costs in (("overhead", _overhead_costs), ("memory", _memory_costs),
+                        ("study", _study_costs), ("scale", _scale_costs)):
+        if part in r:
+            rows += costs(r, targets)
+    return columns, rows
+
+
+def _precision_table(r: dict[str, Any]) -> Table:
+    columns = [Column("Precision"), *(Column(t, True) for t in (
+        "Bare s/epoch", "vs fp32", "Instrumented s/epoch", "Instrumented / bare (wall)",
+        "Instrumented / bare (CPU per step)"))]
+    rows = [[prec, f"{p['bare']['epoch_s']['median']:.3f}",
+             f"{p['bare']['epoch_s']['ratio_vs_bare_fp32']:.2f}",
+             f"{p['instrumented']['epoch_s']['median']:.3f}", f"{p['instrumented_ratio']:.3f}",
+             f"{p['instrumented_cpu_ratio']:.3f}"] for prec, p in r["precision"].items()]
+    return columns, rows
+
+
+def _accum_table(r: dict[str, Any]) -> Table:
     a = r["accum"]
-    lines = ["| accum_steps | Effective batch | Samples/s | vs accum 1 (paired) | "
-             "Median ms / optimizer step | Grad syncs / optimizer step (DDP, counted) | "
-             "Mean loss (last epoch) |", "|---:|---:|---:|---:|---:|---:|---:|"]
-    for p in a["curve"]:
-        syncs = a["grad_syncs"][str(p["accum_steps"])]["hook"]
-        lines.append(f"| {p['accum_steps']} | {p['effective_batch']} | "
-                     f"{p['samples_per_s']:.0f} | {p['speedup_vs_1']:.3f} | "
-                     f"{p['ms_per_optimizer_step']:.1f} | {syncs:g} | {p['mean_loss']:.4f} |")
-    lines += ["", f"The paired speedup is within 5% of its best from accum_steps="
-              f"{a['flattens_at']} on: the curve flattens there."]
-    return lines
+    columns = [Column(t, True) for t in (
+        "accum_steps", "Effective batch", "Samples/s", "vs accum 1 (paired)",
+        "Median ms / optimizer step", "Grad syncs / optimizer step (DDP, counted)",
+        "Mean loss (last epoch)")]
+    rows = [[str(p["accum_steps"]), str(p["effective_batch"]), f"{p['samples_per_s']:.0f}",
+             f"{p['speedup_vs_1']:.3f}", f"{p['ms_per_optimizer_step']:.1f}",
+             f"{a['grad_syncs'][str(p['accum_steps'])]['hook']:g}", f"{p['mean_loss']:.4f}"]
+            for p in a["curve"]]
+    return columns, rows
 
 
 def _cpu_during(r: dict[str, Any]) -> str:
@@ -260,17 +320,17 @@ def markdown(r: dict[str, Any]) -> str:
             "there are two or more); medians.",
         ]
     if "overhead" in r:
-        lines += ["", *_overhead_table(r, targets)]
-    if {"overhead", "memory", "study"} & set(r):
-        lines += ["", *_cost_table(r, targets)]
+        lines += ["", *render(_overhead_table(r, targets))]
+    if {"overhead", "memory", "study", "scale"} & set(r):
+        lines += ["", *render(_cost_table(r, targets))]
     if "precision" in r:
         lines += ["", f"Per precision on this device (same settings, {sp['reps']} repetitions "
                   f"of {min(sp['precision_epochs'], sp['epochs'])} epochs):", "",
-                  *_precision_table(r)]
-    if "scale" in r:
-        lines += ["", *scale_out.markdown(r["scale"], r["scale"]["spec"]["size_writers"])]
+                  *render(_precision_table(r))]
     if "accum" in r:
         lines += ["", "Accumulation throughput curve (micro-batch 64, `TrainStep` on the plain "
                   "model; gradient syncs counted by a comm hook on a world-size-1 DDP model):",
-                  "", *_accum_table(r)]
+                  "", *render(_accum_table(r)), "", f"The paired speedup is within 5% of its "
+                  f"best from accum_steps={r['accum']['flattens_at']} on: the curve flattens "
+                  "there."]
     return "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ tests/test_artifact_proxy.py.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import re
 import shlex
 import shutil
@@ -265,7 +266,7 @@ def test_the_server_script_gets_every_setting_it_requires(services):
     done = subprocess.run(["sh", "-n", str(SERVER_SCRIPT)], capture_output=True, text=True,
                           timeout=30)
     assert done.returncode == 0, done.stderr
-    assert "default_permission = READ" in text  # justified in docs/team-server.md
+    # default_permission = READ is behaviour: test_auth.py signs an outsider in and reads
 
 
 def test_postgres_creates_the_auth_database_on_first_start(services):
@@ -276,7 +277,18 @@ def test_postgres_creates_the_auth_database_on_first_start(services):
     script = ROOT / "docker" / "postgres-init.sh"
     done = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert "WHERE NOT EXISTS" in script.read_text()  # idempotent
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_postgres_init_script_runs_again_on_an_initialised_cluster(team_stack):
+    """Idempotent: a second run (the team stack's PostgreSQL already ran it) succeeds and
+    leaves one auth database."""
+    env, pg = team_stack.dotenv, team_stack.postgres
+    again = pg.init_auth_db(env["POSTGRES_DB"], env["MLFLOW_AUTH_DB"])
+    assert f"database {env['MLFLOW_AUTH_DB']} ready" in again.stdout
+    names = [name for (name,) in pg.query("postgres", "SELECT datname FROM pg_database")]
+    assert names.count(env["MLFLOW_AUTH_DB"]) == 1
 
 
 def test_default_allowed_hosts_let_a_local_client_in(env_example):
@@ -308,13 +320,55 @@ def test_mlflow_environment_names_are_real_mlflow_settings(services):
     assert "MLFLOW_BACKEND_STORE_URI" in server_env
 
 
-def test_minio_init_script_is_valid_sh_and_idempotent():
-    script = ROOT / "docker" / "minio-init.sh"
-    done = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True, timeout=30)
+MINIO_ENV = {"MINIO_ROOT_USER": "root", "MINIO_ROOT_PASSWORD": "rootpw",
+             "MLFLOW_BUCKET": "mlflow", "MLFLOW_S3_ACCESS_KEY": "mlflow-key",
+             "MLFLOW_S3_SECRET_KEY": "mlflow-secret"}
+
+
+def _minio_init(tmp_path: Path, env: dict[str, str], fail: str = "") -> tuple[
+        subprocess.CompletedProcess[str], list[list[str]]]:
+    """Run docker/minio-init.sh with a stand-in ``mc`` that records each call (and copies the
+    policy file it is given); ``fail``: the subcommand the stand-in fails."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "mc.log"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "mc"
+    fake.write_text(f"""#!/bin/sh
+printf '%s\\037' "$@" >> {log}; echo >> {log}
+case "$*" in *"policy create"*) cp "$6" {tmp_path / "policy.json"};; esac
+[ -n "{fail}" ] && case "$*" in "{fail}"*) exit 1;; esac
+exit 0
+""")
+    fake.chmod(0o755)
+    done = subprocess.run(["sh", str(ROOT / "docker" / "minio-init.sh")], capture_output=True,
+                          text=True, timeout=30, env={"PATH": f"{bin_dir}:/usr/bin:/bin", **env})
+    calls = [line.split("\037")[:-1] for line in log.read_text().splitlines()] \
+        if log.exists() else []
+    return done, calls
+
+
+def test_minio_init_creates_the_bucket_a_policy_limited_to_it_and_the_servers_key(tmp_path):
+    done, calls = _minio_init(tmp_path, MINIO_ENV)
     assert done.returncode == 0, done.stderr
-    text = script.read_text()
-    assert "mc mb --ignore-existing" in text
-    assert "set -eu" in text
+    assert [c[:3] for c in calls] == [
+        ["alias", "set", "local"], ["mb", "--ignore-existing", "local/mlflow"],  # idempotent
+        ["admin", "policy", "create"], ["admin", "user", "add"],
+        ["admin", "policy", "attach"]]
+    assert calls[3][3:] == ["local", "mlflow-key", "mlflow-secret"]
+    assert calls[4][3:] == ["local", "mlflow-artifacts", "--user", "mlflow-key"]
+    policy = json.loads((tmp_path / "policy.json").read_text())
+    resources = {r for s in policy["Statement"] for r in s["Resource"]}
+    assert resources == {"arn:aws:s3:::mlflow", "arn:aws:s3:::mlflow/*"}  # that bucket only
+
+
+def test_minio_init_stops_at_the_first_failure_and_on_a_missing_setting(tmp_path):
+    done, calls = _minio_init(tmp_path, MINIO_ENV, fail="mb")
+    assert done.returncode != 0
+    assert [c[0] for c in calls] == ["alias", "mb"]  # no key made for a bucket that is not
+    missing = {k: v for k, v in MINIO_ENV.items() if k != "MLFLOW_S3_SECRET_KEY"}
+    (tmp_path / "again").mkdir()
+    done, calls = _minio_init(tmp_path / "again", missing)
+    assert done.returncode != 0 and calls == []
+    assert "MLFLOW_S3_SECRET_KEY" in done.stderr
 
 
 # --- cluster launcher ----------------------------------------------------------------------

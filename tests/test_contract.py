@@ -30,14 +30,22 @@ def test_step_metrics_are_the_csv_columns() -> None:
     assert set(contract.STEP_METRICS) <= set(CSV_COLUMNS)
 
 
-@pytest.mark.parametrize(("outcome", "status"), [
-    (Outcome.FINISHED, "FINISHED"), (Outcome.DIVERGED, "FAILED"), (Outcome.FAILED, "FAILED"),
-    (Outcome.KILLED, "KILLED"), (Outcome.RUNNING, "RUNNING"),
+@pytest.mark.parametrize(("outcome", "status", "back"), [
+    (Outcome.FINISHED, "FINISHED", Outcome.FINISHED),
+    (Outcome.DIVERGED, "FAILED", Outcome.FAILED),  # MLflow has no "diverged" status
+    (Outcome.FAILED, "FAILED", Outcome.FAILED),
+    (Outcome.KILLED, "KILLED", Outcome.KILLED),
+    (Outcome.RUNNING, "RUNNING", Outcome.RUNNING),
 ])
-def test_outcome_maps_to_its_mlflow_status_and_back(outcome: Outcome, status: str) -> None:
+def test_outcome_maps_to_its_mlflow_status_and_back(outcome: Outcome, status: str,
+                                                     back: Outcome) -> None:
     assert outcome.status == status
-    back = Outcome.from_status(status)
-    assert back.status == status  # diverged reads back as failed: MLflow has no such status
+    assert Outcome.from_status(status) is back
+
+
+def test_a_run_closed_as_scheduled_reads_back_as_running() -> None:
+    """MLflow's SCHEDULED status has no outcome of its own: the run has not ended."""
+    assert Outcome.from_status("SCHEDULED") is Outcome.RUNNING
 
 
 def test_skip_reasons_are_the_csv_values() -> None:

@@ -186,9 +186,13 @@ def test_unreachable_server_fails_fast_with_a_clear_message() -> None:
     assert uri in str(err.value)
 
 
-def test_default_store_is_the_project_sqlite_file(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_store_is_mlflow_db_in_the_current_folder(monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    """MLflow's own convention: ./mlflow.db of the folder the command runs in, made absolute."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert resolve_tracking_uri(None) == default_store_uri() == f"sqlite:///{PROJECT}/mlflow.db"
+    monkeypatch.chdir(tmp_path)
+    expected = f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    assert resolve_tracking_uri(None) == default_store_uri() == expected
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
     assert resolve_tracking_uri(None) == "http://127.0.0.1:1"
     assert resolve_tracking_uri("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"

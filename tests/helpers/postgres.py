@@ -64,6 +64,18 @@ class Postgres:
         finally:
             engine.dispose()
 
+    def local_env(self) -> dict[str, str]:
+        """This process's environment with libpq pointed at the cluster's socket."""
+        return os.environ | {"PGHOST": str(self.root / "sock"), "PGPORT": str(self.port)}
+
+    def init_auth_db(self, db: str, auth_db: str) -> subprocess.CompletedProcess[str]:
+        """Run ``docker/postgres-init.sh`` as the postgres image runs it (exit 0 checked)."""
+        # On stdin: the postgres user may not traverse a checkout under a 0700 folder (a CI clone).
+        return subprocess.run([*_as_postgres_user(), "sh", "-s"], input=PG_INIT_SCRIPT.read_text(),
+                              env=self.local_env() | {"POSTGRES_USER": self.user,
+                                                      "POSTGRES_DB": db, "MLFLOW_AUTH_DB": auth_db},
+                              capture_output=True, text=True, timeout=120, check=True)
+
     def dump(self, db: str) -> str:
         """``pg_dump`` of database ``db``: every row, as SQL text."""
         done = subprocess.run([*_as_postgres_user(), _pg_bin("pg_dump"), "-h",
@@ -83,8 +95,8 @@ def start_postgres(user: str, password: str, db: str, auth_db: str,
     """initdb + pg_ctl start on a free port, then create ``db`` and (the init script) ``auth_db``.
 
     Local-socket connections are trusted (setup only); TCP needs the password, as in compose.
-    ``fsync=True`` keeps PostgreSQL's durable default (the compose image's), for benchmarks;
-    the tests turn it off.
+    ``fsync=True`` keeps PostgreSQL's durable default (the compose image's); the tests turn it
+    off.
     """
     root = Path(tempfile.mkdtemp(prefix="stability-pg-"))  # not under pytest's 0700 tmp tree
     (root / "sock").mkdir()
@@ -105,9 +117,6 @@ def start_postgres(user: str, password: str, db: str, auth_db: str,
             + ("" if fsync else " -c fsync=off"))
     subprocess.run([*as_pg, _pg_bin("pg_ctl"), "-D", str(pg.data), "-l", str(root / "log"),
                     "-o", opts, "-w", "-t", "60", "start"], **run)
-    local = os.environ | {"PGHOST": str(root / "sock"), "PGPORT": str(pg.port)}
-    subprocess.run([*as_pg, _pg_bin("createdb"), "-U", user, db], env=local, **run)
-    # On stdin: the postgres user may not traverse a checkout under a 0700 folder (a CI clone).
-    subprocess.run([*as_pg, "sh", "-s"], input=PG_INIT_SCRIPT.read_text(), env=local | {
-        "POSTGRES_USER": user, "POSTGRES_DB": db, "MLFLOW_AUTH_DB": auth_db}, **run)
+    subprocess.run([*as_pg, _pg_bin("createdb"), "-U", user, db], env=pg.local_env(), **run)
+    pg.init_auth_db(db, auth_db)
     return pg
