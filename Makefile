@@ -57,3 +57,4 @@ report: $(STAMP)
 
 lint: setup-dev
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports  # the layers in pyproject's [tool.importlinter]

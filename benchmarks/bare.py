@@ -19,7 +19,7 @@ from torch import nn
 
 from benchmarks.timing import StepClock
 from stability.core.config import RunConfig
-from stability.core.precision import AUTOCAST_DTYPES, resolve_device
+from stability.core.precision import AUTOCAST_DTYPES, Precision, resolve_device
 from stability.tasks.sign_sum import SequenceClassifier, make_splits
 
 EVAL_BATCH = 1024  # as stability.core.loop.evaluate
@@ -50,7 +50,8 @@ class BareLoop:
         )
         self.scaler = torch.amp.GradScaler(
             self.device, init_scale=cfg.precision.init_scale,
-            growth_interval=cfg.precision.growth_interval, enabled=cfg.precision.name == "fp16",
+            growth_interval=cfg.precision.growth_interval,
+            enabled=Precision(cfg.precision.name).scaled,
         )
         self.last_val_loss = float("nan")
 

@@ -34,6 +34,7 @@ from benchmarks.machine import machine_info, usable_cores  # noqa: E402
 from benchmarks.profiling import profile_call  # noqa: E402
 from benchmarks.spec import DEFAULT_PARTS, PARTS, BenchSpec  # noqa: E402
 from stability.core.config import ConfigError, TrackingConfig  # noqa: E402
+from stability.core.precision import Precision
 
 BENCH_EXPERIMENT = "bench"
 
@@ -52,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--accum-rounds", type=int, default=11,
                    help="rounds of the accumulation curve (one epoch per setting each)")
     p.add_argument("--num-samples", type=int, default=3000, help="sequences in the data set")
-    p.add_argument("--precision", default="fp32", help="fp32 | fp16 | bf16 (overhead, memory)")
+    p.add_argument("--precision", default=Precision.FP32.value, choices=list(Precision),
+                   help="precision of the overhead and memory parts")
     p.add_argument("--accum-steps", type=int, default=4, help="accumulation (overhead, memory)")
     p.add_argument("--max-norm", type=float, default=1.0, help="clipping threshold")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output folder")

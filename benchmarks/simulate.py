@@ -26,15 +26,17 @@ from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.identity import fingerprint, flatten
 from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME, write_config
 from stability.core.monitor import Diagnostics
+from stability.core.precision import Precision
 from stability.core.steplog import CsvStepWriter, EpochLog, StepLog
 from stability.tracking.contract import EPOCH_METRICS, STEP_METRICS, Kind, Outcome, Tag
 
 ACCUM = (1, 2, 4, 8)
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = (Precision.FP32, Precision.FP16, Precision.BF16)
 # clip.max_norm values in the order grids add them: the default study's three first.
 THRESHOLDS = (1.0, 5.0, 10.0, 2.0, 20.0, 0.5, 1.5, 2.5, 3.0, 4.0, 6.0, 7.0, 8.0, 9.0, 12.0,
               15.0, 25.0, 30.0, 40.0)
-SECONDS_PER_EPOCH = {"fp32": 0.085, "bf16": 0.205, "fp16": 0.475}  # docs/performance.md
+# docs/performance.md
+SECONDS_PER_EPOCH = {Precision.FP32: 0.085, Precision.BF16: 0.205, Precision.FP16: 0.475}
 Point = tuple[bool, float | None, int, str, int]  # clip.enabled, max_norm, accum, precision, seed
 
 
@@ -165,7 +167,8 @@ def optimizer_steps_per_epoch(cfg: RunConfig, train_size: int) -> int:
 
 def _target_loss(cfg: RunConfig, rng: random.Random) -> float:
     """The run's best validation loss: precision, accumulation, clipping, then seed noise."""
-    base = 0.20 + {"fp32": 0.0, "bf16": 0.01, "fp16": 0.02}[cfg.precision.name]
+    shift = {Precision.FP32: 0.0, Precision.BF16: 0.01, Precision.FP16: 0.02}
+    base = 0.20 + shift[cfg.precision.name]
     base += 0.015 * math.log2(cfg.train.accum_steps)
     if cfg.clip.enabled:  # a tight threshold slows learning, a moderate one helps a little
         base += 0.03 / cfg.clip.max_norm - 0.01 * math.exp(-abs(math.log(cfg.clip.max_norm / 5)))
@@ -181,7 +184,7 @@ def records(cfg: RunConfig, train_size: int) -> Records:
     """
     rng = random.Random(f"{fingerprint(cfg)}-{cfg.seed}")
     spe, epochs = optimizer_steps_per_epoch(cfg, train_size), cfg.train.epochs
-    fp16 = cfg.precision.name == "fp16"
+    fp16 = Precision(cfg.precision.name).scaled
     scale, settle = (2.0**16, rng.randint(3, 6)) if fp16 else (1.0, 0)
     target = _target_loss(cfg, rng)
     median_norm = 5.3 * cfg.train.accum_steps ** -0.36

@@ -8,14 +8,15 @@ from dataclasses import dataclass
 from stability.core.config import (
     PRECISIONS,
     ClipConfig,
-    DataConfig,
     PrecisionConfig,
     RunConfig,
     TelemetryConfig,
     TrackingConfig,
     TrainConfig,
 )
+from stability.core.precision import Precision
 from stability.core.validation import Errors
+from stability.tasks.sign_sum import DataConfig
 
 PARTS = ("overhead", "memory", "precision", "accum", "study", "scale")
 # study needs a finished sweep; scale (benchmarks/scale.py) takes ~10 minutes at 2400 runs
@@ -64,7 +65,7 @@ class BenchSpec:
     precision_epochs: int = 3
     accum_rounds: int = 11
     num_samples: int = 3000
-    precision: str = "fp32"
+    precision: str = Precision.FP32.value
     accum_steps: int = 4
     max_norm: float = 1.0
     seed: int = 0

@@ -26,12 +26,11 @@ from benchmarks.timing import Summary
 from stability.core.config import (
     ClipConfig,
     ConfigError,
-    DataConfig,
-    ModelConfig,
     PrecisionConfig,
     RunConfig,
     TrainConfig,
 )
+from stability.tasks.sign_sum import DataConfig, ModelConfig
 from stability.tracking.queries import search_all
 from stability.tracking.uri import client
 

@@ -3,6 +3,7 @@
 from stability.core.clipping import clip_global_l2_norm, has_non_finite_grad
 from stability.core.config import ClipConfig, ConfigError, PrecisionConfig, RunConfig, to_run_config
 from stability.core.loop import RunResult, train
+from stability.core.measure import Measurement, StepMeter, measure
 from stability.core.monitor import DivergedError, SkipRateMonitor
 from stability.core.precision import Precision
 from stability.core.step import TrainStep
@@ -15,6 +16,7 @@ __all__ = [
     "ConfigError",
     "DivergedError",
     "EpochLog",
+    "Measurement",
     "Precision",
     "PrecisionConfig",
     "RunConfig",
@@ -23,10 +25,12 @@ __all__ = [
     "SignSumTask",
     "SkipRateMonitor",
     "StepLog",
+    "StepMeter",
     "Task",
     "TrainStep",
     "clip_global_l2_norm",
     "has_non_finite_grad",
+    "measure",
     "to_run_config",
     "train",
 ]

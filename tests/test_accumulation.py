@@ -16,9 +16,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from stability.core.config import (
     ClipConfig,
-    DataConfig,
     FaultConfig,
-    ModelConfig,
     PrecisionConfig,
     RunConfig,
     TrainConfig,
@@ -26,7 +24,7 @@ from stability.core.config import (
 from stability.core.faults import FaultInjector
 from stability.core.loop import train
 from stability.core.step import MicroBatch, TrainStep
-from stability.tasks.sign_sum import SequenceClassifier, make_splits
+from stability.tasks.sign_sum import DataConfig, ModelConfig, SequenceClassifier, make_splits
 
 B = 8  # micro-batch size
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from stability.core.config import DataConfig, RunConfig, TrainConfig
+from stability.core.config import RunConfig, TrainConfig
 from stability.core.cost import COST_METRICS, CostMeter
 from stability.core.loop import train
+from stability.tasks.sign_sum import DataConfig
 
 
 def test_median_step_time_ignores_a_slow_first_step() -> None:

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from stability.core.config import DataConfig
-from stability.tasks.sign_sum import Split, make_splits, open_test_split, split_sizes
+from stability.tasks.sign_sum import DataConfig, Split, make_splits, open_test_split, split_sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -40,8 +40,6 @@ from stability.core import distributed, signals
 from stability.core.config import (
     ClipConfig,
     ConfigError,
-    DataConfig,
-    ModelConfig,
     PrecisionConfig,
     RunConfig,
     TrackingConfig,
@@ -52,7 +50,7 @@ from stability.core.signals import Terminated
 from stability.core.step import MicroBatch, TrainStep
 from stability.core.steplog import EpochLog, StepLog
 from stability.sweep.job import train_tracked
-from stability.tasks.sign_sum import SequenceClassifier
+from stability.tasks.sign_sum import DataConfig, ModelConfig, SequenceClassifier
 from stability.tracking.server import MlflowServer, free_port
 from stability.tracking.uri import client
 

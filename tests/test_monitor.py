@@ -13,7 +13,6 @@ import pytest
 
 from stability.core.config import (
     ClipConfig,
-    DataConfig,
     FaultConfig,
     MonitorConfig,
     PrecisionConfig,
@@ -23,6 +22,7 @@ from stability.core.config import (
 from stability.core.loop import train
 from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
 from stability.core.steplog import StepLog
+from stability.tasks.sign_sum import DataConfig
 
 
 def test_alerts_only_when_rate_exceeds_threshold(caplog: pytest.LogCaptureFixture) -> None:

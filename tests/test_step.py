@@ -12,10 +12,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from stability.core.clipping import grad_global_norm
-from stability.core.config import ClipConfig, FaultConfig, ModelConfig, PrecisionConfig
+from stability.core.config import ClipConfig, FaultConfig, PrecisionConfig
 from stability.core.faults import FaultInjector
 from stability.core.step import TrainStep
-from stability.tasks.sign_sum import SequenceClassifier
+from stability.tasks.sign_sum import ModelConfig, SequenceClassifier
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 

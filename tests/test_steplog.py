@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from stability.core.config import ClipConfig, DataConfig, PrecisionConfig, RunConfig, TrainConfig
+from stability.core.config import ClipConfig, PrecisionConfig, RunConfig, TrainConfig
 from stability.core.loop import train
 from stability.core.steplog import CsvStepWriter, StepLog
+from stability.tasks.sign_sum import DataConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_COLUMNS = ["step", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "loss", "skipped",

@@ -32,18 +32,6 @@ DEFAULT_TASK = "stability.tasks.sign_sum.SignSumTask"
 PRECISIONS = tuple(p.value for p in Precision)  # plain strings: YAML-safe
 CLIP_METHODS = ("norm", "value")
 DEVICES = ("auto", "cpu", "cuda")
-# The default task's schema moved to its module (``stability.tasks.sign_sum``). Existing
-# ``from stability.core.config import DataConfig`` keeps working, read from there on use (no
-# import of a task here); new code imports it from the task.
-_MOVED = ("DataConfig", "ModelConfig", "CELLS")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        return getattr(locate(DEFAULT_TASK.rsplit(".", 1)[0]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 @dataclass(frozen=True)
 class ClipConfig:
     """Gradient clipping: global L2 norm (``norm``) or element-wise (``value``)."""

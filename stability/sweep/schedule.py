@@ -26,10 +26,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from stability.core.precision import Precision
 from stability.sweep.grid import SweepPoint
 
 # Relative s/epoch on one CPU core (midpoints of the measured ranges quoted above).
-CPU_PRECISION_COST = {"fp32": 1.0, "bf16": 2.7, "fp16": 6.0}
+CPU_PRECISION_COST = {Precision.FP32: 1.0, Precision.BF16: 2.7, Precision.FP16: 6.0}
 STEP_SHARE = 0.5 / 2.6  # the optimizer step's share of a micro-batch at accum_steps=1
 
 CostKey = tuple[str, str, int]  # task target, precision, accum_steps

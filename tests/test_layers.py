@@ -1,0 +1,126 @@
+"""The package's layers, read from pyproject's ``[tool.importlinter]``: no upward import, no cycle.
+
+The contract lives in one place (pyproject.toml), which ``make lint`` checks with
+``lint-imports``; these tests read the same contract and check it on grimp's import graph, so a
+plain ``pytest`` run fails on an upward arrow or a cycle too. Imports inside functions count: a
+cycle hidden that way is still a cycle.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+
+
+def _contract(kind: str) -> dict:
+    return next(c for c in CONTRACTS["contracts"] if c["type"] == kind)
+
+
+def _layers() -> list[set[str]]:
+    return [{m.strip() for m in row.split("|")} for row in _contract("layers")["layers"]]
+
+
+@pytest.fixture(scope="module")
+def graph() -> grimp.ImportGraph:
+    return grimp.build_graph("stability", include_external_packages=True,
+                             exclude_type_checking_imports=True, cache_dir=None)
+
+
+def _upward(graph: grimp.ImportGraph) -> list[tuple[str, str]]:
+    """Every direct import from a module to one in a layer above it (or a sibling in a row)."""
+    layers = _layers()
+
+    def row(module: str) -> tuple[int, str] | None:
+        for i, names in enumerate(layers):
+            for name in names:
+                if module == name or module.startswith(name + "."):
+                    return i, name
+        return None
+
+    bad = []
+    for importer in graph.modules:
+        src = row(importer)
+        if src is None:
+            continue
+        for imported in graph.find_modules_directly_imported_by(importer):
+            dst = row(imported)
+            # Lower index = higher layer; a sibling in the same row is independent.
+            if dst is not None and (dst[0] < src[0] or (dst[0] == src[0] and dst[1] != src[1])):
+                bad.append((importer, imported))
+    return sorted(bad)
+
+
+def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Strongly connected components of two or more of our modules (Tarjan, iterative)."""
+    ours = sorted(m for m in graph.modules if m.startswith("stability"))
+    edges = {m: sorted(t for t in graph.find_modules_directly_imported_by(m)
+                       if t.startswith("stability")) for m in ours}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in ours:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = len(index)
+                stack.append(v)
+                on_stack.add(v)
+            if i < len(edges[v]):
+                work.append((v, i + 1))
+                w = edges[v][i]
+                if w not in index:
+                    work.append((w, 0))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+    return found
+
+
+def test_no_module_imports_a_layer_above_it(graph: grimp.ImportGraph) -> None:
+    assert _upward(graph) == []
+
+
+def test_no_import_cycle(graph: grimp.ImportGraph) -> None:
+    assert _cycles(graph) == []
+
+
+def test_stats_imports_none_of_ours_nor_a_tracker(graph: grimp.ImportGraph) -> None:
+    forbidden = _contract("forbidden")
+    (source,) = forbidden["source_modules"]
+    hits = [(m, t) for m in graph.find_descendants(source) | {source}
+            for t in graph.find_modules_directly_imported_by(m)
+            if any(t == f or t.startswith(f + ".") for f in forbidden["forbidden_modules"])]
+    assert hits == []
+
+
+def test_the_checks_catch_a_planted_upward_import_and_cycle() -> None:
+    """The checks above can fail: plant an upward arrow and a cycle in a copy of the graph."""
+    g = grimp.build_graph("stability", exclude_type_checking_imports=True, cache_dir=None)
+    g.add_import(importer="stability.core.step", imported="stability.report.html")
+    assert ("stability.core.step", "stability.report.html") in _upward(g)
+    g.add_import(importer="stability.stats.paired", imported="stability.stats.effects")
+    assert ["stability.stats.effects", "stability.stats.paired"] in _cycles(g)
