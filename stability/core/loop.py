@@ -35,6 +35,7 @@ from stability.core.cost import CostMeter
 from stability.core.faults import FaultInjector
 from stability.core.layers import LayerNormRecorder
 from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
+from stability.core.optim import build_optimizer, build_scheduler, total_steps
 from stability.core.precision import check_precision_supported, resolve_device
 from stability.core.rundir import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME, LAYER_NORMS_NAME
 from stability.core.sinks import StepSink
@@ -119,12 +120,17 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     torch.manual_seed(cfg.seed)  # the training seed: initialisation and shuffling only
     model = task.model().to(device)
     check_task(task, model, train_set, cfg.train.batch_size, device, cfg.task.target)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr,
-                                  weight_decay=cfg.train.weight_decay)
+    # optim/schedule (core.optim): the default is AdamW(params, lr, weight_decay), constant lr
+    optimizer = build_optimizer(cfg.optim.target, cfg.optim.options, model.parameters(),
+                                cfg.train.lr, cfg.train.weight_decay)
+    scheduler = build_scheduler(
+        cfg.schedule.target, cfg.schedule.options, optimizer,
+        total_steps(len(train_set), cfg.train.batch_size, cfg.train.accum_steps, world_size,
+                    cfg.train.epochs))
     net = distributed.wrap(model, device) if ddp else model
     faults = FaultInjector(cfg.fault)  # fault.* exercises the skip path; none by default
     trainer = TrainStep.for_run(cfg, net, optimizer, task.loss, device,
-                                hooks=[faults] if faults.active else [])
+                                hooks=[faults] if faults.active else [], scheduler=scheduler)
     # Same seed on every rank: the same permutation each epoch, of which each takes its share.
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
