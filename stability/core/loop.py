@@ -73,6 +73,32 @@ class RunResult:
         return self.output_dir / CHECKPOINT_NAME
 
 
+class InitialLoss:
+    """``loss_init``: the validation loss before the first step, kept across a resume.
+
+    The reference of the LR sensitivity (Wortsman et al. 2023): a learning rate whose final
+    loss is above it counts as having learned nothing. Evaluating draws no random numbers, so
+    the steps are the same with or without it. A sink only for its place in the checkpoint.
+    """
+
+    def __init__(self) -> None:
+        self.value = math.nan
+
+    def on_step(self, log: object, epoch: int) -> None:
+        """Nothing per step."""
+
+    def on_epoch(self, log: object) -> None:
+        """Nothing per epoch."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The measured value (NaN until measured)."""
+        return {"loss_init": self.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The value measured before the run was stopped."""
+        self.value = float(state["loss_init"])
+
+
 def write_config(cfg: RunConfig, path: Path) -> None:
     """Write the resolved config as YAML (``to_run_config`` reads it back)."""
     path.write_text(yaml.safe_dump(to_yaml_dict(cfg), sort_keys=False))
@@ -147,6 +173,7 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     if csv_writer is not None:
         named["csv"] = csv_writer
     named |= {f"extra{i}": sink for i, sink in enumerate(sinks)}
+    initial = named["loss_init"] = InitialLoss()
     named["monitor"] = monitor
     all_sinks = list(named.values())
     cost = CostMeter(device)
@@ -156,6 +183,9 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     epochs: list[EpochLog] = resumed.epochs if resumed else []
     best_val, best_epoch, best_acc = resumed.best if resumed else (math.inf, 0, math.nan)
     best_metrics: Mapping[str, float] = resumed.best_metrics if resumed else {}
+    if resumed is None:  # before the first step; a checkpoint from before it was kept: NaN
+        initial.value = evaluate_task(task, model, val_set, cfg.precision.name, device,
+                                      sharded=ddp, num_workers=cfg.train.num_workers)["loss"]
     status, reason = "finished", ""
     try:
         for epoch in range((resumed.epoch if resumed else 0) + 1, cfg.train.epochs + 1):
@@ -201,6 +231,7 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     summary: dict[str, Any] = diag.summary() | cost.summary() | {
         "best_val_loss": best_val,
         "best_epoch": best_epoch,
+        "loss_init": initial.value,  # validation loss before training (LR sensitivity)
         "best_val_acc": best_acc,
         # The task's own metrics at the best epoch (val_mse, val_perplexity...).
         **{f"best_val_{k}": v for k, v in best_metrics.items() if k not in ("loss", "acc")},

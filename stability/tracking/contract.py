@@ -15,8 +15,9 @@ from stability.core.cost import COST_METRICS
 from stability.core.steplog import SkipReason
 from stability.core.validation import safe_name
 
-__all__ = ["COST_METRICS", "STEP_METRICS", "EPOCH_METRICS", "Artifact", "Kind", "Outcome",
-           "Rebuild", "SkipReason", "Tag", "missing_records", "search_filter"]
+__all__ = ["COST_METRICS", "LOSS_INIT", "RUN_METRICS", "STEP_METRICS", "EPOCH_METRICS",
+           "Artifact", "Kind", "Outcome", "Rebuild", "SkipReason", "Tag", "missing_records",
+           "search_filter"]
 
 
 class Kind(StrEnum):
@@ -88,6 +89,10 @@ STEP_METRICS = ("loss", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "clipped"
 EPOCH_METRICS = {"train_loss": "train_loss", "val_loss": "val_loss", "val_acc": "val_acc",
                  "epoch_clip_fraction": "clip_fraction", "max_grad_norm": "max_grad_norm",
                  "epoch_skip_count": "skip_count"}
+# Summary metrics (step 0) the report reads beyond the selection criterion: the validation
+# loss before training (the LR sensitivity's reference, report/lr.py).
+LOSS_INIT = "loss_init"
+RUN_METRICS = (LOSS_INIT,)
 WORLD_SIZE_PARAM = "world_size"  # logged only above 1 (data-parallel ranks)
 TASK_TARGET_PARAM = "task._target_"  # the task's import path; its options are ``task.<key>``
 
