@@ -183,10 +183,14 @@ class TelemetryConfig:
     # On by default since the report draws it (measured cost: docs/performance.md). The one
     # default: conf/config.yaml repeats it and tests/test_config.py fails when the two drift.
     per_layer: bool = True  # every parameter's pre-clip gradient norm -> layer_norms.csv
+    # ||delta theta|| / ||theta|| per parameter and globally -> layer_updates.csv (with
+    # per_layer; measured cost in docs/tasks.md, from benchmarks/update_ratio.py)
+    update_ratio: bool = True
 
     def __post_init__(self) -> None:
-        require(isinstance(self.per_layer, bool), "telemetry.per_layer", self.per_layer,
-                 "true | false")
+        for key in ("per_layer", "update_ratio"):
+            require(isinstance(getattr(self, key), bool), f"telemetry.{key}",
+                    getattr(self, key), "true | false")
 
 
 @dataclass(frozen=True)

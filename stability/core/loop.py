@@ -37,7 +37,13 @@ from stability.core.layers import LayerNormRecorder
 from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
 from stability.core.optim import build_optimizer, build_scheduler, total_steps
 from stability.core.precision import check_precision_supported, resolve_device
-from stability.core.rundir import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME, LAYER_NORMS_NAME
+from stability.core.rundir import (
+    CHECKPOINT_NAME,
+    CONFIG_NAME,
+    CSV_NAME,
+    LAYER_NORMS_NAME,
+    LAYER_UPDATES_NAME,
+)
 from stability.core.sinks import StepSink
 from stability.core.step import TrainStep
 from stability.core.steplog import CsvStepWriter, EpochLog
@@ -155,8 +161,15 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
                     cfg.train.epochs))
     net = distributed.wrap(model, device) if ddp else model
     faults = FaultInjector(cfg.fault)  # fault.* exercises the skip path; none by default
-    trainer = TrainStep.for_run(cfg, net, optimizer, task.loss, device,
-                                hooks=[faults] if faults.active else [], scheduler=scheduler)
+    ratio_on = cfg.telemetry.update_ratio and cfg.telemetry.per_layer
+    layers = (LayerNormRecorder(model, cfg.clip.enabled and cfg.clip.method == "norm",
+                                out / LAYER_NORMS_NAME,
+                                out / LAYER_UPDATES_NAME if ratio_on else None)
+              if cfg.telemetry.per_layer and main else None)
+    # The recorder copies theta before the optimizer step (update ratio): a step hook too.
+    hooks = ([faults] if faults.active else []) + ([layers] if layers and ratio_on else [])
+    trainer = TrainStep.for_run(cfg, net, optimizer, task.loss, device, hooks=hooks,
+                                scheduler=scheduler)
     # Same seed on every rank: the same permutation each epoch, of which each takes its share.
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
@@ -165,9 +178,6 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     diag = Diagnostics()
     monitor = SkipRateMonitor(cfg.monitor)
     csv_writer = CsvStepWriter(out / CSV_NAME) if main else None
-    layers = (LayerNormRecorder(model, cfg.clip.enabled and cfg.clip.method == "norm",
-                                out / LAYER_NORMS_NAME)
-              if cfg.telemetry.per_layer and main else None)
     named: dict[str, StepSink] = {} if layers is None else {"layers": layers}
     named["diagnostics"] = diag
     if csv_writer is not None:
@@ -228,7 +238,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     if main:
         checkpoint.discard(out)  # the run ended (finished or diverged): nothing to resume
 
-    summary: dict[str, Any] = diag.summary() | cost.summary() | {
+    summary: dict[str, Any] = diag.summary() | cost.summary() | (
+        layers.summary() if layers is not None else {}) | {
         "best_val_loss": best_val,
         "best_epoch": best_epoch,
         "loss_init": initial.value,  # validation loss before training (LR sensitivity)

@@ -110,12 +110,14 @@ def measure(params: Iterable[nn.Parameter], clip: ClipConfig,
     underflow = fp16_underflow_fraction(grads) if scaling and sample_underflow else math.nan
     # Clip before knowing whether the gradients are finite, so that one host read serves both
     # the skip decision and the log: on finite gradients this is the clip the step needs; on
-    # non-finite ones (clipping inf yields nan) the gradients are discarded unused, since the
-    # step is skipped, so what clipping did to them never matters.
+    # non-finite ones the step is skipped. Norm clipping then scales by exactly 1 (a norm of 0
+    # stands in for the non-finite one, on the device, no read): inf * 0 would turn every inf
+    # into nan, and the per-layer table must still show where the inf was.
     post = pre
     if clip.enabled:
         if clip.method == "norm":
-            post = clip_by_norm_(grads, pre, clip.max_norm)
+            finite_pre = torch.where(torch.isfinite(pre), pre, torch.zeros_like(pre))
+            post = clip_by_norm_(grads, finite_pre, clip.max_norm)
         else:
             post = clip_by_value_(grads, clip.clip_value)
     # One host read for the decision and everything logged (a device sync on CUDA).

@@ -89,10 +89,12 @@ STEP_METRICS = ("loss", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "clipped"
 EPOCH_METRICS = {"train_loss": "train_loss", "val_loss": "val_loss", "val_acc": "val_acc",
                  "epoch_clip_fraction": "clip_fraction", "max_grad_norm": "max_grad_norm",
                  "epoch_skip_count": "skip_count"}
-# Summary metrics (step 0) the report reads beyond the selection criterion: the validation
-# loss before training (the LR sensitivity's reference, report/lr.py).
+# Summary metrics (step 0) beyond the selection criterion: the validation loss before training
+# (the LR sensitivity's reference, report/lr.py) and, with telemetry.update_ratio, the median
+# and maximum over the steps taken of ||delta theta|| / ||theta|| (core/layers.py).
 LOSS_INIT = "loss_init"
-RUN_METRICS = (LOSS_INIT,)
+UPDATE_RATIO_METRICS = ("update_ratio_p50", "update_ratio_max")
+RUN_METRICS = (LOSS_INIT, *UPDATE_RATIO_METRICS)
 WORLD_SIZE_PARAM = "world_size"  # logged only above 1 (data-parallel ranks)
 TASK_TARGET_PARAM = "task._target_"  # the task's import path; its options are ``task.<key>``
 
@@ -104,6 +106,7 @@ class Artifact:
     CONFIG = rundir.CONFIG_NAME
     CHECKPOINT = rundir.CHECKPOINT_NAME
     LAYER_NORMS = rundir.LAYER_NORMS_NAME  # only with telemetry.per_layer=true
+    LAYER_UPDATES = rundir.LAYER_UPDATES_NAME  # with per_layer and telemetry.update_ratio
     ALL = rundir.ARTIFACTS
     REPORT_MD = "report.md"  # report run: the review report
     REPORT_HTML = "report.html"  # report run: the same, self-contained (figures embedded)
