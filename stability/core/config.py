@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stability.core.optim import DEFAULT_OPTIMIZER, check_optimizer, check_schedule
+from stability.core.optim import OptimConfig, ScheduleConfig, SectionErrors
 from stability.core.precision import Precision
 from stability.core.validation import (
     SAFE_NAME_ALLOWED,
@@ -28,7 +28,8 @@ from stability.core.validation import (
     require,
 )
 
-__all__ = ["ConfigError", "RunConfig", "to_run_config", "to_yaml_dict"]
+__all__ = ["ConfigError", "OptimConfig", "RunConfig", "ScheduleConfig", "to_run_config",
+           "to_yaml_dict"]
 
 # The default task, by name only (core imports no task): conf/config.yaml picks the same one.
 DEFAULT_TASK = "stability.tasks.sign_sum.SignSumTask"
@@ -82,65 +83,6 @@ class TrainConfig:
             self.num_workers,
             "an integer >= 0",
         )
-
-
-class SectionErrors(ConfigError):
-    """Several mistakes of one section, kept apart so the run's one error counts each."""
-
-    def __init__(self, items: list[str]) -> None:
-        super().__init__(joined(items))
-        self.items = items
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """The optimizer: ``{_target_, _partial_: true, **options}`` (``core.optim``).
-
-    The learning rate is ``train.lr`` and the weight decay ``train.weight_decay``; ``options``
-    are the optimizer's other keyword arguments (``momentum``, ``betas``...). The default is
-    the loop's AdamW and leaves every fingerprint as it was.
-    """
-
-    target: str = DEFAULT_OPTIMIZER
-    partial: bool = True
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        require(self.partial is True, "optim._partial_", self.partial,
-                "true (the loop passes the parameters, train.lr and train.weight_decay)")
-        errors = check_optimizer(self.target, self.options, lr=1e-3, weight_decay=0.0)
-        if errors:
-            raise SectionErrors(errors)
-
-    @property
-    def is_default(self) -> bool:
-        """The AdamW the loop always used: not part of the fingerprint."""
-        return self.target == DEFAULT_OPTIMIZER and not self.options
-
-    def as_yaml(self) -> dict[str, Any]:
-        """The section as Hydra composes it (``_target_``, ``_partial_``, options)."""
-        return {"_target_": self.target, "_partial_": True, **self.options}
-
-
-@dataclass(frozen=True)
-class ScheduleConfig:
-    """The learning-rate schedule: ``_target_: null`` (constant, the default) or a factory.
-
-    ``core.optim.linear_warmup``, ``core.optim.warmup_cosine`` or any
-    ``torch.optim.lr_scheduler`` class, with its keyword arguments in ``options``.
-    """
-
-    target: str | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        errors = check_schedule(self.target, self.options)
-        if errors:
-            raise SectionErrors(errors)
-
-    def as_yaml(self) -> dict[str, Any]:
-        """The section as Hydra composes it (``_target_`` and options)."""
-        return {"_target_": self.target, **self.options}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The optimizer and the learning-rate schedule of a run, built from config.
 
-Both are ``hydra.utils.instantiate`` of a ``_target_`` plus keyword arguments, as a partial:
+Both are ``hydra.utils.instantiate`` of a ``_target_`` plus keyword arguments, as a partial
+(the run's ``optim`` and ``schedule`` sections: ``OptimConfig``, ``ScheduleConfig`` below):
 
 - ``optim``: ``{_target_: torch.optim.AdamW, _partial_: true, **options}`` (the default: the
   loop's AdamW as before), ``torch.optim.Adam``, ``torch.optim.SGD`` with ``momentum``, or any
@@ -20,11 +21,12 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from stability.core.validation import locate
+from stability.core.validation import ConfigError, joined, locate, require
 
 DEFAULT_OPTIMIZER = "torch.optim.AdamW"
 RESERVED = ("lr", "weight_decay")  # train.lr and train.weight_decay: one place each
@@ -203,3 +205,62 @@ def check_schedule(target: Any, options: Mapping[str, Any]) -> list[str]:
         return [f"schedule._target_={target!r} is invalid: it built a "
                 f"{type(sched).__name__}; allowed values are {SCHEDULE_ALLOWED}"]
     return []
+
+
+class SectionErrors(ConfigError):
+    """Several mistakes of one section, kept apart so the run's one error counts each."""
+
+    def __init__(self, items: list[str]) -> None:
+        super().__init__(joined(items))
+        self.items = items
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """The optimizer: ``{_target_, _partial_: true, **options}`` (``core.optim``).
+
+    The learning rate is ``train.lr`` and the weight decay ``train.weight_decay``; ``options``
+    are the optimizer's other keyword arguments (``momentum``, ``betas``...). The default is
+    the loop's AdamW and leaves every fingerprint as it was.
+    """
+
+    target: str = DEFAULT_OPTIMIZER
+    partial: bool = True
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        require(self.partial is True, "optim._partial_", self.partial,
+                "true (the loop passes the parameters, train.lr and train.weight_decay)")
+        errors = check_optimizer(self.target, self.options, lr=1e-3, weight_decay=0.0)
+        if errors:
+            raise SectionErrors(errors)
+
+    @property
+    def is_default(self) -> bool:
+        """The AdamW the loop always used: not part of the fingerprint."""
+        return self.target == DEFAULT_OPTIMIZER and not self.options
+
+    def as_yaml(self) -> dict[str, Any]:
+        """The section as Hydra composes it (``_target_``, ``_partial_``, options)."""
+        return {"_target_": self.target, "_partial_": True, **self.options}
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The learning-rate schedule: ``_target_: null`` (constant, the default) or a factory.
+
+    ``core.optim.linear_warmup``, ``core.optim.warmup_cosine`` or any
+    ``torch.optim.lr_scheduler`` class, with its keyword arguments in ``options``.
+    """
+
+    target: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        errors = check_schedule(self.target, self.options)
+        if errors:
+            raise SectionErrors(errors)
+
+    def as_yaml(self) -> dict[str, Any]:
+        """The section as Hydra composes it (``_target_`` and options)."""
+        return {"_target_": self.target, **self.options}
