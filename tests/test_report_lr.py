@@ -86,7 +86,8 @@ def test_per_precision_settings_and_a_loss_above_loss_init_is_not_stable() -> No
     assert ranges == {"clip off, bf16": 1e-3, "max_norm 1, bf16": 1e-1,
                       "clip off, fp32": 3e-3, "max_norm 1, fp32": 3e-2}
     text = lr.sentences(found, {"clipping": "off", "precision": "fp32"})
-    assert "from <=1e-3 to <=1e-1 (LR sensitivity" in text[0] and "at bf16" in text[0]
+    assert "from <=1e-3 to <=1e-1 (every swept LR) (LR sensitivity" in text[0]
+    assert "at bf16" in text[0]
     bf16 = next(t for t in text if t.startswith("bf16 (vs fp32) "))
     assert "narrows the stable LR range from <=3e-3 to <=1e-3 (LR sensitivity 0.261 -> " \
         "0.237) at clip off" in bf16 and "widens the stable LR range from <=3e-2 to <=1e-1" in bf16
@@ -142,8 +143,8 @@ def test_a_swept_lr_reaches_the_report_with_its_sentence_table_and_figure(tmp_pa
                                     output_dir=str(tmp_path / "reports"), device="cpu",
                                     register=False))
     md = (out.folder / "report.md").read_text()
-    assert ("- Clipping at max_norm 1 widens the stable LR range from <=3e-3 to <=3e-2 (LR "
-            "sensitivity ") in md
+    assert ("- Clipping at max_norm 1 widens the stable LR range from <=3e-3 to <=3e-2 (every "
+            "swept LR) (LR sensitivity 0.222 -> 0.062).") in md
     assert "## Learning rate (LR sensitivity per setting)" in md
     assert "| clip off | 1e-3 3e-3 1e-2 3e-2 | ok ok x x | <=3e-3 | 0.7 |" in md
     assert (out.folder / "plots" / lr_plot.FILE).stat().st_size > 10_000

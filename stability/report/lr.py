@@ -126,9 +126,12 @@ def lr_text(lr: float) -> str:
     return f"{float(mantissa):.3g}e{int(exponent)}"
 
 
-def _range(c: LrCurve) -> str:
+def _range(c: LrCurve, say_all: bool = False) -> str:
     top = c.stable_max
-    return "no swept LR" if top is None else f"<={lr_text(top)}"
+    if top is None:
+        return "no swept LR"
+    every = " (every swept LR)" if say_all and top == max(c.lrs) else ""
+    return f"<={lr_text(top)}{every}"
 
 
 def sentences(found: list[LrCurve], references: dict[str, str]) -> list[str]:
@@ -153,13 +156,13 @@ def sentences(found: list[LrCurve], references: dict[str, str]) -> list[str]:
                 rest = ", ".join(level_name(f, v) for f, v in c.setting if f != factor)
                 a, b = base.stable_max, c.stable_max
                 if a == b:
-                    verb = f"leaves the stable LR range at {_range(c)}"
+                    verb = f"leaves the stable LR range at {_range(c, say_all=True)}"
                 else:
                     wider = (b or 0) > (a or 0)
                     verb = (f"{'widens' if wider else 'narrows'} the stable LR range from "
-                            f"{_range(base)} to {_range(c)}")
-                parts.append(f"{verb} (LR sensitivity {base.sensitivity:.3g} -> "
-                             f"{c.sensitivity:.3g}){f' at {rest}' if rest else ''}")
+                            f"{_range(base)} to {_range(c, say_all=True)}")
+                parts.append(f"{verb} (LR sensitivity {base.sensitivity:.3f} -> "
+                             f"{c.sensitivity:.3f}){f' at {rest}' if rest else ''}")
             if parts:
                 what = (f"Clipping at {level}" if factor == CLIP
                         else f"{level_name(factor, level)} (vs {level_name(factor, ref)})")
