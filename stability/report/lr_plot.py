@@ -29,7 +29,7 @@ def lr_sensitivity(found: Sequence[LrCurve], folder: Path,
     for i, c in enumerate(found):
         color = colors[i % len(colors)]
         ax.plot(c.lrs, c.loss, marker="o", color=color,
-                label=f"{c.label}: sensitivity {c.sensitivity:.3g} (n={c.seeds})")
+                label=f"{c.label}: sensitivity {c.sensitivity:.3f} (n={c.seeds})")
         ax.fill_between(c.lrs, c.low, c.high, color=color, alpha=0.15)
         bad = [(lr, v) for lr, v, ok in zip(c.lrs, c.loss, c.stable, strict=True) if not ok]
         if bad:
