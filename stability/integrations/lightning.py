@@ -1,0 +1,178 @@
+"""``StabilityCallback`` for PyTorch Lightning: our per-step telemetry, the user's training.
+
+Lightning 2.6's order for one optimizer step (automatic optimization; line numbers of 2.6.6
+in docs/integrations.md)::
+
+    per micro-batch: training_step -> loss / accumulate_grad_batches -> scaler.scale -> backward
+                     -> on_train_batch_end (no step yet while accumulating)
+    last micro-batch: closure (as above) -> scaler.unscale_ (fp16)
+                     -> on_before_optimizer_step      <- before_step: pre-clip norm, scale, lr
+                     -> clip (gradient_clip_val) -> scaler.step -> scaler.update
+                     -> lr scheduler step (interval "step"; also on a skipped fp16 step)
+                     -> on_train_batch_end            <- end_step: post-clip norm, skip, loss
+    epoch end:       validation -> on_train_epoch_end <- end_epoch: val_loss/val_acc
+
+The callback never changes training: it measures with clipping off (Lightning clips), and
+reads the gradients Lightning left (``zero_grad`` runs at the next step's first closure).
+A step counts as skipped when the GradScaler skipped it (its scale dropped across the step, or
+the unscaled norm is non-finite, which is the same event). Without a scaler (32-true,
+bf16-mixed) Lightning applies even a non-finite update: the row then has ``skipped=0`` and a
+non-finite ``grad_l2_pre_clip`` (``nonfinite_param`` names the parameter).
+
+Usage::
+
+    cb = StabilityCallback("runs/my_run", per_layer=True)
+    Trainer(callbacks=[cb], gradient_clip_val=1.0, accumulate_grad_batches=2).fit(module, dm)
+
+With ``sinks=[tracked.sink]`` of a ``stability.tracking.run.TrackedRun`` the run also goes to
+MLflow (``tracked.finish(cb.summary(), "finished")``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from stability.core.config import ClipConfig
+from stability.core.sinks import StepSink
+from stability.integrations.recorder import StepRecorder
+
+
+def clip_of(trainer: pl.Trainer) -> ClipConfig:
+    """The ``ClipConfig`` equivalent to the trainer's ``gradient_clip_val``/``_algorithm``."""
+    value = trainer.gradient_clip_val
+    if not value:
+        return ClipConfig(enabled=False)
+    if str(trainer.gradient_clip_algorithm or "norm") == "value":
+        return ClipConfig(enabled=True, method="value", clip_value=float(value))
+    return ClipConfig(enabled=True, method="norm", max_norm=float(value))
+
+
+def scheduler_position(trainer: pl.Trainer) -> int:
+    """How many times the trainer's LR schedulers have stepped, all together."""
+    return sum(int(getattr(c.scheduler, "last_epoch", 0)) for c in trainer.lr_scheduler_configs)
+
+
+def _samples(batch: Any) -> int:
+    """Samples in a micro-batch: the leading size of its first tensor (0 when none)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, list | tuple):
+        for item in batch:
+            n = _samples(item)
+            if n:
+                return n
+    return 0
+
+
+class StabilityCallback(pl.Callback):
+    """Records ``steps.csv`` (+ ``layer_norms.csv``) of a Lightning fit, per optimizer step.
+
+    Args:
+        folder: the run folder.
+        per_layer: also write ``layer_norms.csv``.
+        sinks: more step sinks (e.g. ``TrackedRun.sink``).
+        val_loss_key: the logged metric that is the validation loss (``self.log(...)``).
+        val_acc_key: the logged metric that is the validation accuracy (nan when absent).
+        underflow_every: sample the fp16 underflow share on step 1 and every N steps.
+    """
+
+    def __init__(self, folder: str | Path, *, per_layer: bool = False,
+                 sinks: Sequence[StepSink] = (), val_loss_key: str = "val_loss",
+                 val_acc_key: str = "val_acc", underflow_every: int = 25) -> None:
+        self.folder = Path(folder)
+        self.per_layer = per_layer
+        self.extra_sinks = tuple(sinks)
+        self.val_loss_key, self.val_acc_key = val_loss_key, val_acc_key
+        self.underflow_every = underflow_every
+        self.recorder: StepRecorder | None = None
+        self._window_loss = 0.0
+        self._micro, self._samples = 0, 0
+        self._sched_before = 0
+        self._scaler: torch.amp.GradScaler | None = None
+        self._scale_before = 1.0
+        self._epoch_t0 = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Build the recorder from the trainer's clip setting."""
+        self.recorder = StepRecorder(self.folder, clip_of(trainer), pl_module,
+                                     per_layer=self.per_layer, sinks=self.extra_sinks,
+                                     underflow_every=self.underflow_every)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Close the files."""
+        if self.recorder is not None:
+            self.recorder.close()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        """Keep what was recorded (the CSV is complete up to the last step)."""
+        if self.recorder is not None:
+            self.recorder.close()
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Time the epoch."""
+        self._epoch_t0 = time.perf_counter()
+
+    # -- one optimizer step ------------------------------------------------------------------
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                 optimizer: torch.optim.Optimizer) -> None:
+        """Unscaled, not yet clipped gradients: the pre-clip norm, the scale, the lr."""
+        assert self.recorder is not None
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self.recorder.before_step(_params(optimizer), optimizer.param_groups[0]["lr"], scaler)
+        self._sched_before = scheduler_position(trainer)
+        self._scaler = scaler
+        self._scale_before = scaler.get_scale() if scaler is not None else 1.0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Add the micro-batch's loss; after a step, its record (the scheduler has stepped)."""
+        assert self.recorder is not None
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor):
+            # Lightning divided it by accumulate_grad_batches; the record holds the mean loss.
+            self._window_loss += float(loss) * trainer.accumulate_grad_batches
+        self._micro += 1
+        self._samples += _samples(batch)
+        if not self.recorder.stepping:
+            return
+        scaler = self._scaler
+        skipped = scaler is not None and scaler.get_scale() < self._scale_before
+        optimizer = trainer.optimizers[0]
+        self.recorder.end_step(
+            _params(optimizer), loss=self._window_loss / self._micro, skipped=skipped,
+            scheduler_stepped=scheduler_position(trainer) > self._sched_before,
+            micro_batches=self._micro, samples=self._samples, epoch=trainer.current_epoch + 1)
+        self._window_loss, self._micro, self._samples = 0.0, 0, 0
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """After validation: the epoch's record with the logged validation metrics."""
+        assert self.recorder is not None
+        metrics = trainer.callback_metrics
+        self.recorder.end_epoch(trainer.current_epoch + 1, _metric(metrics, self.val_loss_key),
+                                _metric(metrics, self.val_acc_key),
+                                time.perf_counter() - self._epoch_t0)
+
+    def summary(self) -> dict[str, Any]:
+        """The run's summary (for ``TrackedRun.finish``)."""
+        assert self.recorder is not None
+        return self.recorder.summary()
+
+
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
+    return [p for g in optimizer.param_groups for p in g["params"]]
+
+
+def _metric(metrics: dict[str, Any], key: str) -> float:
+    value = metrics.get(key)
+    return float(value) if value is not None else math.nan

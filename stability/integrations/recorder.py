@@ -1,0 +1,169 @@
+"""The trainer-neutral half of an integration: measure a step, hand it to the run's sinks.
+
+A trainer callback calls ``before_step`` where the trainer holds the unscaled, not yet clipped
+gradients of an optimizer step, ``end_step`` once the trainer has stepped (or skipped) and,
+possibly, advanced its LR scheduler, and ``end_epoch`` after validation. The records are our
+loop's: a ``StepLog`` (as ``TrainerStepLog``, one more field) through the same sinks, in our
+loop's order: ``layers`` (optional), ``diagnostics``, ``csv``, the caller's (e.g. a
+``TrackedRun``'s ``sink``).
+
+Only ``steps.csv`` of a trainer run has the column ``scheduler_stepped`` (1 when the trainer
+advanced an LR scheduler during the step): our own loop never steps a scheduler on a skipped
+step, so its ``steps.csv`` keeps its columns (and bytes). A skipped step with
+``scheduler_stepped=1`` is the "scheduler advanced on a skipped step" case (Lightning #5558).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from stability.core.clipping import grad_global_norm
+from stability.core.config import ClipConfig
+from stability.core.layers import LayerNormRecorder
+from stability.core.measure import Measurement, StepMeter, measure
+from stability.core.monitor import Diagnostics
+from stability.core.rundir import CSV_NAME, LAYER_NORMS_NAME
+from stability.core.sinks import StepSink
+from stability.core.steplog import CSV_COLUMNS, CsvStepWriter, EpochLog, SkipReason, StepLog
+from stability.tracking.contract import SCHEDULER_STEPPED, SCHEDULER_STEPS_ON_SKIP
+
+# steps.csv of a trainer run: our columns, then the trainer's own.
+TRAINER_CSV_COLUMNS = (*CSV_COLUMNS, SCHEDULER_STEPPED)
+
+
+@dataclass(frozen=True)
+class TrainerStepLog(StepLog):
+    """A ``StepLog`` of a trainer we do not own: did the trainer advance its LR scheduler."""
+
+    scheduler_stepped: int = 0
+
+
+assert SCHEDULER_STEPPED in {f for f in TrainerStepLog.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """What ``before_step`` measured, waiting for the trainer to step."""
+
+    step: int
+    lr: float
+    m: Measurement
+
+
+class StepRecorder:
+    """Measures each optimizer step of a foreign trainer and feeds the run's step sinks.
+
+    Args:
+        folder: the run folder (``steps.csv``, ``layer_norms.csv``).
+        clip: the trainer's clip setting (for ``clipped`` and the per-layer rescaling);
+            the trainer clips, this never does.
+        model: the module (per-layer names, the first non-finite parameter).
+        per_layer: also write ``layer_norms.csv``.
+        sinks: more step sinks after the CSV (e.g. ``TrackedRun.sink``).
+        underflow_every: sample the fp16 underflow share on step 1 and every N steps.
+    """
+
+    def __init__(self, folder: str | Path, clip: ClipConfig, model: nn.Module, *,
+                 per_layer: bool = False, sinks: Sequence[StepSink] = (),
+                 underflow_every: int = 25) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.clip = clip
+        self.model = model
+        self.meter = StepMeter(clip, None, underflow_every)
+        self.diagnostics = Diagnostics()
+        self.csv = CsvStepWriter(self.folder / CSV_NAME, columns=TRAINER_CSV_COLUMNS)
+        self.layers = (LayerNormRecorder(model, clip.enabled and clip.method == "norm",
+                                         self.folder / LAYER_NORMS_NAME) if per_layer else None)
+        named: list[StepSink] = [] if self.layers is None else [self.layers]
+        self.sinks: list[StepSink] = [*named, self.diagnostics, self.csv, *sinks]
+        self.epochs: list[EpochLog] = []
+        self.best_val_loss, self.best_epoch, self.best_val_acc = math.inf, 0, math.nan
+        self.scheduler_steps_on_skip = 0
+        self._pending: _Pending | None = None
+
+    def before_step(self, params: Iterable[nn.Parameter], lr: float,
+                    scaler: torch.amp.GradScaler | None) -> None:
+        """The unscaled gradients, before the trainer clips them: pre-clip norm, finiteness,
+        the loss scale of this step's backward (and the fp16 underflow share when sampled)."""
+        step = self.meter.begin()
+        m = measure(params, ClipConfig(enabled=False), scaler, model=self.model,
+                    sample_underflow=self.meter.samples_underflow(step))
+        self._pending = _Pending(step, float(lr), m)
+
+    @property
+    def stepping(self) -> bool:
+        """Whether ``before_step`` ran and ``end_step`` has not yet."""
+        return self._pending is not None
+
+    def end_step(self, params: Iterable[nn.Parameter], *, loss: float, skipped: bool,
+                 scheduler_stepped: bool, micro_batches: int, samples: int,
+                 epoch: int) -> TrainerStepLog:
+        """The trainer stepped (or skipped): the post-clip norm of the gradients it left,
+        the step's record to every sink.
+
+        Args:
+            params: the optimized parameters (their ``.grad`` still holds this step's).
+            loss: the mean loss over the step's micro-batches.
+            skipped: the trainer did not apply the update (the GradScaler found inf/nan).
+            scheduler_stepped: the trainer advanced an LR scheduler during this step.
+            micro_batches: micro-batches accumulated into the step.
+            samples: samples in them.
+            epoch: the 1-based epoch.
+        """
+        assert self._pending is not None, "end_step without before_step"
+        p, self._pending = self._pending, None
+        m = p.m
+        post = m.grad_l2_pre_clip
+        if m.finite and not skipped:
+            grads = [q.grad for q in params if q.grad is not None]
+            post = float(grad_global_norm(grads)) if grads else 0.0
+        reason = SkipReason.NONE
+        if skipped:
+            reason = (SkipReason.NONFINITE_LOSS if not math.isfinite(loss)
+                      else SkipReason.NONFINITE_GRAD)
+        clipped = (self.clip.enabled and m.finite and not skipped
+                   and post < m.grad_l2_pre_clip)
+        base = self.meter.log(step=p.step, lr=p.lr, loss=loss, skip=reason,
+                              scale=m.scaler_scale, micro_batches=micro_batches,
+                              samples=samples, pre=m.grad_l2_pre_clip, post=post,
+                              clipped=clipped, underflow=m.underflow_frac,
+                              nonfinite_param=m.nonfinite_param)
+        log = TrainerStepLog(**vars(base), scheduler_stepped=int(scheduler_stepped))
+        self.scheduler_steps_on_skip += int(skipped and scheduler_stepped)
+        for sink in self.sinks:
+            sink.on_step(log, epoch)
+        return log
+
+    def end_epoch(self, epoch: int, val_loss: float, val_acc: float,
+                  seconds: float) -> EpochLog:
+        """The epoch's record (after validation) to every sink; the best epoch so far."""
+        record = self.diagnostics.epoch_record(epoch, val_loss, val_acc, seconds)
+        self.epochs.append(record)
+        for sink in self.sinks:
+            sink.on_epoch(record)
+        if val_loss < self.best_val_loss:
+            self.best_val_loss, self.best_epoch, self.best_val_acc = val_loss, epoch, val_acc
+        return record
+
+    def close(self) -> None:
+        """Close ``steps.csv`` and write the per-layer rows still held (idempotent)."""
+        self.csv.close()
+        if self.layers is not None:
+            self.layers.flush()
+
+    def summary(self) -> dict[str, Any]:
+        """The run's summary (``TrackedRun.finish``): our loop's diagnostics and best epoch,
+        plus ``scheduler_steps_on_skip``."""
+        return self.diagnostics.summary() | {
+            "best_val_loss": self.best_val_loss, "best_epoch": self.best_epoch,
+            "best_val_acc": self.best_val_acc, "optimizer_steps": self.meter.step_count,
+            SCHEDULER_STEPS_ON_SKIP: self.scheduler_steps_on_skip,
+        }
