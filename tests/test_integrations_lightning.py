@@ -18,7 +18,7 @@ import pytest
 pl = pytest.importorskip("lightning.pytorch")
 
 import torch  # noqa: E402
-from torch.utils.data import DataLoader, Dataset, Sampler  # noqa: E402
+from torch.utils.data import DataLoader, Sampler  # noqa: E402
 
 from stability.core.batches import task_of  # noqa: E402
 from stability.core.config import (  # noqa: E402
@@ -29,7 +29,10 @@ from stability.core.config import (  # noqa: E402
 )
 from stability.core.loop import train  # noqa: E402
 from stability.core.steplog import CSV_COLUMNS  # noqa: E402
-from stability.integrations.lightning import StabilityCallback  # noqa: E402
+from stability.integrations.lightning import (  # noqa: E402
+    StabilityCallback,
+    trainer_settings,
+)
 from stability.tasks.sign_sum import DataConfig  # noqa: E402
 from stability.tracking.contract import SCHEDULER_STEPPED  # noqa: E402
 
@@ -94,25 +97,22 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def fit_lightning(cfg: RunConfig, folder: Path, precision: str, *, per_layer: bool = False,
-                  plugins: list | None = None, scheduler: bool = False,
-                  train_set: Dataset | None = None) -> StabilityCallback:
-    """Fit the run's task with Lightning and the callback, as our loop would train it."""
+def fit_lightning(cfg: RunConfig, folder: Path, *, per_layer: bool = False,
+                  scheduler: bool = False, **overrides) -> StabilityCallback:
+    """Fit the run's task with Lightning and the callback, as our loop would train it: the
+    run's clip/precision/accumulation through ``trainer_settings`` (``overrides`` win)."""
     task = task_of(cfg)
-    train_set_, val_set = task.train_val()
-    train_set = train_set if train_set is not None else train_set_
+    train_set, val_set = task.train_val()
     torch.manual_seed(cfg.seed)  # our loop's training seed, then the model
     module = TaskModule(task, cfg.train.lr, cfg.train.weight_decay, scheduler=scheduler)
     cb = StabilityCallback(folder, per_layer=per_layer)
     loader = DataLoader(train_set, batch_sampler=SeededBatches(len(train_set),
                                                                cfg.train.batch_size, cfg.seed))
+    settings = trainer_settings(cfg.clip, cfg.precision, cfg.train.accum_steps, "cpu")
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=cfg.train.epochs, callbacks=[cb],
-        gradient_clip_val=cfg.clip.max_norm if cfg.clip.enabled else None,
-        accumulate_grad_batches=cfg.train.accum_steps,
-        precision=None if plugins else precision, plugins=plugins, logger=False,
+        devices=1, max_epochs=cfg.train.epochs, callbacks=[cb], logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0)
+        num_sanity_val_steps=0, **(settings | overrides))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no workers", "lr_scheduler.step() before ..."
         trainer.fit(module, loader, DataLoader(val_set, batch_size=1024))
@@ -129,7 +129,7 @@ def test_fp32_clip_accum2_matches_our_loop(tmp_path: Path) -> None:
     """fp32, clip on, accum 2: per-step pre-clip norms and losses agree within 1e-5."""
     cfg = _cfg(tmp_path / "ours", "fp32")
     ours = _rows(train(cfg).csv_path)
-    cb = fit_lightning(cfg, tmp_path / "pl", "32-true", per_layer=True)
+    cb = fit_lightning(cfg, tmp_path / "pl", per_layer=True)
     theirs = _rows(tmp_path / "pl" / "steps.csv")
     assert [int(r["step"]) for r in theirs] == [int(r["step"]) for r in ours]
     for col in ("grad_l2_pre_clip", "loss", "grad_l2_post_clip", "lr"):
@@ -148,16 +148,6 @@ def test_fp32_clip_accum2_matches_our_loop(tmp_path: Path) -> None:
     assert len(cb.recorder.epochs) == 2 and math.isfinite(cb.recorder.epochs[0].val_loss)
 
 
-def _fp16_plugin(cfg: RunConfig) -> list:
-    """fp16 on CPU: Lightning turns ``precision="16-mixed"`` into bf16 there (see below), so
-    the GradScaler comes in as a plugin, with our config's scale settings."""
-    from lightning.pytorch.plugins import MixedPrecision
-
-    p = cfg.precision
-    return [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler(
-        "cpu", init_scale=p.init_scale, growth_interval=p.growth_interval))]
-
-
 def _skipping_fp16(tmp: Path) -> RunConfig:
     # A start scale of 2**30 overflows the fp16 backward: the first steps are skipped while
     # the scale halves (11 of 14 here), then it grows every 3 steps and overflows again.
@@ -166,16 +156,14 @@ def _skipping_fp16(tmp: Path) -> RunConfig:
                                                                   growth_interval=3)})
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_matches_our_loop(tmp_path: Path, precision: str) -> None:
-    """bf16 and fp16 (the scaler as a plugin): norms and losses within 1e-5, the same scale
-    trace and the same skipped steps, step by step."""
+    """bf16 and fp16 (``trainer_settings``: the scaler as a plugin): norms and losses within
+    1e-5, the same scale trace and the same skipped steps, step by step."""
     cfg = _skipping_fp16(tmp_path / "ours") if precision == "fp16" else _cfg(tmp_path / "ours",
                                                                              precision)
     ours = _rows(train(cfg).csv_path)
-    fit_lightning(cfg, tmp_path / "pl", "bf16-mixed",
-                  plugins=_fp16_plugin(cfg) if precision == "fp16" else None)
+    fit_lightning(cfg, tmp_path / "pl")
     theirs = _rows(tmp_path / "pl" / "steps.csv")
     assert [r["skipped"] for r in theirs] == [r["skipped"] for r in ours]
     assert [r["skip_reason"] for r in theirs] == [r["skip_reason"] for r in ours]
@@ -190,13 +178,11 @@ def test_mixed_precision_matches_our_loop(tmp_path: Path, precision: str) -> Non
         assert {r["scaler_scale"] for r in theirs} == {"1.0"}
 
 
-@pytest.mark.slow
 def test_scheduler_advanced_on_skipped_steps_is_recorded(tmp_path: Path) -> None:
     """Lightning steps an interval-"step" scheduler on fp16 steps the scaler skipped (#5558):
     the row says so, the lr falls across steps that changed nothing, the summary counts it."""
     cfg = _skipping_fp16(tmp_path / "ours")
-    cb = fit_lightning(cfg, tmp_path / "pl", "bf16-mixed", plugins=_fp16_plugin(cfg),
-                       scheduler=True)
+    cb = fit_lightning(cfg, tmp_path / "pl", scheduler=True)
     rows = _rows(tmp_path / "pl" / "steps.csv")
     skipped = [r for r in rows if r["skipped"] == "1"]
     assert skipped and all(r[SCHEDULER_STEPPED] == "1" for r in skipped)
@@ -205,24 +191,22 @@ def test_scheduler_advanced_on_skipped_steps_is_recorded(tmp_path: Path) -> None
     assert cb.summary()["scheduler_steps_on_skip"] == len(skipped)
 
 
-@pytest.mark.slow
 def test_without_scheduler_nothing_is_recorded_as_stepped(tmp_path: Path) -> None:
     """The column is measured, not assumed: no scheduler, no ``scheduler_stepped``."""
     cfg = _skipping_fp16(tmp_path / "ours")
-    cb = fit_lightning(cfg, tmp_path / "pl", "bf16-mixed", plugins=_fp16_plugin(cfg))
+    cb = fit_lightning(cfg, tmp_path / "pl")
     rows = _rows(tmp_path / "pl" / "steps.csv")
     assert any(r["skipped"] == "1" for r in rows)
     assert {r[SCHEDULER_STEPPED] for r in rows} == {"0"}
     assert cb.summary()["scheduler_steps_on_skip"] == 0
 
 
-@pytest.mark.slow
 def test_16_mixed_on_cpu_is_bf16_in_lightning(tmp_path: Path) -> None:
     """Lightning 2.6 turns ``precision="16-mixed"`` on CPU into bf16-mixed (a warning only):
     no GradScaler, so the record shows scale 1.0 on every step. A study must not take it for
     fp16 (docs/integrations.md)."""
     cfg = _cfg(tmp_path / "ours", "fp16")
-    fit_lightning(cfg, tmp_path / "pl", "16-mixed")
+    fit_lightning(cfg, tmp_path / "pl", precision="16-mixed", plugins=None)
     rows = _rows(tmp_path / "pl" / "steps.csv")
     assert {float(r["scaler_scale"]) for r in rows} == {1.0}
 

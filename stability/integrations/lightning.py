@@ -9,7 +9,8 @@ in docs/integrations.md)::
                      -> on_before_optimizer_step      <- before_step: pre-clip norm, scale, lr
                      -> clip (gradient_clip_val) -> scaler.step -> scaler.update
                      -> lr scheduler step (interval "step"; also on a skipped fp16 step)
-                     -> on_train_batch_end            <- end_step: post-clip norm, skip, loss
+                     -> on_train_batch_end            <- finish_step, emit: post-clip norm,
+                                                         skip, loss, scheduler stepped?
     epoch end:       validation -> on_train_epoch_end <- end_epoch: val_loss/val_acc
 
 The callback never changes training: it measures with clipping off (Lightning clips), and
@@ -39,9 +40,10 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from stability.core.config import ClipConfig
+from stability.core.config import ClipConfig, PrecisionConfig
+from stability.core.precision import Precision
 from stability.core.sinks import StepSink
-from stability.integrations.recorder import StepRecorder
+from stability.integrations.recorder import StepRecorder, batch_samples
 
 
 def clip_of(trainer: pl.Trainer) -> ClipConfig:
@@ -54,23 +56,40 @@ def clip_of(trainer: pl.Trainer) -> ClipConfig:
     return ClipConfig(enabled=True, method="norm", max_norm=float(value))
 
 
+def trainer_settings(clip: ClipConfig, precision: PrecisionConfig, accum_steps: int,
+                     device: str) -> dict[str, Any]:
+    """A study point's settings as ``lightning.pytorch.Trainer`` keyword arguments.
+
+    fp16 comes as a ``MixedPrecision`` plugin with our GradScaler settings: Lightning 2.6
+    turns ``precision="16-mixed"`` on CPU into bf16-mixed (accelerator_connector.py:478-483),
+    while the plugin trains fp16 with loss scaling there as our loop does.
+
+    Args:
+        clip: the clip setting (``gradient_clip_val`` / ``gradient_clip_algorithm``).
+        precision: the precision section (``fp32`` | ``bf16`` | ``fp16``).
+        accum_steps: ``accumulate_grad_batches``.
+        device: ``cpu`` or ``cuda``.
+    """
+    from lightning.pytorch.plugins import MixedPrecision
+
+    settings: dict[str, Any] = {"accumulate_grad_batches": accum_steps,
+                                "accelerator": "gpu" if device == "cuda" else "cpu"}
+    if clip.enabled:
+        settings["gradient_clip_val"] = clip.max_norm if clip.method == "norm" else clip.clip_value
+        settings["gradient_clip_algorithm"] = clip.method
+    name = Precision(precision.name)
+    if name is Precision.FP16:
+        scaler = torch.amp.GradScaler(device, init_scale=precision.init_scale,
+                                      growth_interval=precision.growth_interval)
+        settings["plugins"] = [MixedPrecision("16-mixed", device, scaler=scaler)]
+    else:
+        settings["precision"] = "bf16-mixed" if name is Precision.BF16 else "32-true"
+    return settings
+
+
 def scheduler_position(trainer: pl.Trainer) -> int:
     """How many times the trainer's LR schedulers have stepped, all together."""
     return sum(int(getattr(c.scheduler, "last_epoch", 0)) for c in trainer.lr_scheduler_configs)
-
-
-def _samples(batch: Any) -> int:
-    """Samples in a micro-batch: the leading size of its first tensor (0 when none)."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, list | tuple):
-        for item in batch:
-            n = _samples(item)
-            if n:
-                return n
-    return 0
 
 
 class StabilityCallback(pl.Callback):
@@ -143,16 +162,16 @@ class StabilityCallback(pl.Callback):
             # Lightning divided it by accumulate_grad_batches; the record holds the mean loss.
             self._window_loss += float(loss) * trainer.accumulate_grad_batches
         self._micro += 1
-        self._samples += _samples(batch)
+        self._samples += batch_samples(batch)
         if not self.recorder.stepping:
             return
         scaler = self._scaler
         skipped = scaler is not None and scaler.get_scale() < self._scale_before
-        optimizer = trainer.optimizers[0]
-        self.recorder.end_step(
-            _params(optimizer), loss=self._window_loss / self._micro, skipped=skipped,
-            scheduler_stepped=scheduler_position(trainer) > self._sched_before,
-            micro_batches=self._micro, samples=self._samples, epoch=trainer.current_epoch + 1)
+        self.recorder.finish_step(_params(trainer.optimizers[0]),
+                                  loss=self._window_loss / self._micro, skipped=skipped,
+                                  micro_batches=self._micro, samples=self._samples)
+        self.recorder.emit(scheduler_stepped=scheduler_position(trainer) > self._sched_before,
+                           epoch=trainer.current_epoch + 1)
         self._window_loss, self._micro, self._samples = 0.0, 0, 0
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

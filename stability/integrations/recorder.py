@@ -1,8 +1,9 @@
 """The trainer-neutral half of an integration: measure a step, hand it to the run's sinks.
 
 A trainer callback calls ``before_step`` where the trainer holds the unscaled, not yet clipped
-gradients of an optimizer step, ``end_step`` once the trainer has stepped (or skipped) and,
-possibly, advanced its LR scheduler, and ``end_epoch`` after validation. The records are our
+gradients of an optimizer step, ``finish_step`` once the trainer has stepped (or skipped) and
+the gradients are still there, ``emit`` once it has had its chance to advance its LR
+scheduler, and ``end_epoch`` after validation. The records are our
 loop's: a ``StepLog`` (as ``TrainerStepLog``, one more field) through the same sinks, in our
 loop's order: ``layers`` (optional), ``diagnostics``, ``csv``, the caller's (e.g. a
 ``TrackedRun``'s ``sink``).
@@ -16,7 +17,7 @@ step, so its ``steps.csv`` keeps its columns (and bytes). A skipped step with
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,12 +83,16 @@ class StepRecorder:
         self.csv = CsvStepWriter(self.folder / CSV_NAME, columns=TRAINER_CSV_COLUMNS)
         self.layers = (LayerNormRecorder(model, clip.enabled and clip.method == "norm",
                                          self.folder / LAYER_NORMS_NAME) if per_layer else None)
-        named: list[StepSink] = [] if self.layers is None else [self.layers]
-        self.sinks: list[StepSink] = [*named, self.diagnostics, self.csv, *sinks]
+        # The per-layer table sees each step in finish_step (it reads .grad, which a trainer
+        # may zero before it steps its scheduler), the rest in emit; every sink sees the epoch.
+        self.sinks: list[StepSink] = [self.diagnostics, self.csv, *sinks]
+        self._epoch_sinks: list[StepSink] = ([] if self.layers is None
+                                             else [self.layers]) + self.sinks
         self.epochs: list[EpochLog] = []
         self.best_val_loss, self.best_epoch, self.best_val_acc = math.inf, 0, math.nan
         self.scheduler_steps_on_skip = 0
         self._pending: _Pending | None = None
+        self._finished: StepLog | None = None
 
     def before_step(self, params: Iterable[nn.Parameter], lr: float,
                     scaler: torch.amp.GradScaler | None) -> None:
@@ -100,29 +105,31 @@ class StepRecorder:
 
     @property
     def stepping(self) -> bool:
-        """Whether ``before_step`` ran and ``end_step`` has not yet."""
+        """Whether ``before_step`` ran and ``finish_step`` has not yet."""
         return self._pending is not None
 
-    def end_step(self, params: Iterable[nn.Parameter], *, loss: float, skipped: bool,
-                 scheduler_stepped: bool, micro_batches: int, samples: int,
-                 epoch: int) -> TrainerStepLog:
-        """The trainer stepped (or skipped): the post-clip norm of the gradients it left,
-        the step's record to every sink.
+    def finish_step(self, params: Iterable[nn.Parameter], *, loss: float, skipped: bool,
+                    micro_batches: int, samples: int, post: float | None = None) -> StepLog:
+        """The trainer stepped (or skipped): the post-clip norm, the step's ``StepLog``.
+
+        Call while ``.grad`` still holds this step's gradients: the per-layer table reads
+        them here. ``emit`` hands the record to the other sinks (once the trainer has had its
+        chance to advance its LR scheduler).
 
         Args:
-            params: the optimized parameters (their ``.grad`` still holds this step's).
-            loss: the mean loss over the step's micro-batches.
+            params: the optimized parameters.
+            loss: the step's loss (the mean over its micro-batches, as the trainer defines it).
             skipped: the trainer did not apply the update (the GradScaler found inf/nan).
-            scheduler_stepped: the trainer advanced an LR scheduler during this step.
             micro_batches: micro-batches accumulated into the step.
             samples: samples in them.
-            epoch: the 1-based epoch.
+            post: the post-clip global norm when measured earlier (None: from ``params``).
         """
-        assert self._pending is not None, "end_step without before_step"
+        assert self._pending is not None, "finish_step without before_step"
         p, self._pending = self._pending, None
         m = p.m
-        post = m.grad_l2_pre_clip
-        if m.finite and not skipped:
+        if not m.finite or skipped:
+            post = m.grad_l2_pre_clip
+        elif post is None:
             grads = [q.grad for q in params if q.grad is not None]
             post = float(grad_global_norm(grads)) if grads else 0.0
         reason = SkipReason.NONE
@@ -131,13 +138,27 @@ class StepRecorder:
                       else SkipReason.NONFINITE_GRAD)
         clipped = (self.clip.enabled and m.finite and not skipped
                    and post < m.grad_l2_pre_clip)
-        base = self.meter.log(step=p.step, lr=p.lr, loss=loss, skip=reason,
-                              scale=m.scaler_scale, micro_batches=micro_batches,
-                              samples=samples, pre=m.grad_l2_pre_clip, post=post,
-                              clipped=clipped, underflow=m.underflow_frac,
-                              nonfinite_param=m.nonfinite_param)
-        log = TrainerStepLog(**vars(base), scheduler_stepped=int(scheduler_stepped))
-        self.scheduler_steps_on_skip += int(skipped and scheduler_stepped)
+        log = self.meter.log(step=p.step, lr=p.lr, loss=loss, skip=reason,
+                             scale=m.scaler_scale, micro_batches=micro_batches,
+                             samples=samples, pre=m.grad_l2_pre_clip, post=post,
+                             clipped=clipped, underflow=m.underflow_frac,
+                             nonfinite_param=m.nonfinite_param)
+        if self.layers is not None:
+            self.layers.on_step(log)
+        self._finished = log
+        return log
+
+    def emit(self, *, scheduler_stepped: bool, epoch: int) -> TrainerStepLog:
+        """The finished step's record, with ``scheduler_stepped``, to every other sink.
+
+        Args:
+            scheduler_stepped: the trainer advanced an LR scheduler during this step.
+            epoch: the 1-based epoch.
+        """
+        assert self._finished is not None, "emit without finish_step"
+        log = TrainerStepLog(**vars(self._finished), scheduler_stepped=int(scheduler_stepped))
+        self._finished = None
+        self.scheduler_steps_on_skip += int(log.skipped and scheduler_stepped)
         for sink in self.sinks:
             sink.on_step(log, epoch)
         return log
@@ -147,7 +168,7 @@ class StepRecorder:
         """The epoch's record (after validation) to every sink; the best epoch so far."""
         record = self.diagnostics.epoch_record(epoch, val_loss, val_acc, seconds)
         self.epochs.append(record)
-        for sink in self.sinks:
+        for sink in self._epoch_sinks:
             sink.on_epoch(record)
         if val_loss < self.best_val_loss:
             self.best_val_loss, self.best_epoch, self.best_val_acc = val_loss, epoch, val_acc
@@ -167,3 +188,18 @@ class StepRecorder:
             "best_val_acc": self.best_val_acc, "optimizer_steps": self.meter.step_count,
             SCHEDULER_STEPS_ON_SKIP: self.scheduler_steps_on_skip,
         }
+
+
+def batch_samples(batch: Any) -> int:
+    """Samples in a micro-batch (a tensor, or a tuple/list/dict holding tensors): the leading
+    size of its first tensor (0 when it holds none)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, Mapping):  # dict, HF BatchEncoding
+        batch = list(batch.values())
+    if isinstance(batch, list | tuple):
+        for item in batch:
+            n = batch_samples(item)
+            if n:
+                return n
+    return 0
