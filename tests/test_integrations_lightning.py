@@ -258,3 +258,46 @@ def test_a_lightning_fit_is_a_tracked_run_the_report_reads(tmp_path: Path) -> No
     assert "steps.csv" in {a.path for a in c.list_artifacts(tracked.run_id)}
     [row] = fetch_runs(c, find_sweep(c, "pl", "pl-1")).to_dict("records")
     assert row["outcome"] == "finished" and row["best_val_loss"] == cb.summary()["best_val_loss"]
+
+
+def test_per_layer_norms_match_our_loops_table(tmp_path: Path) -> None:
+    """``layer_norms.csv`` through the same recorder: the same per-parameter pre-clip norms
+    (names carry the module's attribute prefix, ``net.``)."""
+    cfg = _cfg(tmp_path / "ours", "fp32")
+    train(cfg)  # telemetry.per_layer is on by default
+    fit_lightning(cfg, tmp_path / "pl", per_layer=True)
+    ours, theirs = (_rows(p / "layer_norms.csv") for p in (tmp_path / "ours", tmp_path / "pl"))
+    assert [f"net.{k}" for k in ours[0]][1:] == list(theirs[0])[1:]
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs, strict=True):
+        assert all(abs(float(x) - float(y)) < 1e-5
+                   for x, y in zip(list(a.values())[1:], list(b.values())[1:], strict=True))
+
+
+class PoisonedModule(TaskModule):
+    """Its loss is inf on the third micro-batch: a non-finite gradient."""
+
+    def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("inf") if batch_idx == 2 else loss
+
+
+def test_without_a_scaler_lightning_applies_a_nonfinite_update(tmp_path: Path) -> None:
+    """32-true: nothing skips the step; the row says the update was taken (``skipped=0``) on a
+    non-finite norm and names the parameter, and every later norm is nan (the weights are)."""
+    cfg = _cfg(tmp_path / "unused", "fp32", accum=1)
+    task = task_of(cfg)
+    train_set, _ = task.train_val()
+    torch.manual_seed(cfg.seed)
+    cb = StabilityCallback(tmp_path / "pl")
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, callbacks=[cb], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_train_batches=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(PoisonedModule(task, 2e-3, 0.0), DataLoader(train_set, batch_size=16))
+    rows = _rows(tmp_path / "pl" / "steps.csv")
+    assert [math.isfinite(float(r["grad_l2_pre_clip"])) for r in rows] == [True, True, False,
+                                                                             False, False]
+    assert {r["skipped"] for r in rows} == {"0"}
+    assert rows[2]["nonfinite_param"].startswith("net.")

@@ -42,7 +42,6 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 
-from stability.core.clipping import grad_global_norm
 from stability.core.config import ClipConfig, PrecisionConfig
 from stability.core.precision import Precision
 from stability.core.sinks import StepSink
@@ -186,8 +185,7 @@ class StabilityCallback(TrainerCallback):
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The gradients as clipped: the post-clip norm."""
         if self.recorder is not None and self.recorder.stepping:
-            self._post = float(grad_global_norm(
-                [p.grad for p in self._params() if p.grad is not None]))
+            self._post = self.recorder.post_clip_norm(self._params())
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Stepped or skipped; the gradients are still there (per-layer norms)."""

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from stability.core.clipping import grad_global_norm
+from stability.core.clipping import CLIP_EPS, grad_global_norm
 from stability.core.config import ClipConfig
 from stability.core.layers import LayerNormRecorder
 from stability.core.measure import Measurement, StepMeter, measure
@@ -108,6 +108,24 @@ class StepRecorder:
         """Whether ``before_step`` ran and ``finish_step`` has not yet."""
         return self._pending is not None
 
+    def post_clip_norm(self, params: Iterable[nn.Parameter]) -> float:
+        """The global norm of the gradients as the trainer clipped them (call after its clip,
+        between ``before_step`` and ``finish_step``)."""
+        assert self._pending is not None, "post_clip_norm without before_step"
+        return self._post_clip_norm(self._pending.m, params)
+
+    def _post_clip_norm(self, m: Measurement, params: Iterable[nn.Parameter]) -> float:
+        # Below the threshold a norm clip scales by exactly 1.0 (torch's and ours: coef =
+        # max_norm / (norm + 1e-6), clamped to 1), so the gradients are the pre-clip ones and
+        # the norm need not be taken again (a margin covers the last bit between the two
+        # norms). Value clipping has no such shortcut.
+        c = self.clip
+        if not c.enabled or (c.method == "norm"
+                             and m.grad_l2_pre_clip * (1 + 1e-6) + CLIP_EPS <= c.max_norm):
+            return m.grad_l2_pre_clip
+        grads = [q.grad for q in params if q.grad is not None]
+        return float(grad_global_norm(grads)) if grads else 0.0
+
     def finish_step(self, params: Iterable[nn.Parameter], *, loss: float, skipped: bool,
                     micro_batches: int, samples: int, post: float | None = None) -> StepLog:
         """The trainer stepped (or skipped): the post-clip norm, the step's ``StepLog``.
@@ -130,8 +148,7 @@ class StepRecorder:
         if not m.finite or skipped:
             post = m.grad_l2_pre_clip
         elif post is None:
-            grads = [q.grad for q in params if q.grad is not None]
-            post = float(grad_global_norm(grads)) if grads else 0.0
+            post = self._post_clip_norm(p.m, params)
         reason = SkipReason.NONE
         if skipped:
             reason = (SkipReason.NONFINITE_LOSS if not math.isfinite(loss)
