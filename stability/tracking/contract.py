@@ -16,7 +16,7 @@ from stability.core.steplog import SkipReason
 from stability.core.validation import safe_name
 
 __all__ = ["COST_METRICS", "STEP_METRICS", "EPOCH_METRICS", "SCHEDULER_STEPPED",
-           "SCHEDULER_STEPS_ON_SKIP", "Artifact", "Kind", "Outcome",
+           "SCHEDULER_STEPS_ON_SKIP", "TRAINER_PARAM", "Artifact", "Kind", "Outcome",
            "Rebuild", "SkipReason", "Tag", "missing_records", "search_filter"]
 
 
@@ -94,6 +94,7 @@ EPOCH_METRICS = {"train_loss": "train_loss", "val_loss": "val_loss", "val_acc": 
 # the summary metric counting the skipped steps on which it did (Lightning #5558).
 SCHEDULER_STEPPED = "scheduler_stepped"
 SCHEDULER_STEPS_ON_SKIP = "scheduler_steps_on_skip"
+TRAINER_PARAM = "trainer"  # such a run's param: which trainer trained it (lightning | hf)
 WORLD_SIZE_PARAM = "world_size"  # logged only above 1 (data-parallel ranks)
 TASK_TARGET_PARAM = "task._target_"  # the task's import path; its options are ``task.<key>``
 
