@@ -199,3 +199,17 @@ def test_value_clipping_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"^clip.method='value' is invalid for the HF Trainer"):
         training_arguments(ClipConfig(enabled=True, method="value", clip_value=1.0),
                            PrecisionConfig("fp32"), 1, "cpu")
+
+
+def test_clip_off_still_records_every_step(tmp_path: Path) -> None:
+    """``max_grad_norm=0``: the Trainer takes the norm with ``inf`` as threshold, the callback
+    still measures every step (nothing clipped, post == pre) and matches our clip-off loop."""
+    cfg = _cfg(tmp_path / "ours")
+    cfg = RunConfig(**{**vars(cfg), "clip": ClipConfig(enabled=False)})
+    ours = _rows(train(cfg).csv_path)
+    _, norms = fit_hf(cfg, tmp_path / "hf")
+    theirs = _rows(tmp_path / "hf" / "steps.csv")
+    assert _max_diffs(ours, theirs)["grad_l2_pre_clip"] < 1e-5
+    assert {r["clipped"] for r in theirs} == {"0"}
+    assert all(r["grad_l2_pre_clip"] == r["grad_l2_post_clip"] for r in theirs)
+    assert len(norms.values) == len(theirs)

@@ -301,3 +301,56 @@ def test_without_a_scaler_lightning_applies_a_nonfinite_update(tmp_path: Path) -
                                                                              False, False]
     assert {r["skipped"] for r in rows} == {"0"}
     assert rows[2]["nonfinite_param"].startswith("net.")
+
+
+def test_trainer_record_groups_seeds_and_separates_settings(tmp_path: Path) -> None:
+    """Seeds of one setting share a fingerprint, another setting does not; the record has
+    every tag and param the report needs (``contract.missing_records``)."""
+    from stability.integrations.record import trainer_record
+    from stability.tracking.contract import Tag, missing_records
+
+    settings = {"precision.name": "fp16", "clip.max_norm": 1.0}
+    a, b = (trainer_record(tmp_path, target="m.M", trainer="lightning", settings=settings,
+                           seed=s, sweep_id="x") for s in (0, 1))
+    c = trainer_record(tmp_path, target="m.M", trainer="lightning",
+                       settings=settings | {"clip.max_norm": 0.5}, seed=0, sweep_id="x")
+    d = trainer_record(tmp_path, target="m.M", trainer="hf", settings=settings, seed=0,
+                       sweep_id="x")
+    assert a.tags[Tag.FINGERPRINT] == b.tags[Tag.FINGERPRINT]
+    assert len({a.tags[Tag.FINGERPRINT], c.tags[Tag.FINGERPRINT], d.tags[Tag.FINGERPRINT]}) == 3
+    assert (a.tags[Tag.SEED], b.tags[Tag.SEED]) == ("0", "1")
+    assert missing_records(a.tags, a.params) == []
+    assert a.params["trainer"] == "lightning" and a.params["clip.max_norm"] == "1.0"
+
+
+class OwnClipModule(TaskModule):
+    """Overrides the clipping hook (clipping the same way): the callback measures the post-clip
+    norm on the clipped gradients instead of deriving it."""
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,  # noqa: ANN001
+                                    gradient_clip_algorithm=None) -> None:
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+
+def test_derived_post_clip_norm_equals_the_measured_one(tmp_path: Path) -> None:
+    """The post-clip norm derived for a standard clip is the norm of what Lightning left."""
+    cfg = _cfg(tmp_path / "unused", "fp32")
+    rows = {}
+    for name, cls in (("derived", TaskModule), ("measured", OwnClipModule)):
+        task = task_of(cfg)
+        train_set, _ = task.train_val()
+        torch.manual_seed(cfg.seed)
+        cb = StabilityCallback(tmp_path / name)
+        trainer = pl.Trainer(max_epochs=1, callbacks=[cb], logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False,
+                             **trainer_settings(cfg.clip, cfg.precision, 2, "cpu"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(cls(task, 2e-3, 0.0), DataLoader(
+                train_set, batch_sampler=SeededBatches(len(train_set), 16, cfg.seed)))
+        rows[name] = _rows(tmp_path / name / "steps.csv")
+        assert cb.recorder.derive_norm_clip is (name == "derived")
+    assert 0 < sum(int(r["clipped"]) for r in rows["derived"]) < len(rows["derived"])
+    assert max_diff(rows["derived"], rows["measured"], "grad_l2_post_clip") < 1e-6
+    assert [r["clipped"] for r in rows["derived"]] == [r["clipped"] for r in rows["measured"]]

@@ -9,7 +9,8 @@ numbers in docs/integrations.md)::
     last micro-batch: accelerator.clip_grad_norm_(params, max_grad_norm or inf)
                         = unscale_gradients()      <- before_step: pre-clip norm, scale, lr
                           + clip, returns the pre-clip norm (HF's ``grad_norm``)
-                     -> on_pre_optimizer_step      <- the post-clip norm (gradients clipped)
+                     -> on_pre_optimizer_step      <- the post-clip norm (the standard norm
+                                                    clip's, derived from the pre-clip one)
                      -> optimizer.step()  (AcceleratedOptimizer: skipped on inf/nan in fp16)
                      -> on_optimizer_step          <- finish_step: skip, loss, per-layer norms
                      -> lr_scheduler.step() unless accelerator.optimizer_step_was_skipped
@@ -183,7 +184,7 @@ class StabilityCallback(TrainerCallback):
         self._epoch_t0 = time.perf_counter()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """The gradients as clipped: the post-clip norm."""
+        """The gradients are clipped: the post-clip norm (``StepRecorder.post_clip_norm``)."""
         if self.recorder is not None and self.recorder.stepping:
             self._post = self.recorder.post_clip_norm(self._params())
 

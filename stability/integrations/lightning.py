@@ -13,8 +13,11 @@ in docs/integrations.md)::
                                                          skip, loss, scheduler stepped?
     epoch end:       validation -> on_train_epoch_end <- end_epoch: val_loss/val_acc
 
-The callback never changes training: it measures with clipping off (Lightning clips), and
-reads the gradients Lightning left (``zero_grad`` runs at the next step's first closure).
+The callback never changes training: it measures with clipping off (Lightning clips). The
+post-clip norm of Lightning's standard norm clip is derived from the pre-clip one as our loop
+derives its own (``recorder``); a module overriding ``configure_gradient_clipping``, or value
+clipping, gets it measured on the gradients Lightning left (``zero_grad`` runs at the next
+step's first closure).
 A step counts as skipped when the GradScaler skipped it (its scale dropped across the step, or
 the unscaled norm is non-finite, which is the same event). Without a scaler (32-true,
 bf16-mixed) Lightning applies even a non-finite update: the row then has ``skipped=0`` and a
@@ -123,9 +126,14 @@ class StabilityCallback(pl.Callback):
     # -- lifecycle ---------------------------------------------------------------------------
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build the recorder from the trainer's clip setting."""
+        # A module overriding configure_gradient_clipping clips its own way: measure the
+        # post-clip norm instead of deriving it.
+        standard = (type(pl_module).configure_gradient_clipping
+                    is pl.LightningModule.configure_gradient_clipping)
         self.recorder = StepRecorder(self.folder, clip_of(trainer), pl_module,
                                      per_layer=self.per_layer, sinks=self.extra_sinks,
-                                     underflow_every=self.underflow_every)
+                                     underflow_every=self.underflow_every,
+                                     derive_norm_clip=standard)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Close the files."""

@@ -69,12 +69,15 @@ class StepRecorder:
         per_layer: also write ``layer_norms.csv``.
         sinks: more step sinks after the CSV (e.g. ``TrackedRun.sink``).
         underflow_every: sample the fp16 underflow share on step 1 and every N steps.
+        derive_norm_clip: the trainer clips by norm the standard way, so the post-clip norm
+            is derived from the pre-clip one (False: measured on the clipped gradients).
     """
 
     def __init__(self, folder: str | Path, clip: ClipConfig, model: nn.Module, *,
                  per_layer: bool = False, sinks: Sequence[StepSink] = (),
-                 underflow_every: int = 25) -> None:
+                 underflow_every: int = 25, derive_norm_clip: bool = True) -> None:
         self.folder = Path(folder)
+        self.derive_norm_clip = derive_norm_clip
         self.folder.mkdir(parents=True, exist_ok=True)
         self.clip = clip
         self.model = model
@@ -115,14 +118,16 @@ class StepRecorder:
         return self._post_clip_norm(self._pending.m, params)
 
     def _post_clip_norm(self, m: Measurement, params: Iterable[nn.Parameter]) -> float:
-        # Below the threshold a norm clip scales by exactly 1.0 (torch's and ours: coef =
-        # max_norm / (norm + 1e-6), clamped to 1), so the gradients are the pre-clip ones and
-        # the norm need not be taken again (a margin covers the last bit between the two
-        # norms). Value clipping has no such shortcut.
+        # A standard norm clip (torch.nn.utils.clip_grad_norm_, which both trainers call)
+        # scales every gradient by coef = max_norm / (norm + 1e-6) clamped to 1: the post-clip
+        # norm is pre * coef, derived as our own loop derives it (clipping.clip_by_norm_), not
+        # taken again (a second norm pass cost ~3% of a small model's step). A clip the
+        # recorder cannot know (value clipping, a user's own clipping hook) is measured.
         c = self.clip
-        if not c.enabled or (c.method == "norm"
-                             and m.grad_l2_pre_clip * (1 + 1e-6) + CLIP_EPS <= c.max_norm):
+        if not c.enabled:
             return m.grad_l2_pre_clip
+        if c.method == "norm" and self.derive_norm_clip:
+            return m.grad_l2_pre_clip * min(1.0, c.max_norm / (m.grad_l2_pre_clip + CLIP_EPS))
         grads = [q.grad for q in params if q.grad is not None]
         return float(grad_global_norm(grads)) if grads else 0.0
 
