@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,8 @@ class TrainerStepLog(StepLog):
     scheduler_stepped: int = 0
 
 
-assert SCHEDULER_STEPPED in {f for f in TrainerStepLog.__dataclass_fields__}
+assert SCHEDULER_STEPPED in {f.name for f in fields(TrainerStepLog)}
+MEASURE_ONLY = ClipConfig(enabled=False)  # the trainer clips; the recorder only measures
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class StepRecorder:
         """The unscaled gradients, before the trainer clips them: pre-clip norm, finiteness,
         the loss scale of this step's backward (and the fp16 underflow share when sampled)."""
         step = self.meter.begin()
-        m = measure(params, ClipConfig(enabled=False), scaler, model=self.model,
+        m = measure(params, MEASURE_ONLY, scaler, model=self.model,
                     sample_underflow=self.meter.samples_underflow(step))
         self._pending = _Pending(step, float(lr), m)
 
