@@ -354,3 +354,60 @@ def test_derived_post_clip_norm_equals_the_measured_one(tmp_path: Path) -> None:
     assert 0 < sum(int(r["clipped"]) for r in rows["derived"]) < len(rows["derived"])
     assert max_diff(rows["derived"], rows["measured"], "grad_l2_post_clip") < 1e-6
     assert [r["clipped"] for r in rows["derived"]] == [r["clipped"] for r in rows["measured"]]
+
+
+class SameBatches(SeededBatches):
+    """The same shuffled order every epoch: what a resumed fit draws cannot depend on how
+    Lightning numbers the epoch it restarts (``set_epoch`` after a restore is Lightning's)."""
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self.generator = torch.Generator().manual_seed(1000)
+        return super().__iter__()
+
+
+class StopAt(pl.Callback):
+    """Fails the fit at one batch of one epoch: a crash after the last checkpoint."""
+
+    def __init__(self, epoch: int, batch: int) -> None:
+        self.epoch, self.batch = epoch, batch
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+        if trainer.current_epoch == self.epoch and batch_idx == self.batch:
+            raise RuntimeError("crash")
+
+
+def test_a_fit_resumed_from_its_checkpoint_writes_the_same_files(tmp_path: Path) -> None:
+    """Crash in epoch 3 after the epoch-2 checkpoint, resume from it: ``steps.csv`` and
+    ``layer_norms.csv`` are byte-identical to those of a fit never interrupted (the callback's
+    state rides in Lightning's checkpoint; the rows after it are cut and written again)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    cfg = _cfg(tmp_path / "unused", "fp32")
+
+    def fit(folder: Path, extra: list, ckpt: str | None = None) -> None:
+        task = task_of(cfg)
+        train_set, _ = task.train_val()
+        torch.manual_seed(cfg.seed)
+        trainer = pl.Trainer(max_epochs=3, logger=False, enable_progress_bar=False,
+                             enable_model_summary=False,
+                             callbacks=[StabilityCallback(folder, per_layer=True), *extra],
+                             **trainer_settings(cfg.clip, cfg.precision, 2, "cpu"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(TaskModule(task, 2e-3, 0.0), DataLoader(
+                train_set, batch_sampler=SameBatches(len(train_set), 16, cfg.seed)),
+                ckpt_path=ckpt)
+
+    fit(tmp_path / "whole", [])
+    ckpts = tmp_path / "ckpt"
+    saver = ModelCheckpoint(dirpath=ckpts, save_last=True, save_on_train_epoch_end=True,
+                            every_n_epochs=1)
+    with pytest.raises(RuntimeError, match="crash"):
+        fit(tmp_path / "resumed", [saver, StopAt(epoch=2, batch=9)])
+    crashed = _rows(tmp_path / "resumed" / "steps.csv")
+    assert int(crashed[-1]["epoch"]) == 3  # rows past the checkpoint exist before the resume
+    fit(tmp_path / "resumed", [ModelCheckpoint(dirpath=ckpts)], ckpt=str(ckpts / "last.ckpt"))
+    for name in ("steps.csv", "layer_norms.csv"):
+        whole = (tmp_path / "whole" / name).read_bytes()
+        assert (tmp_path / "resumed" / name).read_bytes() == whole, name
+    assert len(_rows(tmp_path / "whole" / "steps.csv")) > len(crashed)

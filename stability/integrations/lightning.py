@@ -122,6 +122,7 @@ class StabilityCallback(pl.Callback):
         self._scaler: torch.amp.GradScaler | None = None
         self._scale_before = 1.0
         self._epoch_t0 = 0.0
+        self._restored: dict[str, Any] | None = None  # from the trainer's checkpoint
 
     # -- lifecycle ---------------------------------------------------------------------------
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -134,6 +135,16 @@ class StabilityCallback(pl.Callback):
                                      per_layer=self.per_layer, sinks=self.extra_sinks,
                                      underflow_every=self.underflow_every,
                                      derive_norm_clip=standard)
+        if self._restored:  # Lightning restores callbacks before on_fit_start
+            self.recorder.load_state_dict(self._restored)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in Lightning's checkpoint: a fit resumed from it continues the records."""
+        return self.recorder.state_dict() if self.recorder is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Kept until ``on_fit_start`` builds the recorder."""
+        self._restored = dict(state_dict)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Close the files."""

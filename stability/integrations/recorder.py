@@ -31,7 +31,7 @@ from stability.core.layers import LayerNormRecorder
 from stability.core.measure import Measurement, StepMeter, measure
 from stability.core.monitor import Diagnostics
 from stability.core.rundir import CSV_NAME, LAYER_NORMS_NAME
-from stability.core.sinks import StepSink
+from stability.core.sinks import StepSink, load_states, state_of
 from stability.core.steplog import CSV_COLUMNS, CsvStepWriter, EpochLog, SkipReason, StepLog
 from stability.tracking.contract import SCHEDULER_STEPPED, SCHEDULER_STEPS_ON_SKIP
 
@@ -196,6 +196,27 @@ class StepRecorder:
         if val_loss < self.best_val_loss:
             self.best_val_loss, self.best_epoch, self.best_val_acc = val_loss, epoch, val_acc
         return record
+
+    def _named_sinks(self) -> dict[str, StepSink]:
+        named: dict[str, StepSink] = {} if self.layers is None else {"layers": self.layers}
+        named |= {"diagnostics": self.diagnostics, "csv": self.csv}
+        return named | {f"extra{i}": s for i, s in enumerate(self.sinks[2:])}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counters, the best epoch and every sink's state (plain containers), for the
+        trainer's checkpoint: ``load_state_dict`` continues the files from there."""
+        return {"meter": self.meter.state_dict(), "sinks": state_of(self._named_sinks()),
+                "best": [self.best_val_loss, self.best_epoch, self.best_val_acc],
+                "scheduler_steps_on_skip": self.scheduler_steps_on_skip}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict``: ``steps.csv`` (and ``layer_norms.csv``) are cut back to
+        the checkpoint's step and continued."""
+        self.meter.load_state_dict(state["meter"])
+        load_states(self._named_sinks(), state["sinks"])
+        loss, epoch, acc = state["best"]
+        self.best_val_loss, self.best_epoch, self.best_val_acc = float(loss), int(epoch), float(acc)
+        self.scheduler_steps_on_skip = int(state["scheduler_steps_on_skip"])
 
     def close(self) -> None:
         """Close ``steps.csv`` and write the per-layer rows still held (idempotent)."""
