@@ -389,7 +389,8 @@ def test_a_fit_resumed_from_its_checkpoint_writes_the_same_files(tmp_path: Path)
         train_set, _ = task.train_val()
         torch.manual_seed(cfg.seed)
         trainer = pl.Trainer(max_epochs=3, logger=False, enable_progress_bar=False,
-                             enable_model_summary=False,
+                             enable_model_summary=False, default_root_dir=tmp_path,
+                             enable_checkpointing=bool(extra),
                              callbacks=[StabilityCallback(folder, per_layer=True), *extra],
                              **trainer_settings(cfg.clip, cfg.precision, 2, "cpu"))
         with warnings.catch_warnings():
