@@ -15,7 +15,8 @@ from stability.core.cost import COST_METRICS
 from stability.core.steplog import SkipReason
 from stability.core.validation import safe_name
 
-__all__ = ["COST_METRICS", "STEP_METRICS", "EPOCH_METRICS", "Artifact", "Kind", "Outcome",
+__all__ = ["COST_METRICS", "STEP_METRICS", "EPOCH_METRICS", "SCHEDULER_STEPPED",
+           "SCHEDULER_STEPS_ON_SKIP", "TRAINER_PARAM", "Artifact", "Kind", "Outcome",
            "Rebuild", "SkipReason", "Tag", "missing_records", "search_filter"]
 
 
@@ -88,6 +89,12 @@ STEP_METRICS = ("loss", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "clipped"
 EPOCH_METRICS = {"train_loss": "train_loss", "val_loss": "val_loss", "val_acc": "val_acc",
                  "epoch_clip_fraction": "clip_fraction", "max_grad_norm": "max_grad_norm",
                  "epoch_skip_count": "skip_count"}
+# A run trained by a trainer we do not own (stability.integrations): its steps.csv column
+# (1 when the trainer advanced an LR scheduler during the step; never in our loop's CSV) and
+# the summary metric counting the skipped steps on which it did (Lightning #5558).
+SCHEDULER_STEPPED = "scheduler_stepped"
+SCHEDULER_STEPS_ON_SKIP = "scheduler_steps_on_skip"
+TRAINER_PARAM = "trainer"  # such a run's param: which trainer trained it (lightning | hf)
 WORLD_SIZE_PARAM = "world_size"  # logged only above 1 (data-parallel ranks)
 TASK_TARGET_PARAM = "task._target_"  # the task's import path; its options are ``task.<key>``
 
