@@ -1,5 +1,5 @@
 # make run   : set up .venv and run the default study (python experiments/sweep.py -m) on the embedded store
-# make test  : set up .venv (+ dev tools; as root the Debian packages of the server, SLURM and
+# make test  : set up .venv (+ dev tools and the lightning/hf extras; as root the Debian packages of the server, SLURM and
 #              UI tests) and run the test suite (the 20 slowest tests listed at the end)
 # make benchmark : overhead, memory, precision, accumulation (docs/performance.md; ~3 min)
 PY      ?= python3
@@ -27,7 +27,7 @@ setup: $(STAMP)
 
 setup-dev: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,lightning,hf]"  # the integrations' tests need both
 	@# the native team stack and SLURM tests (tests/test_team_stack.py, test_auth.py, test_slurm.py)
 	@# and the UI test need these Debian packages; installed only as root and only when missing
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

@@ -32,7 +32,9 @@ atexit.register(lambda: print("LOADED " + json.dumps(
 sys.argv = [{script!r}, *sys.argv[1:]]
 runpy.run_path({script!r}, run_name="__main__")
 """
-WATCHED = (*HIDDEN, "sqlalchemy", "alembic", "mlflow")
+# The trainer integrations' libraries (optional extras): a worker of our own loop never loads them.
+TRAINERS = ("lightning", "pytorch_lightning", "transformers", "accelerate")
+WATCHED = (*HIDDEN, "sqlalchemy", "alembic", "mlflow", *TRAINERS)
 TINY = ["train.epochs=2", "train.batch_size=32", "data.num_samples=300", "seed=3"]
 
 
@@ -59,7 +61,7 @@ def test_worker_tracking_to_a_server_imports_neither_pandas_nor_pyarrow(mlflow_s
                             f"tracking.experiment={exp}", f"hydra.run.dir={out}"], ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "mlflow" in loaded  # MLflow was imported (and used): the check is not vacuous
-    assert not set(loaded) & {*HIDDEN, "sqlalchemy", "alembic"}, loaded
+    assert not set(loaded) & {*HIDDEN, "sqlalchemy", "alembic", *TRAINERS}, loaded
 
     # The lean MLflow logged everything a run records (docs/TRACKING.md).
     c = MlflowClient(mlflow_server.uri)
@@ -76,6 +78,23 @@ def test_worker_tracking_to_a_server_imports_neither_pandas_nor_pyarrow(mlflow_s
     assert {"steps.csv", "config.yaml", "checkpoints"} <= names
     copy = c.download_artifacts(run.info.run_id, "steps.csv", str(tmp_path / "dl"))
     assert Path(copy).read_bytes() == (out / "steps.csv").read_bytes()
+
+
+def test_our_worker_and_the_integrations_package_load_no_trainer() -> None:
+    """The sweep worker's modules and ``stability.integrations`` (with its neutral recorder)
+    import neither Lightning nor transformers; the Lightning module does (the check can fail)."""
+    code = ("import sys\n"
+            "import stability.cli, stability.sweep.job, stability.core.loop\n"
+            "import stability.tracking.run, stability.integrations.recorder\n"
+            f"print([m for m in {TRAINERS!r} if sys.modules.get(m) is not None])\n"
+            "import stability.integrations.lightning\n"
+            "print('lightning' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    if proc.returncode and "No module named 'lightning'" in proc.stderr:
+        pytest.skip("the lightning extra is not installed")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:2] == ["[]", "True"]
 
 
 def test_after_a_lean_import_pandas_still_imports() -> None:

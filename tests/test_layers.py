@@ -22,6 +22,14 @@ def _contract(kind: str) -> dict:
     return next(c for c in CONTRACTS["contracts"] if c["type"] == kind)
 
 
+def _forbidden_hits(graph: grimp.ImportGraph, contract: dict) -> list[tuple[str, str]]:
+    """Direct imports that a ``forbidden`` contract rules out."""
+    return [(m, t) for source in contract["source_modules"]
+            for m in graph.find_descendants(source) | {source}
+            for t in graph.find_modules_directly_imported_by(m)
+            if any(t == f or t.startswith(f + ".") for f in contract["forbidden_modules"])]
+
+
 def _layers() -> list[set[str]]:
     return [{m.strip() for m in row.split("|")} for row in _contract("layers")["layers"]]
 
@@ -109,12 +117,14 @@ def test_no_import_cycle(graph: grimp.ImportGraph) -> None:
 
 
 def test_stats_imports_none_of_ours_nor_a_tracker(graph: grimp.ImportGraph) -> None:
-    forbidden = _contract("forbidden")
-    (source,) = forbidden["source_modules"]
-    hits = [(m, t) for m in graph.find_descendants(source) | {source}
-            for t in graph.find_modules_directly_imported_by(m)
-            if any(t == f or t.startswith(f + ".") for f in forbidden["forbidden_modules"])]
-    assert hits == []
+    assert _forbidden_hits(graph, _contract("forbidden")) == []
+
+
+def test_every_forbidden_contract_holds(graph: grimp.ImportGraph) -> None:
+    """E.g. the report never imports the trainer integrations (only sweep and cli may)."""
+    contracts = [c for c in CONTRACTS["contracts"] if c["type"] == "forbidden"]
+    assert any("stability.integrations" in c["forbidden_modules"] for c in contracts)
+    assert [h for c in contracts for h in _forbidden_hits(graph, c)] == []
 
 
 def test_the_checks_catch_a_planted_upward_import_and_cycle() -> None:
@@ -124,3 +134,10 @@ def test_the_checks_catch_a_planted_upward_import_and_cycle() -> None:
     assert ("stability.core.step", "stability.report.html") in _upward(g)
     g.add_import(importer="stability.stats.paired", imported="stability.stats.effects")
     assert ["stability.stats.effects", "stability.stats.paired"] in _cycles(g)
+    g.add_import(importer="stability.tracking.run", imported="stability.integrations.recorder")
+    assert ("stability.tracking.run", "stability.integrations.recorder") in _upward(g)
+    g.add_import(importer="stability.report.html", imported="stability.integrations.recorder")
+    (report,) = [c for c in CONTRACTS["contracts"] if c["type"] == "forbidden"
+                 and c["source_modules"] == ["stability.report"]]
+    assert ("stability.report.html", "stability.integrations.recorder") in _forbidden_hits(
+        g, report)

@@ -200,8 +200,8 @@ def test_measure_reads_once_plus_the_scale(precision: str, reads: int) -> None:
                                   ClipConfig(enabled=True, method="value", clip_value=1e-3),
                                   ClipConfig(enabled=False)], ids=["norm", "value", "off"])
 def test_a_non_finite_gradient_is_reported_unclipped_and_named(clip: ClipConfig) -> None:
-    """A skipped step logs the pre-clip norm as post (nothing counted as clipped) and names the
-    first bad parameter, even when value clipping has turned its inf into a finite bound."""
+    """A skipped step logs the pre-clip norm as post (nothing counted as clipped), names the
+    first bad parameter, and leaves every gradient unclipped for whoever looks next."""
     def with_grads(*bad: str) -> nn.Module:
         model = _model()
         x, y = _batches(1)[0]
@@ -216,10 +216,13 @@ def test_a_non_finite_gradient_is_reported_unclipped_and_named(clip: ClipConfig)
     assert not m.finite and not m.clipped and m.nonfinite_param == "0.weight"
     assert math.isnan(m.grad_l2_pre_clip) and math.isnan(m.grad_l2_post_clip)
     assert math.isnan(m.loss) and m.scaler_scale == 1.0
+    assert math.isnan(float(model[0].weight.grad.view(-1)[0]))  # left as they were
     model = with_grads("2.bias")
     m = measure(model.parameters(), clip, None, model=model)
     assert m.nonfinite_param == "2.bias"
     assert m.grad_l2_pre_clip == math.inf == m.grad_l2_post_clip
+    assert math.isinf(float(model[2].bias.grad.view(-1)[0]))
+    assert torch.isfinite(model[0].weight.grad).all()  # and no finite one was scaled to nan
 
 
 def test_the_documented_plain_loop_runs_and_matches_train_step() -> None:

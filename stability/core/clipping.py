@@ -40,15 +40,21 @@ def clip_by_norm_(grads: list[torch.Tensor], pre: torch.Tensor, max_norm: float)
     """Scale ``grads`` in place so their global norm is at most ``max_norm``.
 
     Args:
-        grads: gradient tensors (finite).
+        grads: gradient tensors.
         pre: their global norm, from ``grad_global_norm``.
         max_norm: threshold.
 
     Returns:
         The post-clip norm as a 0-d tensor; derived, not recomputed: the scale factor is
-        exactly 1.0 below the threshold, which leaves every gradient bit-identical.
+        exactly 1.0 below the threshold (and when ``pre`` is not finite), which leaves every
+        gradient bit-identical.
     """
     coef = torch.clamp(max_norm / (pre + CLIP_EPS), max=1.0)
+    # Non-finite gradients are left as they are (the step will be skipped), so that whoever
+    # looks at them next (the per-layer table, a debugger) sees which one went inf/nan; the
+    # choice is made on the device, without a host read. On finite ones ``where`` returns
+    # ``coef`` itself: the same bits as before.
+    coef = torch.where(torch.isfinite(pre), coef, torch.ones_like(coef))
     if grads:
         torch._foreach_mul_(grads, coef.to(grads[0].device))
     return pre * coef

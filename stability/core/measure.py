@@ -23,8 +23,9 @@ skips a non-finite loss before its backward, which this loop does not need to.)
 
 Host reads (a device sync on CUDA) per call, pinned by tests/test_measure.py: one ``.tolist()``
 of ``[pre, post, loss]``, which decides the skip and carries everything logged;
-``scaler.get_scale()`` with an enabled scaler; and the underflow share's two per gradient
-tensor on the steps that sample it.
+``scaler.get_scale()`` with an enabled scaler; one finiteness read before value clipping
+(``clip.method=value`` only); and the underflow share's two per gradient tensor on the steps
+that sample it. Non-finite gradients are never clipped: a skipped step leaves them as they were.
 """
 
 from __future__ import annotations
@@ -108,18 +109,15 @@ def measure(params: Iterable[nn.Parameter], clip: ClipConfig,
     # The underflow share describes the raw unscaled gradients, so it is sampled before
     # clipping (clipped gradients are smaller and would inflate it).
     underflow = fp16_underflow_fraction(grads) if scaling and sample_underflow else math.nan
-    # Clip before knowing whether the gradients are finite, so that one host read serves both
-    # the skip decision and the log: on finite gradients this is the clip the step needs; on
-    # non-finite ones the step is skipped. Norm clipping then scales by exactly 1 (a norm of 0
-    # stands in for the non-finite one, on the device, no read): inf * 0 would turn every inf
-    # into nan, and the per-layer table must still show where the inf was.
+    # Norm clipping runs before the host knows whether the gradients are finite, so that one
+    # host read serves both the skip decision and the log: ``clip_by_norm_`` leaves
+    # non-finite gradients untouched on the device. Value clipping would turn inf into a
+    # finite bound (hiding which gradient went bad), so it decides first: one more read.
     post = pre
-    if clip.enabled:
-        if clip.method == "norm":
-            finite_pre = torch.where(torch.isfinite(pre), pre, torch.zeros_like(pre))
-            post = clip_by_norm_(grads, finite_pre, clip.max_norm)
-        else:
-            post = clip_by_value_(grads, clip.clip_value)
+    if clip.enabled and clip.method == "norm":
+        post = clip_by_norm_(grads, pre, clip.max_norm)
+    elif clip.enabled and bool(torch.isfinite(pre)):
+        post = clip_by_value_(grads, clip.clip_value)
     # One host read for the decision and everything logged (a device sync on CUDA).
     loss_t = loss if isinstance(loss, torch.Tensor) else torch.zeros(())
     pre_f, post_f, loss_f = torch.stack([pre, post, loss_t.detach().float().to(pre.device)

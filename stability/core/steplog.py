@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from pathlib import Path
@@ -78,11 +79,15 @@ class CsvStepWriter:
     Args:
         path: the file.
         fsync: also ``fsync`` each row (survives a power cut; ~1 ms a row).
+        columns: the header (``CSV_COLUMNS``; a trainer integration appends its own, which
+            ``StepLog`` subclasses it writes carry as fields).
     """
 
-    def __init__(self, path: str | Path, fsync: bool = False) -> None:
+    def __init__(self, path: str | Path, fsync: bool = False,
+                 columns: Sequence[str] = tuple(CSV_COLUMNS)) -> None:
         self.path = Path(path)
         self._fsync = fsync
+        self.columns = list(columns)
         self._file: TextIO | None = None
         self._writer: Any = None
         self._end = 0  # the length at close
@@ -99,7 +104,7 @@ class CsvStepWriter:
             self._file.seek(resume_at)
         self._writer = csv.writer(self._file)
         if resume_at is None:
-            self._writer.writerow(CSV_COLUMNS)
+            self._writer.writerow(self.columns)
         self._flush(self._file)
         return self._file
 
@@ -132,7 +137,7 @@ class CsvStepWriter:
             "skipped": int(log.skipped),
             "clipped": int(log.clipped),
         }
-        self._writer.writerow([row[c] for c in CSV_COLUMNS])
+        self._writer.writerow([row[c] for c in self.columns])
         self._flush(f)
 
     def on_epoch(self, log: EpochLog) -> None:

@@ -16,8 +16,8 @@ from stability.core.steplog import SkipReason
 from stability.core.validation import safe_name
 
 __all__ = ["COST_METRICS", "LOSS_INIT", "RUN_METRICS", "STEP_METRICS", "EPOCH_METRICS",
-           "Artifact", "Kind", "Outcome", "Rebuild", "SkipReason", "Tag", "missing_records",
-           "search_filter"]
+           "SCHEDULER_STEPPED", "SCHEDULER_STEPS_ON_SKIP", "TRAINER_PARAM", "Artifact", "Kind",
+           "Outcome", "Rebuild", "SkipReason", "Tag", "missing_records", "search_filter"]
 
 
 class Kind(StrEnum):
@@ -95,6 +95,12 @@ EPOCH_METRICS = {"train_loss": "train_loss", "val_loss": "val_loss", "val_acc": 
 LOSS_INIT = "loss_init"
 UPDATE_RATIO_METRICS = ("update_ratio_p50", "update_ratio_max")
 RUN_METRICS = (LOSS_INIT, *UPDATE_RATIO_METRICS)
+# A run trained by a trainer we do not own (stability.integrations): its steps.csv column
+# (1 when the trainer advanced an LR scheduler during the step; never in our loop's CSV) and
+# the summary metric counting the skipped steps on which it did (Lightning #5558).
+SCHEDULER_STEPPED = "scheduler_stepped"
+SCHEDULER_STEPS_ON_SKIP = "scheduler_steps_on_skip"
+TRAINER_PARAM = "trainer"  # such a run's param: which trainer trained it (lightning | hf)
 WORLD_SIZE_PARAM = "world_size"  # logged only above 1 (data-parallel ranks)
 TASK_TARGET_PARAM = "task._target_"  # the task's import path; its options are ``task.<key>``
 

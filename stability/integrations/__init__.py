@@ -1,0 +1,8 @@
+"""Telemetry for training loops we do not own: PyTorch Lightning and the Hugging Face Trainer.
+
+``recorder.StepRecorder`` is the trainer-neutral part (``core.measure``, the same step sinks
+as our loop: ``steps.csv``, ``layer_norms.csv``, the diagnostics, an MLflow ``TrackedRun``'s
+buffer). ``lightning.StabilityCallback`` and ``hf.StabilityCallback`` feed it from each
+trainer's hooks (docs/integrations.md gives the hook orders). Importing this package imports
+neither Lightning nor transformers: each lives in its own module, an optional extra.
+"""

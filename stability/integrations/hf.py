@@ -1,0 +1,233 @@
+"""``StabilityCallback`` for the Hugging Face Trainer: our telemetry on every optimizer step.
+
+transformers 5.24's order for one optimizer step (``Trainer._inner_training_loop``; line
+numbers in docs/integrations.md)::
+
+    per micro-batch: on_step_begin (first only) -> training_step (loss / window length,
+                     backward through accelerator.backward: scaled under fp16)
+                     -> on_substep_end (all but the last)
+    last micro-batch: accelerator.clip_grad_norm_(params, max_grad_norm or inf)
+                        = unscale_gradients()      <- before_step: pre-clip norm, scale, lr
+                          + clip, returns the pre-clip norm (HF's ``grad_norm``)
+                     -> on_pre_optimizer_step      <- the post-clip norm (the standard norm
+                                                    clip's, derived from the pre-clip one)
+                     -> optimizer.step()  (AcceleratedOptimizer: skipped on inf/nan in fp16)
+                     -> on_optimizer_step          <- finish_step: skip, loss, per-layer norms
+                     -> lr_scheduler.step() unless accelerator.optimizer_step_was_skipped
+                     -> model.zero_grad() -> on_step_end   <- emit: scheduler stepped?
+    epoch end:       on_epoch_end -> evaluate -> on_evaluate  <- end_epoch: eval_loss
+
+No hook runs between the last backward and the clip, and the callbacks get neither the
+accelerator nor ``grad_norm``: ``attach(trainer)`` adds the callback and wraps two bound
+methods on that trainer's instances (nothing global is patched): ``accelerator.unscale_gradients``
+(measure right after it: the unscaled, not yet clipped gradients, the same tensors
+``clip_grad_norm_`` then norms and clips) and ``training_step`` (each micro-batch's loss as the
+Trainer computed it, and its samples). FSDP, DeepSpeed and XLA clip by other paths: not
+supported.
+
+Usage::
+
+    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val)
+    cb = StabilityCallback("runs/my_run", per_layer=True).attach(trainer)
+    trainer.train()
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback
+
+from stability.core.config import ClipConfig, PrecisionConfig
+from stability.core.precision import Precision
+from stability.core.sinks import StepSink
+from stability.core.validation import ConfigError
+from stability.integrations.recorder import StepRecorder, batch_samples
+
+
+def clip_of(trainer: Trainer) -> ClipConfig:
+    """The ``ClipConfig`` equivalent to the trainer's ``max_grad_norm`` (0: clipping off)."""
+    value = trainer.args.max_grad_norm
+    if value is None or value <= 0:
+        return ClipConfig(enabled=False)
+    return ClipConfig(enabled=True, method="norm", max_norm=float(value))
+
+
+def training_arguments(clip: ClipConfig, precision: PrecisionConfig, accum_steps: int,
+                       device: str) -> dict[str, Any]:
+    """A study point's settings as ``TrainingArguments`` keyword arguments.
+
+    Args:
+        clip: the clip setting (``max_grad_norm``; 0 turns clipping off).
+        precision: the precision section (``fp32`` | ``bf16`` | ``fp16``).
+        accum_steps: ``gradient_accumulation_steps``.
+        device: ``cpu`` or ``cuda``.
+
+    Raises:
+        ConfigError: a setting the Trainer cannot honour: value clipping (it clips by norm
+            only) and fp16 on CPU (accelerate 1.15 then trains in fp32 without autocast or
+            loss scaling, accelerator.py:564-570, and says nothing).
+    """
+    if clip.enabled and clip.method != "norm":
+        raise ConfigError(f"clip.method={clip.method!r} is invalid for the HF Trainer: it clips "
+                          "by norm only (allowed values: norm)")
+    name = Precision(precision.name)
+    if name is Precision.FP16 and device == "cpu":
+        raise ConfigError("precision=fp16 is invalid for the HF Trainer on cpu: accelerate "
+                          "trains it in fp32 without loss scaling (allowed values here: "
+                          "fp32 | bf16)")
+    return {"max_grad_norm": clip.max_norm if clip.enabled else 0.0,
+            "gradient_accumulation_steps": accum_steps, "fp16": name is Precision.FP16,
+            "bf16": name is Precision.BF16, "use_cpu": device == "cpu"}
+
+
+def scheduler_position(trainer: Trainer) -> int:
+    """How many times the trainer's LR scheduler has stepped (0 before it exists)."""
+    return int(getattr(trainer.lr_scheduler, "last_epoch", 0) or 0)
+
+
+class StabilityCallback(TrainerCallback):
+    """Records ``steps.csv`` (+ ``layer_norms.csv``) of a ``Trainer.train``, every step.
+
+    Args:
+        folder: the run folder.
+        per_layer: also write ``layer_norms.csv``.
+        sinks: more step sinks (e.g. ``TrackedRun.sink``).
+        val_loss_key: the evaluation metric that is the validation loss.
+        val_acc_key: the evaluation metric that is the validation accuracy (nan when absent).
+        underflow_every: sample the fp16 underflow share on step 1 and every N steps.
+    """
+
+    def __init__(self, folder: str | Path, *, per_layer: bool = False,
+                 sinks: Sequence[StepSink] = (), val_loss_key: str = "eval_loss",
+                 val_acc_key: str = "eval_accuracy", underflow_every: int = 25) -> None:
+        self.folder = Path(folder)
+        self.per_layer = per_layer
+        self.extra_sinks = tuple(sinks)
+        self.val_loss_key, self.val_acc_key = val_loss_key, val_acc_key
+        self.underflow_every = underflow_every
+        self.trainer: Trainer | None = None
+        self.recorder: StepRecorder | None = None
+        self._window_loss: torch.Tensor | float = 0.0
+        self._micro, self._samples = 0, 0
+        self._post: float | None = None
+        self._sched_before = 0
+        self._epoch, self._epoch_t0 = 0, 0.0
+
+    def attach(self, trainer: Trainer) -> StabilityCallback:
+        """Add this callback to ``trainer`` and wrap its two measuring points (see module).
+
+        Returns:
+            self, so that ``cb = StabilityCallback(folder).attach(trainer)`` reads in one line.
+
+        Raises:
+            RuntimeError: already attached to a trainer.
+        """
+        if self.trainer is not None:
+            raise RuntimeError("this StabilityCallback is attached already: one per trainer")
+        self.trainer = trainer
+        trainer.add_callback(self)
+        accelerator = trainer.accelerator
+        unscale = accelerator.unscale_gradients
+
+        def unscale_then_measure(*args: Any, **kwargs: Any) -> Any:
+            out = unscale(*args, **kwargs)
+            self._before_clip()
+            return out
+
+        step = trainer.training_step
+
+        def training_step_recorded(*args: Any, **kwargs: Any) -> torch.Tensor:
+            loss = step(*args, **kwargs)
+            inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
+            # Summed on the device: the step's one host read is in finish_step.
+            self._window_loss = self._window_loss + loss.detach().float()
+            self._micro += 1
+            self._samples += batch_samples(inputs)
+            return loss
+
+        accelerator.unscale_gradients = unscale_then_measure
+        trainer.training_step = training_step_recorded
+        return self
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        assert self.trainer is not None
+        return [p for g in self.trainer.optimizer.param_groups for p in g["params"]]
+
+    def _before_clip(self) -> None:
+        """Inside ``clip_grad_norm_``, after unscaling: the pre-clip measurement."""
+        if self.recorder is None or self.recorder.stepping or self.trainer is None:
+            return  # not training, or a second unscale call within one step
+        opt = self.trainer.optimizer
+        self.recorder.before_step(self._params(), opt.param_groups[0]["lr"],
+                                  self.trainer.accelerator.scaler)
+        self._sched_before = scheduler_position(self.trainer)
+
+    # -- TrainerCallback events --------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Build the recorder (the model's names, the trainer's clip setting)."""
+        if self.trainer is None:
+            raise RuntimeError("StabilityCallback needs the trainer: "
+                               "use StabilityCallback(folder).attach(trainer)")
+        self.recorder = StepRecorder(self.folder, clip_of(self.trainer), kwargs["model"],
+                                     per_layer=self.per_layer, sinks=self.extra_sinks,
+                                     underflow_every=self.underflow_every)
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Count and time the epoch."""
+        self._epoch += 1
+        self._epoch_t0 = time.perf_counter()
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The gradients are clipped: the post-clip norm (``StepRecorder.post_clip_norm``)."""
+        if self.recorder is not None and self.recorder.stepping:
+            self._post = self.recorder.post_clip_norm(self._params())
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Stepped or skipped; the gradients are still there (per-layer norms)."""
+        if self.recorder is None or not self.recorder.stepping:
+            return
+        assert self.trainer is not None
+        skipped = bool(self.trainer.accelerator.optimizer_step_was_skipped)
+        loss = float(self._window_loss) if self._micro else math.nan
+        self.recorder.finish_step(self._params(), loss=loss, skipped=skipped,
+                                  micro_batches=self._micro, samples=self._samples,
+                                  post=self._post)
+        self._window_loss, self._micro, self._samples, self._post = 0.0, 0, 0, None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """After the scheduler's turn: the step's record to every sink."""
+        if self.recorder is None or self.trainer is None:
+            return
+        self.recorder.emit(
+            scheduler_stepped=scheduler_position(self.trainer) > self._sched_before,
+            epoch=self._epoch)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Without per-epoch evaluation, the epoch's record now (no validation metrics)."""
+        if self.recorder is not None and args.eval_strategy != "epoch":
+            self.recorder.end_epoch(self._epoch, math.nan, math.nan,
+                                    time.perf_counter() - self._epoch_t0)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float],
+                    **kwargs: Any) -> None:
+        """Per-epoch evaluation: the epoch's record with its validation metrics."""
+        if self.recorder is not None and args.eval_strategy == "epoch":
+            self.recorder.end_epoch(self._epoch, float(metrics.get(self.val_loss_key, math.nan)),
+                                    float(metrics.get(self.val_acc_key, math.nan)),
+                                    time.perf_counter() - self._epoch_t0)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Close the files."""
+        if self.recorder is not None:
+            self.recorder.close()
+
+    def summary(self) -> dict[str, Any]:
+        """The run's summary (for ``TrackedRun.finish``)."""
+        assert self.recorder is not None
+        return self.recorder.summary()

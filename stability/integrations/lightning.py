@@ -1,0 +1,216 @@
+"""``StabilityCallback`` for PyTorch Lightning: our per-step telemetry, the user's training.
+
+Lightning 2.6's order for one optimizer step (automatic optimization; line numbers of 2.6.6
+in docs/integrations.md)::
+
+    per micro-batch: training_step -> loss / accumulate_grad_batches -> scaler.scale -> backward
+                     -> on_train_batch_end (no step yet while accumulating)
+    last micro-batch: closure (as above) -> scaler.unscale_ (fp16)
+                     -> on_before_optimizer_step      <- before_step: pre-clip norm, scale, lr
+                     -> clip (gradient_clip_val) -> scaler.step -> scaler.update
+                     -> lr scheduler step (interval "step"; also on a skipped fp16 step)
+                     -> on_train_batch_end            <- finish_step, emit: post-clip norm,
+                                                         skip, loss, scheduler stepped?
+    epoch end:       validation -> on_train_epoch_end <- end_epoch: val_loss/val_acc
+
+The callback never changes training: it measures with clipping off (Lightning clips). The
+post-clip norm of Lightning's standard norm clip is derived from the pre-clip one as our loop
+derives its own (``recorder``); a module overriding ``configure_gradient_clipping``, or value
+clipping, gets it measured on the gradients Lightning left (``zero_grad`` runs at the next
+step's first closure).
+A step counts as skipped when the GradScaler skipped it (its scale dropped across the step, or
+the unscaled norm is non-finite, which is the same event). Without a scaler (32-true,
+bf16-mixed) Lightning applies even a non-finite update: the row then has ``skipped=0`` and a
+non-finite ``grad_l2_pre_clip`` (``nonfinite_param`` names the parameter).
+
+Usage::
+
+    cb = StabilityCallback("runs/my_run", per_layer=True)
+    Trainer(callbacks=[cb], gradient_clip_val=1.0, accumulate_grad_batches=2).fit(module, dm)
+
+With ``sinks=[tracked.sink]`` of a ``stability.tracking.run.TrackedRun`` the run also goes to
+MLflow (``tracked.finish(cb.summary(), "finished")``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from stability.core.config import ClipConfig, PrecisionConfig
+from stability.core.precision import Precision
+from stability.core.sinks import StepSink
+from stability.integrations.recorder import StepRecorder, batch_samples
+
+
+def clip_of(trainer: pl.Trainer) -> ClipConfig:
+    """The ``ClipConfig`` equivalent to the trainer's ``gradient_clip_val``/``_algorithm``."""
+    value = trainer.gradient_clip_val
+    if not value:
+        return ClipConfig(enabled=False)
+    if str(trainer.gradient_clip_algorithm or "norm") == "value":
+        return ClipConfig(enabled=True, method="value", clip_value=float(value))
+    return ClipConfig(enabled=True, method="norm", max_norm=float(value))
+
+
+def trainer_settings(clip: ClipConfig, precision: PrecisionConfig, accum_steps: int,
+                     device: str) -> dict[str, Any]:
+    """A study point's settings as ``lightning.pytorch.Trainer`` keyword arguments.
+
+    fp16 comes as a ``MixedPrecision`` plugin with our GradScaler settings: Lightning 2.6
+    turns ``precision="16-mixed"`` on CPU into bf16-mixed (accelerator_connector.py:478-483),
+    while the plugin trains fp16 with loss scaling there as our loop does.
+
+    Args:
+        clip: the clip setting (``gradient_clip_val`` / ``gradient_clip_algorithm``).
+        precision: the precision section (``fp32`` | ``bf16`` | ``fp16``).
+        accum_steps: ``accumulate_grad_batches``.
+        device: ``cpu`` or ``cuda``.
+    """
+    from lightning.pytorch.plugins import MixedPrecision
+
+    settings: dict[str, Any] = {"accumulate_grad_batches": accum_steps,
+                                "accelerator": "gpu" if device == "cuda" else "cpu"}
+    if clip.enabled:
+        settings["gradient_clip_val"] = clip.max_norm if clip.method == "norm" else clip.clip_value
+        settings["gradient_clip_algorithm"] = clip.method
+    name = Precision(precision.name)
+    if name is Precision.FP16:
+        scaler = torch.amp.GradScaler(device, init_scale=precision.init_scale,
+                                      growth_interval=precision.growth_interval)
+        settings["plugins"] = [MixedPrecision("16-mixed", device, scaler=scaler)]
+    else:
+        settings["precision"] = "bf16-mixed" if name is Precision.BF16 else "32-true"
+    return settings
+
+
+def scheduler_position(trainer: pl.Trainer) -> int:
+    """How many times the trainer's LR schedulers have stepped, all together."""
+    return sum(int(getattr(c.scheduler, "last_epoch", 0)) for c in trainer.lr_scheduler_configs)
+
+
+class StabilityCallback(pl.Callback):
+    """Records ``steps.csv`` (+ ``layer_norms.csv``) of a Lightning fit, per optimizer step.
+
+    Args:
+        folder: the run folder.
+        per_layer: also write ``layer_norms.csv``.
+        sinks: more step sinks (e.g. ``TrackedRun.sink``).
+        val_loss_key: the logged metric that is the validation loss (``self.log(...)``).
+        val_acc_key: the logged metric that is the validation accuracy (nan when absent).
+        underflow_every: sample the fp16 underflow share on step 1 and every N steps.
+    """
+
+    def __init__(self, folder: str | Path, *, per_layer: bool = False,
+                 sinks: Sequence[StepSink] = (), val_loss_key: str = "val_loss",
+                 val_acc_key: str = "val_acc", underflow_every: int = 25) -> None:
+        self.folder = Path(folder)
+        self.per_layer = per_layer
+        self.extra_sinks = tuple(sinks)
+        self.val_loss_key, self.val_acc_key = val_loss_key, val_acc_key
+        self.underflow_every = underflow_every
+        self.recorder: StepRecorder | None = None
+        self._window_loss = 0.0
+        self._micro, self._samples = 0, 0
+        self._sched_before = 0
+        self._scaler: torch.amp.GradScaler | None = None
+        self._scale_before = 1.0
+        self._epoch_t0 = 0.0
+        self._restored: dict[str, Any] | None = None  # from the trainer's checkpoint
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Build the recorder from the trainer's clip setting."""
+        # A module overriding configure_gradient_clipping clips its own way: measure the
+        # post-clip norm instead of deriving it.
+        standard = (type(pl_module).configure_gradient_clipping
+                    is pl.LightningModule.configure_gradient_clipping)
+        self.recorder = StepRecorder(self.folder, clip_of(trainer), pl_module,
+                                     per_layer=self.per_layer, sinks=self.extra_sinks,
+                                     underflow_every=self.underflow_every,
+                                     derive_norm_clip=standard)
+        if self._restored:  # Lightning restores callbacks before on_fit_start
+            self.recorder.load_state_dict(self._restored)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in Lightning's checkpoint: a fit resumed from it continues the records."""
+        return self.recorder.state_dict() if self.recorder is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Kept until ``on_fit_start`` builds the recorder."""
+        self._restored = dict(state_dict)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Close the files."""
+        if self.recorder is not None:
+            self.recorder.close()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        """Keep what was recorded (the CSV is complete up to the last step)."""
+        if self.recorder is not None:
+            self.recorder.close()
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Time the epoch."""
+        self._epoch_t0 = time.perf_counter()
+
+    # -- one optimizer step ------------------------------------------------------------------
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                 optimizer: torch.optim.Optimizer) -> None:
+        """Unscaled, not yet clipped gradients: the pre-clip norm, the scale, the lr."""
+        assert self.recorder is not None
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self.recorder.before_step(_params(optimizer), optimizer.param_groups[0]["lr"], scaler)
+        self._sched_before = scheduler_position(trainer)
+        self._scaler = scaler
+        self._scale_before = scaler.get_scale() if scaler is not None else 1.0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Add the micro-batch's loss; after a step, its record (the scheduler has stepped)."""
+        assert self.recorder is not None
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor):
+            # Lightning divided it by accumulate_grad_batches; the record holds the mean loss.
+            self._window_loss += float(loss) * trainer.accumulate_grad_batches
+        self._micro += 1
+        self._samples += batch_samples(batch)
+        if not self.recorder.stepping:
+            return
+        scaler = self._scaler
+        skipped = scaler is not None and scaler.get_scale() < self._scale_before
+        self.recorder.finish_step(_params(trainer.optimizers[0]),
+                                  loss=self._window_loss / self._micro, skipped=skipped,
+                                  micro_batches=self._micro, samples=self._samples)
+        self.recorder.emit(scheduler_stepped=scheduler_position(trainer) > self._sched_before,
+                           epoch=trainer.current_epoch + 1)
+        self._window_loss, self._micro, self._samples = 0.0, 0, 0
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """After validation: the epoch's record with the logged validation metrics."""
+        assert self.recorder is not None
+        metrics = trainer.callback_metrics
+        self.recorder.end_epoch(trainer.current_epoch + 1, _metric(metrics, self.val_loss_key),
+                                _metric(metrics, self.val_acc_key),
+                                time.perf_counter() - self._epoch_t0)
+
+    def summary(self) -> dict[str, Any]:
+        """The run's summary (for ``TrackedRun.finish``)."""
+        assert self.recorder is not None
+        return self.recorder.summary()
+
+
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
+    return [p for g in optimizer.param_groups for p in g["params"]]
+
+
+def _metric(metrics: dict[str, Any], key: str) -> float:
+    value = metrics.get(key)
+    return float(value) if value is not None else math.nan

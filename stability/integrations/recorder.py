@@ -1,0 +1,249 @@
+"""The trainer-neutral half of an integration: measure a step, hand it to the run's sinks.
+
+A trainer callback calls ``before_step`` where the trainer holds the unscaled, not yet clipped
+gradients of an optimizer step, ``finish_step`` once the trainer has stepped (or skipped) and
+the gradients are still there, ``emit`` once it has had its chance to advance its LR
+scheduler, and ``end_epoch`` after validation. The records are our
+loop's: a ``StepLog`` (as ``TrainerStepLog``, one more field) through the same sinks, in our
+loop's order: ``layers`` (optional), ``diagnostics``, ``csv``, the caller's (e.g. a
+``TrackedRun``'s ``sink``).
+
+Only ``steps.csv`` of a trainer run has the column ``scheduler_stepped`` (1 when the trainer
+advanced an LR scheduler during the step): our own loop never steps a scheduler on a skipped
+step, so its ``steps.csv`` keeps its columns (and bytes). A skipped step with
+``scheduler_stepped=1`` is the "scheduler advanced on a skipped step" case (Lightning #5558).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from stability.core.clipping import CLIP_EPS, grad_global_norm
+from stability.core.config import ClipConfig
+from stability.core.layers import LayerNormRecorder
+from stability.core.measure import Measurement, StepMeter, measure
+from stability.core.monitor import Diagnostics
+from stability.core.rundir import CSV_NAME, LAYER_NORMS_NAME
+from stability.core.sinks import StepSink, load_states, state_of
+from stability.core.steplog import CSV_COLUMNS, CsvStepWriter, EpochLog, SkipReason, StepLog
+from stability.tracking.contract import SCHEDULER_STEPPED, SCHEDULER_STEPS_ON_SKIP
+
+# steps.csv of a trainer run: our columns, then the trainer's own.
+TRAINER_CSV_COLUMNS = (*CSV_COLUMNS, SCHEDULER_STEPPED)
+
+
+@dataclass(frozen=True)
+class TrainerStepLog(StepLog):
+    """A ``StepLog`` of a trainer we do not own: did the trainer advance its LR scheduler."""
+
+    scheduler_stepped: int = 0
+
+
+assert SCHEDULER_STEPPED in {f.name for f in fields(TrainerStepLog)}
+MEASURE_ONLY = ClipConfig(enabled=False)  # the trainer clips; the recorder only measures
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """What ``before_step`` measured, waiting for the trainer to step."""
+
+    step: int
+    lr: float
+    m: Measurement
+
+
+class StepRecorder:
+    """Measures each optimizer step of a foreign trainer and feeds the run's step sinks.
+
+    Args:
+        folder: the run folder (``steps.csv``, ``layer_norms.csv``).
+        clip: the trainer's clip setting (for ``clipped`` and the per-layer rescaling);
+            the trainer clips, this never does.
+        model: the module (per-layer names, the first non-finite parameter).
+        per_layer: also write ``layer_norms.csv``.
+        sinks: more step sinks after the CSV (e.g. ``TrackedRun.sink``).
+        underflow_every: sample the fp16 underflow share on step 1 and every N steps.
+        derive_norm_clip: the trainer clips by norm the standard way, so the post-clip norm
+            is derived from the pre-clip one (False: measured on the clipped gradients).
+    """
+
+    def __init__(self, folder: str | Path, clip: ClipConfig, model: nn.Module, *,
+                 per_layer: bool = False, sinks: Sequence[StepSink] = (),
+                 underflow_every: int = 25, derive_norm_clip: bool = True) -> None:
+        self.folder = Path(folder)
+        self.derive_norm_clip = derive_norm_clip
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.clip = clip
+        self.model = model
+        self.meter = StepMeter(clip, None, underflow_every)
+        self.diagnostics = Diagnostics()
+        self.csv = CsvStepWriter(self.folder / CSV_NAME, columns=TRAINER_CSV_COLUMNS)
+        self.layers = (LayerNormRecorder(model, clip.enabled and clip.method == "norm",
+                                         self.folder / LAYER_NORMS_NAME) if per_layer else None)
+        # The per-layer table sees each step in finish_step (it reads .grad, which a trainer
+        # may zero before it steps its scheduler), the rest in emit; every sink sees the epoch.
+        self.sinks: list[StepSink] = [self.diagnostics, self.csv, *sinks]
+        self._epoch_sinks: list[StepSink] = ([] if self.layers is None
+                                             else [self.layers]) + self.sinks
+        self.epochs: list[EpochLog] = []
+        self.best_val_loss, self.best_epoch, self.best_val_acc = math.inf, 0, math.nan
+        self.scheduler_steps_on_skip = 0
+        self._pending: _Pending | None = None
+        self._finished: StepLog | None = None
+
+    def before_step(self, params: Iterable[nn.Parameter], lr: float,
+                    scaler: torch.amp.GradScaler | None) -> None:
+        """The unscaled gradients, before the trainer clips them: pre-clip norm, finiteness,
+        the loss scale of this step's backward (and the fp16 underflow share when sampled)."""
+        step = self.meter.begin()
+        m = measure(params, MEASURE_ONLY, scaler, model=self.model,
+                    sample_underflow=self.meter.samples_underflow(step))
+        self._pending = _Pending(step, float(lr), m)
+
+    @property
+    def stepping(self) -> bool:
+        """Whether ``before_step`` ran and ``finish_step`` has not yet."""
+        return self._pending is not None
+
+    def post_clip_norm(self, params: Iterable[nn.Parameter]) -> float:
+        """The global norm of the gradients as the trainer clipped them (call after its clip,
+        between ``before_step`` and ``finish_step``)."""
+        assert self._pending is not None, "post_clip_norm without before_step"
+        return self._post_clip_norm(self._pending.m, params)
+
+    def _post_clip_norm(self, m: Measurement, params: Iterable[nn.Parameter]) -> float:
+        # A standard norm clip (torch.nn.utils.clip_grad_norm_, which both trainers call)
+        # scales every gradient by coef = max_norm / (norm + 1e-6) clamped to 1: the post-clip
+        # norm is pre * coef, derived as our own loop derives it (clipping.clip_by_norm_), not
+        # taken again (a second norm pass cost ~3% of a small model's step). A clip the
+        # recorder cannot know (value clipping, a user's own clipping hook) is measured.
+        c = self.clip
+        if not c.enabled:
+            return m.grad_l2_pre_clip
+        if c.method == "norm" and self.derive_norm_clip:
+            return m.grad_l2_pre_clip * min(1.0, c.max_norm / (m.grad_l2_pre_clip + CLIP_EPS))
+        grads = [q.grad for q in params if q.grad is not None]
+        return float(grad_global_norm(grads)) if grads else 0.0
+
+    def finish_step(self, params: Iterable[nn.Parameter], *, loss: float, skipped: bool,
+                    micro_batches: int, samples: int, post: float | None = None) -> StepLog:
+        """The trainer stepped (or skipped): the post-clip norm, the step's ``StepLog``.
+
+        Call while ``.grad`` still holds this step's gradients: the per-layer table reads
+        them here. ``emit`` hands the record to the other sinks (once the trainer has had its
+        chance to advance its LR scheduler).
+
+        Args:
+            params: the optimized parameters.
+            loss: the step's loss (the mean over its micro-batches, as the trainer defines it).
+            skipped: the trainer did not apply the update (the GradScaler found inf/nan).
+            micro_batches: micro-batches accumulated into the step.
+            samples: samples in them.
+            post: the post-clip global norm when measured earlier (None: from ``params``).
+        """
+        assert self._pending is not None, "finish_step without before_step"
+        p, self._pending = self._pending, None
+        m = p.m
+        if not m.finite or skipped:
+            post = m.grad_l2_pre_clip
+        elif post is None:
+            post = self._post_clip_norm(p.m, params)
+        reason = SkipReason.NONE
+        if skipped:
+            reason = (SkipReason.NONFINITE_LOSS if not math.isfinite(loss)
+                      else SkipReason.NONFINITE_GRAD)
+        clipped = (self.clip.enabled and m.finite and not skipped
+                   and post < m.grad_l2_pre_clip)
+        log = self.meter.log(step=p.step, lr=p.lr, loss=loss, skip=reason,
+                             scale=m.scaler_scale, micro_batches=micro_batches,
+                             samples=samples, pre=m.grad_l2_pre_clip, post=post,
+                             clipped=clipped, underflow=m.underflow_frac,
+                             nonfinite_param=m.nonfinite_param)
+        if self.layers is not None:
+            self.layers.on_step(log)
+        self._finished = log
+        return log
+
+    def emit(self, *, scheduler_stepped: bool, epoch: int) -> TrainerStepLog:
+        """The finished step's record, with ``scheduler_stepped``, to every other sink.
+
+        Args:
+            scheduler_stepped: the trainer advanced an LR scheduler during this step.
+            epoch: the 1-based epoch.
+        """
+        assert self._finished is not None, "emit without finish_step"
+        log = TrainerStepLog(**vars(self._finished), scheduler_stepped=int(scheduler_stepped))
+        self._finished = None
+        self.scheduler_steps_on_skip += int(log.skipped and scheduler_stepped)
+        for sink in self.sinks:
+            sink.on_step(log, epoch)
+        return log
+
+    def end_epoch(self, epoch: int, val_loss: float, val_acc: float,
+                  seconds: float) -> EpochLog:
+        """The epoch's record (after validation) to every sink; the best epoch so far."""
+        record = self.diagnostics.epoch_record(epoch, val_loss, val_acc, seconds)
+        self.epochs.append(record)
+        for sink in self._epoch_sinks:
+            sink.on_epoch(record)
+        if val_loss < self.best_val_loss:
+            self.best_val_loss, self.best_epoch, self.best_val_acc = val_loss, epoch, val_acc
+        return record
+
+    def _named_sinks(self) -> dict[str, StepSink]:
+        named: dict[str, StepSink] = {} if self.layers is None else {"layers": self.layers}
+        named |= {"diagnostics": self.diagnostics, "csv": self.csv}
+        return named | {f"extra{i}": s for i, s in enumerate(self.sinks[2:])}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counters, the best epoch and every sink's state (plain containers), for the
+        trainer's checkpoint: ``load_state_dict`` continues the files from there."""
+        return {"meter": self.meter.state_dict(), "sinks": state_of(self._named_sinks()),
+                "best": [self.best_val_loss, self.best_epoch, self.best_val_acc],
+                "scheduler_steps_on_skip": self.scheduler_steps_on_skip}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict``: ``steps.csv`` (and ``layer_norms.csv``) are cut back to
+        the checkpoint's step and continued."""
+        self.meter.load_state_dict(state["meter"])
+        load_states(self._named_sinks(), state["sinks"])
+        loss, epoch, acc = state["best"]
+        self.best_val_loss, self.best_epoch, self.best_val_acc = float(loss), int(epoch), float(acc)
+        self.scheduler_steps_on_skip = int(state["scheduler_steps_on_skip"])
+
+    def close(self) -> None:
+        """Close ``steps.csv`` and write the per-layer rows still held (idempotent)."""
+        self.csv.close()
+        if self.layers is not None:
+            self.layers.flush()
+
+    def summary(self) -> dict[str, Any]:
+        """The run's summary (``TrackedRun.finish``): our loop's diagnostics and best epoch,
+        plus ``scheduler_steps_on_skip``."""
+        return self.diagnostics.summary() | {
+            "best_val_loss": self.best_val_loss, "best_epoch": self.best_epoch,
+            "best_val_acc": self.best_val_acc, "optimizer_steps": self.meter.step_count,
+            SCHEDULER_STEPS_ON_SKIP: self.scheduler_steps_on_skip,
+        }
+
+
+def batch_samples(batch: Any) -> int:
+    """Samples in a micro-batch (a tensor, or a tuple/list/dict holding tensors): the leading
+    size of its first tensor (0 when it holds none)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, Mapping):  # dict, HF BatchEncoding
+        batch = list(batch.values())
+    if isinstance(batch, list | tuple):
+        for item in batch:
+            n = batch_samples(item)
+            if n:
+                return n
+    return 0
