@@ -185,8 +185,10 @@ def test_the_yaml_repeats_the_dataclass_defaults_exactly(precision: str) -> None
     sections = {f.name: getattr(default, f.name) for f in dataclasses.fields(RunConfig)
                 if f.name != "task" and dataclasses.is_dataclass(getattr(default, f.name))}
     assert {"data", "model", "precision", "clip", "train", "tracking"} <= set(sections)
+    assert {"optim", "schedule"} <= set(sections)
     for key, section in sections.items():
-        assert raw[key] == dataclasses.asdict(section), key
+        as_written = section.as_yaml() if key in ("optim", "schedule") else None
+        assert raw[key] == (as_written or dataclasses.asdict(section)), key
     assert {k: raw[k] for k in ("seed", "device")} == {"seed": RunConfig.seed,
                                                        "device": RunConfig.device}
     assert raw["task"]["_target_"] == RunConfig().task.target

@@ -16,7 +16,7 @@ TAGS = [v for k, v in vars(Tag).items() if k.isupper()]
 
 
 @pytest.mark.parametrize("name", [*TAGS, *contract.STEP_METRICS, *contract.EPOCH_METRICS,
-                                  *contract.COST_METRICS, *Artifact.ALL,
+                                  *contract.COST_METRICS, *contract.RUN_METRICS, *Artifact.ALL,
                                   *(k.value for k in Kind)])
 def test_every_contract_name_is_documented(name: str) -> None:
     """docs/TRACKING.md mentions every tag, metric, artifact and run kind by its exact name."""

@@ -8,7 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stability.report.health import Thresholds, Verdict, judge, loss_spikes, run_signs
+from stability.report.health import (
+    Thresholds,
+    Verdict,
+    judge,
+    loss_spikes,
+    loss_zspikes,
+    run_signs,
+)
 from stability.report.options import ReportError, to_report_config
 
 T = Thresholds()
@@ -70,12 +77,30 @@ def test_loss_spikes_are_counted_against_the_running_median():
     df.loc[100, "loss"] = 0.5 * 11  # 11x the median
     df.loc[150, "loss"] = 0.5 * 9  # 9x: not a spike at factor 10
     assert loss_spikes(df["loss"], T) == 1
-    assert verdict(df) == (Verdict.MARGINAL, {"spikes"})
+    # 9x is no 10x-median spike, but once the first spike gave the window a spread it is
+    # 9 std above the window's mean: a z-spike (the flat loss before had no std to judge by)
+    assert verdict(df) == (Verdict.MARGINAL, {"spikes", "z-spikes"})
     df.loc[[120, 130, 140], "loss"] = 0.5 * 20
-    assert verdict(df) == (Verdict.UNSTABLE, {"spikes"})
+    assert verdict(df) == (Verdict.UNSTABLE, {"spikes", "z-spikes"})
     early = steps()
     early.loc[3, "loss"] = 100.0  # before spike_min_history losses: no baseline yet
     assert loss_spikes(early["loss"], T) == 0
+
+
+def test_a_spike_of_a_quiet_loss_is_a_z_spike_against_the_rolling_window():
+    """OLMo-core's test: 6 std above the mean of the previous 128 losses, after 32 of them."""
+    df = steps(400)
+    df["loss"] = 0.5 + 0.01 * np.random.default_rng(0).standard_normal(400)
+    assert verdict(df) == (Verdict.STABLE, set())  # noise alone: no z-score above 6
+    df.loc[200, "loss"] = 0.62  # 12 std, but 1.2x the median: only the z-score sees it
+    assert loss_zspikes(df["loss"], T) == 1 and loss_spikes(df["loss"], T) == 0
+    assert verdict(df) == (Verdict.MARGINAL, {"z-spikes"})
+    df.loc[[250, 300], "loss"] = 0.62
+    assert verdict(df) == (Verdict.UNSTABLE, {"z-spikes"})
+    early = steps()
+    early["loss"] = 0.5 + 0.01 * np.random.default_rng(1).standard_normal(200)
+    early.loc[20, "loss"] = 5.0  # before zspike_min_history losses: no baseline yet
+    assert loss_zspikes(early["loss"], T) == 0
 
 
 def test_clipping_every_step_is_saturation_only_when_clipping_is_on():

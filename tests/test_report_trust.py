@@ -238,3 +238,17 @@ def test_a_linked_report_folder_is_refused(tmp_path: Path) -> None:
                                   output_dir=str(tmp_path / "reports"), register=False,
                                   plots=False))
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_recorded_optimizer_or_schedule_must_be_pytorchs_own() -> None:
+    """optim/schedule _target_ may name torch.optim classes or the built-in schedules only."""
+    sgd = {"optim": {"_target_": "torch.optim.SGD", "_partial_": True, "momentum": 0.9},
+           "schedule": {"_target_": "stability.core.optim.warmup_cosine", "warmup_steps": 5}}
+    cfg = trusted_config(sgd, fingerprint(to_run_config(sgd)), BUILTIN_TASKS)
+    assert cfg.optim.target == "torch.optim.SGD"
+    for planted, key in (({"optim": {"_target_": "os.system", "_partial_": True}}, "optim"),
+                         ({"schedule": {"_target_": "builtins.exec"}}, "schedule"),
+                         ({"schedule": {"_target_": "torch.optim.lr_scheduler.os.system"}},
+                          "schedule")):
+        with pytest.raises(Untrusted, match=rf"{key}._target_=.* is not allow-listed"):
+            trusted_config(planted, "x", BUILTIN_TASKS)

@@ -9,6 +9,7 @@ The killed-process version of this (SIGKILL of a real worker) is in tests/test_d
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -82,17 +83,20 @@ def test_stopped_run_resumes_byte_identical(tmp_path: Path, fmt: int,
     last = out / rundir.RESUME_NAME
     state = torch.load(last, weights_only=True)
     assert state["format"] == 2 and state["epoch"] == 2
-    assert set(state["sinks"]) == {"layers", "diagnostics", "csv", "monitor"}
+    assert set(state["sinks"]) == {"layers", "diagnostics", "csv", "loss_init", "monitor"}
     assert state["trainer"]["skips"] == 1 and state["sinks"]["diagnostics"]["skip_count"] == 1
     if fmt == 1:
         torch.save(_to_format_1(state), last)
     with caplog.at_level(logging.INFO, logger="stability.core.checkpoint"):
         resumed = train(_cfg(out))
     assert "resuming after epoch 2" in caplog.text
-    for name in (rundir.CSV_NAME, rundir.LAYER_NORMS_NAME):
+    for name in (rundir.CSV_NAME, rundir.LAYER_NORMS_NAME, rundir.LAYER_UPDATES_NAME):
         assert (out / name).read_bytes() == (whole.output_dir / name).read_bytes(), name
     assert [e.epoch for e in resumed.epochs] == [1, 2, 3, 4]
     drop = {"wall_time_s", "step_time_median_s", "peak_memory_mb"}
+    if fmt == 1:  # a checkpoint from before loss_init and the update ratios cannot know them
+        assert math.isnan(resumed.summary["loss_init"]) and whole.summary["loss_init"] > 0
+        drop |= {"loss_init", "update_ratio_p50", "update_ratio_max"}
     for key, value in whole.summary.items():
         if key not in drop:
             assert resumed.summary[key] == value, key

@@ -8,16 +8,19 @@ training with a message that names the key and the allowed values.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stability.core.optim import OptimConfig, ScheduleConfig, SectionErrors
 from stability.core.precision import Precision
 from stability.core.validation import (
     SAFE_NAME_ALLOWED,
     ConfigError,
     build_sections,
     is_safe_name,
+    joined,
     locate,
     optional_step,
     positive_float,
@@ -25,7 +28,8 @@ from stability.core.validation import (
     require,
 )
 
-__all__ = ["ConfigError", "RunConfig", "to_run_config", "to_yaml_dict"]
+__all__ = ["ConfigError", "OptimConfig", "RunConfig", "ScheduleConfig", "to_run_config",
+           "to_yaml_dict"]
 
 # The default task, by name only (core imports no task): conf/config.yaml picks the same one.
 DEFAULT_TASK = "stability.tasks.sign_sum.SignSumTask"
@@ -50,7 +54,7 @@ class ClipConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation hyper-parameters (AdamW)."""
+    """Optimisation hyper-parameters: ``lr`` and ``weight_decay`` go to the ``optim`` section."""
 
     epochs: int = 18
     batch_size: int = 64
@@ -121,10 +125,14 @@ class TelemetryConfig:
     # On by default since the report draws it (measured cost: docs/performance.md). The one
     # default: conf/config.yaml repeats it and tests/test_config.py fails when the two drift.
     per_layer: bool = True  # every parameter's pre-clip gradient norm -> layer_norms.csv
+    # ||delta theta|| / ||theta|| per parameter and globally -> layer_updates.csv (with
+    # per_layer; measured cost in docs/tasks.md, from benchmarks/update_ratio.py)
+    update_ratio: bool = True
 
     def __post_init__(self) -> None:
-        require(isinstance(self.per_layer, bool), "telemetry.per_layer", self.per_layer,
-                 "true | false")
+        for key in ("per_layer", "update_ratio"):
+            require(isinstance(getattr(self, key), bool), f"telemetry.{key}",
+                    getattr(self, key), "true | false")
 
 
 @dataclass(frozen=True)
@@ -241,6 +249,8 @@ class RunConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     clip: ClipConfig = field(default_factory=ClipConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -265,11 +275,14 @@ _SECTIONS: dict[str, type] = {
     "precision": PrecisionConfig,
     "clip": ClipConfig,
     "train": TrainConfig,
+    "optim": OptimConfig,
+    "schedule": ScheduleConfig,
     "fault": FaultConfig,
     "monitor": MonitorConfig,
     "tracking": TrackingConfig,
     "telemetry": TelemetryConfig,
 }
+_TARGET_SECTIONS: dict[str, type] = {"optim": OptimConfig, "schedule": ScheduleConfig}
 TASK_SECTIONS = ("data", "model")  # sections a task's YAML may hand to it (``data: ${data}``)
 
 
@@ -287,6 +300,19 @@ def _task_config(cfg: Mapping[str, Any]) -> TaskConfig:
             sections.append(key)
             options.pop(key)
     return TaskConfig(target=raw["_target_"], options=options, sections=tuple(sections))
+
+
+def _target_section(raw: Any) -> Any:
+    """``{_target_, _partial_, **options}`` as ``OptimConfig``/``ScheduleConfig`` fields."""
+    if not isinstance(raw, Mapping):
+        return raw  # null: the defaults; anything else: build_sections names it
+    out: dict[str, Any] = {"options": {k: v for k, v in raw.items()
+                                       if k not in ("_target_", "_partial_")}}
+    if "_target_" in raw:
+        out["target"] = raw["_target_"]
+    if "_partial_" in raw:
+        out["partial"] = raw["_partial_"]
+    return out
 
 
 def to_run_config(cfg: Mapping[str, Any]) -> RunConfig:
@@ -307,11 +333,38 @@ def to_run_config(cfg: Mapping[str, Any]) -> RunConfig:
     if "scaler" in legacy:
         legacy.pop("scaler")
         cfg = {**cfg, "precision": legacy}
+    # Runs recorded before optim/schedule existed have neither: the defaults (AdamW, constant).
+    cfg = {**cfg, **{k: _target_section(cfg.get(k)) for k in _TARGET_SECTIONS}}
     task = _task_config(cfg)
     typed = task.section_types()
     schema = {**_SECTIONS, **typed}  # every section's mistakes in one error
     free = {key: dict(cfg.get(key) or {}) for key in TASK_SECTIONS if key not in typed}
-    sections = build_sections(schema, cfg)
+    # optim/schedule check several keys in one go: their mistakes join the others one by one
+    targets, errors = {}, []
+    for key, cls in _TARGET_SECTIONS.items():
+        raw = cfg.get(key) or {}
+        if not isinstance(raw, Mapping):
+            errors.append(f"{key}={raw!r} is invalid: allowed values are a mapping with _target_")
+            continue
+        try:
+            targets[key] = cls(**raw)
+        except SectionErrors as err:
+            errors += err.items
+        except ConfigError as err:
+            errors.append(str(err))
+    try:
+        sections = build_sections({k: v for k, v in schema.items()
+                                   if k not in _TARGET_SECTIONS}, cfg) | targets
+    except ConfigError as err:
+        counted = re.match(r"(\d+) invalid keys: ", str(err))
+        if not errors:
+            raise
+        n = int(counted.group(1)) if counted else 1
+        rest = str(err)[counted.end():] if counted else str(err)
+        raise ConfigError(f"{n + len(errors)} invalid keys: {rest}; {'; '.join(errors)}") \
+            from None
+    if errors:
+        raise ConfigError(joined(errors))
     return RunConfig(
         seed=cfg.get("seed", 0),
         device=cfg.get("device", "auto"),
@@ -331,4 +384,6 @@ def to_yaml_dict(run: RunConfig) -> dict[str, Any]:
     out = dataclasses.asdict(run)
     out.pop("tracking")
     out["task"] = run.task.as_yaml()
+    out["optim"] = run.optim.as_yaml()
+    out["schedule"] = run.schedule.as_yaml()
     return out

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from stability.core.config import RunConfig, TaskConfig
+from stability.core.config import OptimConfig, RunConfig, ScheduleConfig, TaskConfig
 from stability.core.precision import Precision
 from stability.core.task import hashes_target
 
@@ -25,6 +25,10 @@ def flatten(run: RunConfig) -> dict[str, Any]:
     def walk(prefix: str, value: Any) -> None:
         if isinstance(value, TaskConfig):
             walk(f"{prefix}._target_", value.target)
+            for k, v in value.options.items():
+                walk(f"{prefix}.{k}", v)
+        elif isinstance(value, OptimConfig | ScheduleConfig):  # as written: _target_, options
+            out[f"{prefix}._target_"] = value.target
             for k, v in value.options.items():
                 walk(f"{prefix}.{k}", v)
         elif dataclasses.is_dataclass(value):
@@ -48,7 +52,9 @@ def canonical(run: RunConfig) -> dict[str, Any]:
     for fp16. Output locations, tracking and telemetry settings and ``train.num_workers``
     (same batches in the same order either way) are dropped, and so is ``task._target_`` of a
     task that declares ``hash_target = False`` (the default task: it keeps every fingerprint
-    from before tasks existed). The rule is the task's, the same for every task.
+    from before tasks existed). The rule is the task's, the same for every task. The default
+    optimizer (AdamW) and schedule (constant) are dropped too: the loop trained with exactly
+    those before they were keys, so every existing fingerprint still names the same training.
     """
     flat = flatten(run)
     for key in [k for k in flat if k.startswith(("tracking.", "telemetry."))] + [
@@ -56,6 +62,11 @@ def canonical(run: RunConfig) -> dict[str, Any]:
         flat.pop(key)
     if not hashes_target(run.task):
         flat.pop("task._target_")
+    for section, default in (("optim.", run.optim.is_default),
+                             ("schedule.", run.schedule.target is None)):
+        if default:
+            for key in [k for k in flat if k.startswith(section)]:
+                flat.pop(key)
     if not run.clip.enabled:
         flat.update({"clip.method": None, "clip.max_norm": None, "clip.clip_value": None})
     elif run.clip.method == "norm":

@@ -35,8 +35,15 @@ from stability.core.cost import CostMeter
 from stability.core.faults import FaultInjector
 from stability.core.layers import LayerNormRecorder
 from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
+from stability.core.optim import build_optimizer, build_scheduler, total_steps
 from stability.core.precision import check_precision_supported, resolve_device
-from stability.core.rundir import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME, LAYER_NORMS_NAME
+from stability.core.rundir import (
+    CHECKPOINT_NAME,
+    CONFIG_NAME,
+    CSV_NAME,
+    LAYER_NORMS_NAME,
+    LAYER_UPDATES_NAME,
+)
 from stability.core.sinks import StepSink
 from stability.core.step import TrainStep
 from stability.core.steplog import CsvStepWriter, EpochLog
@@ -70,6 +77,32 @@ class RunResult:
     def checkpoint_path(self) -> Path:
         """The best-validation checkpoint (a plain ``state_dict``)."""
         return self.output_dir / CHECKPOINT_NAME
+
+
+class InitialLoss:
+    """``loss_init``: the validation loss before the first step, kept across a resume.
+
+    The reference of the LR sensitivity (Wortsman et al. 2023): a learning rate whose final
+    loss is above it counts as having learned nothing. Evaluating draws no random numbers, so
+    the steps are the same with or without it. A sink only for its place in the checkpoint.
+    """
+
+    def __init__(self) -> None:
+        self.value = math.nan
+
+    def on_step(self, log: object, epoch: int) -> None:
+        """Nothing per step."""
+
+    def on_epoch(self, log: object) -> None:
+        """Nothing per epoch."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The measured value (NaN until measured)."""
+        return {"loss_init": self.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The value measured before the run was stopped."""
+        self.value = float(state["loss_init"])
 
 
 def write_config(cfg: RunConfig, path: Path) -> None:
@@ -119,12 +152,24 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     torch.manual_seed(cfg.seed)  # the training seed: initialisation and shuffling only
     model = task.model().to(device)
     check_task(task, model, train_set, cfg.train.batch_size, device, cfg.task.target)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr,
-                                  weight_decay=cfg.train.weight_decay)
+    # optim/schedule (core.optim): the default is AdamW(params, lr, weight_decay), constant lr
+    optimizer = build_optimizer(cfg.optim.target, cfg.optim.options, model.parameters(),
+                                cfg.train.lr, cfg.train.weight_decay)
+    scheduler = build_scheduler(
+        cfg.schedule.target, cfg.schedule.options, optimizer,
+        total_steps(len(train_set), cfg.train.batch_size, cfg.train.accum_steps, world_size,
+                    cfg.train.epochs))
     net = distributed.wrap(model, device) if ddp else model
     faults = FaultInjector(cfg.fault)  # fault.* exercises the skip path; none by default
-    trainer = TrainStep.for_run(cfg, net, optimizer, task.loss, device,
-                                hooks=[faults] if faults.active else [])
+    ratio_on = cfg.telemetry.update_ratio and cfg.telemetry.per_layer
+    layers = (LayerNormRecorder(model, cfg.clip.enabled and cfg.clip.method == "norm",
+                                out / LAYER_NORMS_NAME,
+                                out / LAYER_UPDATES_NAME if ratio_on else None)
+              if cfg.telemetry.per_layer and main else None)
+    # The recorder copies theta before the optimizer step (update ratio): a step hook too.
+    hooks = ([faults] if faults.active else []) + ([layers] if layers and ratio_on else [])
+    trainer = TrainStep.for_run(cfg, net, optimizer, task.loss, device, hooks=hooks,
+                                scheduler=scheduler)
     # Same seed on every rank: the same permutation each epoch, of which each takes its share.
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
@@ -133,14 +178,12 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     diag = Diagnostics()
     monitor = SkipRateMonitor(cfg.monitor)
     csv_writer = CsvStepWriter(out / CSV_NAME) if main else None
-    layers = (LayerNormRecorder(model, cfg.clip.enabled and cfg.clip.method == "norm",
-                                out / LAYER_NORMS_NAME)
-              if cfg.telemetry.per_layer and main else None)
     named: dict[str, StepSink] = {} if layers is None else {"layers": layers}
     named["diagnostics"] = diag
     if csv_writer is not None:
         named["csv"] = csv_writer
     named |= {f"extra{i}": sink for i, sink in enumerate(sinks)}
+    initial = named["loss_init"] = InitialLoss()
     named["monitor"] = monitor
     all_sinks = list(named.values())
     cost = CostMeter(device)
@@ -150,6 +193,9 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     epochs: list[EpochLog] = resumed.epochs if resumed else []
     best_val, best_epoch, best_acc = resumed.best if resumed else (math.inf, 0, math.nan)
     best_metrics: Mapping[str, float] = resumed.best_metrics if resumed else {}
+    if resumed is None:  # before the first step; a checkpoint from before it was kept: NaN
+        initial.value = evaluate_task(task, model, val_set, cfg.precision.name, device,
+                                      sharded=ddp, num_workers=cfg.train.num_workers)["loss"]
     status, reason = "finished", ""
     try:
         for epoch in range((resumed.epoch if resumed else 0) + 1, cfg.train.epochs + 1):
@@ -192,9 +238,11 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     if main:
         checkpoint.discard(out)  # the run ended (finished or diverged): nothing to resume
 
-    summary: dict[str, Any] = diag.summary() | cost.summary() | {
+    summary: dict[str, Any] = diag.summary() | cost.summary() | (
+        layers.summary() if layers is not None else {}) | {
         "best_val_loss": best_val,
         "best_epoch": best_epoch,
+        "loss_init": initial.value,  # validation loss before training (LR sensitivity)
         "best_val_acc": best_acc,
         # The task's own metrics at the best epoch (val_mse, val_perplexity...).
         **{f"best_val_{k}": v for k, v in best_metrics.items() if k not in ("loss", "acc")},

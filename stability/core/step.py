@@ -144,11 +144,13 @@ class TrainStep:
 
     @classmethod
     def for_run(cls, cfg: RunConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
-                loss_fn: LossFn, device: str, hooks: Sequence[StepHook] = ()) -> TrainStep:
+                loss_fn: LossFn, device: str, hooks: Sequence[StepHook] = (),
+                scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> TrainStep:
         """The step a run of ``cfg`` trains with, on a concrete ``device``."""
         return cls(model, optimizer, loss_fn, precision=cfg.precision, clip=cfg.clip,
                    accum_steps=cfg.train.accum_steps, device=device,
-                   underflow_every=cfg.monitor.underflow_every, hooks=hooks)
+                   underflow_every=cfg.monitor.underflow_every, scheduler=scheduler,
+                   hooks=hooks)
 
     def step(self, micro_batches: Sequence[MicroBatch]) -> StepLog:
         """Run one optimizer step over ``micro_batches`` (1..accum_steps of them).

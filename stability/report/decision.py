@@ -15,7 +15,8 @@ import pandas as pd
 from stability.report.factors import ACCUM, CLIP, PRECISION, Effect, FactorAnalysis
 from stability.stats.effects import EQUIVALENT, HELPS, HURTS, UNDECIDED
 
-TITLES = {CLIP: "Clipping", ACCUM: "Accumulation", PRECISION: "Precision"}
+TITLES = {CLIP: "Clipping", ACCUM: "Accumulation", PRECISION: "Precision",
+          "train.lr": "Learning rate"}
 
 
 def num(x: float) -> str:

@@ -2,7 +2,7 @@
 
 Everything is read from what the runs already log: each run's ``steps.csv`` (loss, skipped,
 scaler_scale, clipped per optimizer step) and its outcome (a monitor abort is ``diverged``).
-A run is judged on five signs; a config takes the worst verdict of its seeds and lists every
+A run is judged on six signs; a config takes the worst verdict of its seeds and lists every
 sign that fired with how many seeds showed it. Thresholds live in ``conf/report.yaml``
 (``verdict:``), each with the reason for its default.
 """
@@ -43,6 +43,9 @@ class Thresholds:
     spike_window: int = 50
     spike_min_history: int = 10
     spikes_unstable: int = 3
+    zspike_threshold: float = 6.0
+    zspike_window: int = 128
+    zspike_min_history: int = 32
     clip_saturation: float = 0.95
     settle_steps: int = 20
 
@@ -51,7 +54,8 @@ class Thresholds:
 class Sign:
     """One thing a run did that makes it less than stable."""
 
-    kind: str  # "diverged", "skips", "scale collapse", "backoffs", "spikes", "clip saturation"
+    kind: str  # "diverged", "skips", "scale collapse", "backoffs", "spikes", "z-spikes",
+    # "clip saturation"
     severity: Verdict
     value: float  # the measured rate or count (for the worst-seed wording)
 
@@ -77,6 +81,19 @@ def loss_spikes(loss: pd.Series, t: Thresholds) -> int:
     return int(((finite > t.spike_factor * median) & (median > 0)).sum())
 
 
+def loss_zspikes(loss: pd.Series, t: Thresholds) -> int:
+    """Steps whose loss is more than ``zspike_threshold`` standard deviations above the mean
+    of the previous ``zspike_window`` finite losses (their z-score).
+
+    OLMo-core's ``StabilityMonitorCallback`` flags spikes this way (128 steps, 6 std). It
+    complements the 10x-median check: a loss whose noise is small spikes at far less than 10x.
+    """
+    finite = pd.to_numeric(loss, errors="coerce").where(lambda s: np.isfinite(s))
+    roll = finite.rolling(t.zspike_window, min_periods=t.zspike_min_history)
+    mean, std = roll.mean().shift(1), roll.std().shift(1)
+    return int(((finite - mean > t.zspike_threshold * std) & (std > 0)).sum())
+
+
 def run_signs(steps: pd.DataFrame | None, outcome: str, clip_enabled: bool,
               summary: pd.Series, t: Thresholds) -> list[Sign]:
     """The signs one run shows, from its steps table (or its summary metrics if it has none)."""
@@ -92,12 +109,13 @@ def run_signs(steps: pd.DataFrame | None, outcome: str, clip_enabled: bool,
         skip_rate = float(steps["skipped"].iloc[settle:].astype(float).mean())
         clip_rate = float(steps["clipped"].astype(float).mean())
         spikes = loss_spikes(steps["loss"], t)
+        zspikes = loss_zspikes(steps["loss"], t)
         scale = scale[settle:]
     else:  # no steps.csv: what the summary says (backoffs and spikes cannot be judged)
         n = float(summary.get("optimizer_steps", math.nan))  # (settling cannot be told apart)
         skip_rate = float(summary.get("skip_count", math.nan)) / n if n else math.nan
         clip_rate = float(summary.get("clip_fraction", math.nan))
-        scale, spikes = np.array([]), 0
+        scale, spikes, zspikes = np.array([]), 0, 0
     if skip_rate > t.skip_rate_unstable:
         signs.append(Sign("skips", Verdict.UNSTABLE, skip_rate))
     elif skip_rate > t.skip_rate_marginal:
@@ -112,6 +130,9 @@ def run_signs(steps: pd.DataFrame | None, outcome: str, clip_enabled: bool,
     if spikes:
         signs.append(Sign("spikes", Verdict.UNSTABLE if spikes >= t.spikes_unstable
                           else Verdict.MARGINAL, float(spikes)))
+    if zspikes:
+        signs.append(Sign("z-spikes", Verdict.UNSTABLE if zspikes >= t.spikes_unstable
+                          else Verdict.MARGINAL, float(zspikes)))
     if clip_enabled and clip_rate >= t.clip_saturation:
         signs.append(Sign("clip saturation", Verdict.MARGINAL, clip_rate))
     return signs
@@ -127,6 +148,8 @@ def _wording(kind: str, signs: list[Sign], t: Thresholds) -> str:
                           "won back)",
         "backoffs": f"scale backoffs in up to {worst:.0%} of steps",
         "spikes": f"up to {int(worst)} loss spike(s) above {t.spike_factor:g}x the running median",
+        "z-spikes": f"up to {int(worst)} loss spike(s) more than {t.zspike_threshold:g} std above "
+                    f"the mean of the previous {t.zspike_window} steps",
         "clip saturation": f"clipped {worst:.0%} of steps (max_norm below the typical norm)",
     }[kind]
 

@@ -28,6 +28,8 @@ from stability.report import (
     fetch,
     health,
     layers,
+    lr,
+    lr_plot,
     plots,
     publish,
     select,
@@ -95,7 +97,8 @@ def _series(configs: pd.DataFrame, role: str, fp: str, color: str) -> plots.Seri
 def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.DataFrame],
          recs: list[advice.Recommendation], folder: Path, workers: int, notes: list[str],
          cache: Path, remarks: list[str],
-         analysis: factors.FactorAnalysis | None = None) -> list[plots.Figure]:
+         analysis: factors.FactorAnalysis | None = None,
+         lr_found: list[lr.LrCurve] | None = None) -> list[plots.Figure]:
     """Draw from the fetched steps tables; fetch only what a few plotted configs need.
 
     Beyond ``steps`` that is the val_loss histories of the plotted configs and the
@@ -133,6 +136,7 @@ def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.
     jobs: list[tuple[str, Callable[[], plots.Figure | None]]] = [
         ("main effects", lambda: effects_plot.main_effects(analysis, folder, loss)
          if analysis is not None else None),
+        ("LR sensitivity", lambda: lr_plot.lr_sensitivity(lr_found or [], folder, loss)),
         ("grad norm", lambda: plots.grad_norm(
             [(series[fp], steps[rep_ids[fp]]) for _, fp in roles
              if rep_ids.get(fp) in steps], folder, configs["max_norm"].dropna().unique())),
@@ -210,6 +214,9 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             notes += [f"run {r.run_id} is unreadable, counted as not finished: {r.reason}"
                       for r in runs[runs["outcome"] == fetch.UNREADABLE].itertuples()]
             configs = health.judge(runs, configs, steps, cfg.verdict)
+            lr_found = lr.curves(runs, configs)
+            lr_text = lr.sentences(lr_found, {f.name: f.reference for f in analysis.factors
+                                              if f.name != lr.LR})
             recs = advice.recommend(runs, configs, steps, cfg.advice)
             publish.tag_findings(c, report_run, configs, recs)
             test = evaluate_winner(c, runs, str(winner["fingerprint"]), cache / "winner",
@@ -219,7 +226,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                 version, created = _register(c, uri, cfg, sweep, runs, winner, test, report_run,
                                              cache / "model", notes)
             figures = draw(c, runs, configs, steps, recs, staging / "plots",
-                           cfg.history_workers, notes, cache, remarks, analysis) \
+                           cfg.history_workers, notes, cache, remarks, analysis, lr_found) \
                 if cfg.plots else []
             elapsed = time.perf_counter() - t0
             write_summary(configs, staging / Artifact.SUMMARY_CSV)
@@ -227,7 +234,8 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                                 figures, notes, cfg.confidence, cfg.alpha, report_run, version,
                                 elapsed, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                                 commit, recs, remarks, analysis,
-                                _model_uri(cfg, version), fetch.loss_name(runs))
+                                _model_uri(cfg, version), fetch.loss_name(runs), lr_found,
+                                lr_text)
             markdown = render(ctx)
             (staging / Artifact.REPORT_MD).write_text(markdown)
             (staging / Artifact.REPORT_HTML).write_text(

@@ -4,7 +4,9 @@ A run's ``config.yaml`` is data anyone with write access to the experiment could
 Rebuilding the winner instantiates ``task._target_`` (Hydra), so before anything is imported
 or built the target must be one of the built-in tasks or the one the user named on the
 report's command line (``task_target=<import path>``), no other ``_target_`` may appear
-anywhere in the file, and the config must hash to the run's ``stability.fingerprint`` tag.
+anywhere in the file but the optimizer's and the schedule's, which must name PyTorch's own
+(``torch.optim.*``, ``torch.optim.lr_scheduler.*``) or the built-in schedules, and the config
+must hash to the run's ``stability.fingerprint`` tag.
 """
 
 from __future__ import annotations
@@ -14,10 +16,24 @@ from typing import Any
 
 from stability.core.config import DEFAULT_TASK, RunConfig, to_run_config
 from stability.core.identity import fingerprint
+from stability.core.optim import LINEAR_WARMUP, WARMUP_COSINE
 
 BUILTIN_TASKS = (DEFAULT_TASK, "stability.tasks.adding.AddingTask",
                  "stability.tasks.char_lm.CharLMTask")
 HYDRA_KEYS = ("_target_", "_partial_", "_args_", "_recursive_", "_convert_")
+# What optim/schedule may name in a recorded config: checked as strings, before any import.
+TRUSTED_OPTIM = "torch.optim."
+TRUSTED_SCHEDULES = (LINEAR_WARMUP, WARMUP_COSINE)
+TRUSTED_SCHEDULE_PREFIX = "torch.optim.lr_scheduler."
+
+
+def _trusted_target(key: str, value: Any) -> bool:
+    if not isinstance(value, str) or not value.replace(".", "").replace("_", "").isalnum():
+        return value is None and key == "schedule._target_"
+    if key == "optim._target_":
+        return value.startswith(TRUSTED_OPTIM) and value.count(".") == 2
+    return value in TRUSTED_SCHEDULES or (value.startswith(TRUSTED_SCHEDULE_PREFIX)
+                                          and value.count(".") == 3)
 
 
 class Untrusted(ValueError):
@@ -65,7 +81,19 @@ def trusted_config(raw: Any, expected: str, allowed: Sequence[str],
         raise Untrusted(f"task._target_={target!r} is not allow-listed: allowed values are "
                         f"{', '.join(allowed)} (your own task: pass task_target=<its import path> "
                         "to the report)")
-    extra = [k for k in _hydra_keys(raw) if k != "task._target_"]
+    allowed_targets = {
+        "optim._target_": f"{TRUSTED_OPTIM}<Optimizer class>",
+        "schedule._target_": f"null | {' | '.join(TRUSTED_SCHEDULES)} | "
+                             f"{TRUSTED_SCHEDULE_PREFIX}<class>",
+    }
+    for key, allowed_values in allowed_targets.items():
+        section = raw.get(key.split(".")[0])
+        if isinstance(section, Mapping) and "_target_" in section and not _trusted_target(
+                key, section["_target_"]):
+            raise Untrusted(f"{key}={section['_target_']!r} is not allow-listed: allowed values "
+                            f"are {allowed_values}")
+    own = ("task._target_", "optim._target_", "optim._partial_", "schedule._target_")
+    extra = [k for k in _hydra_keys(raw) if k not in own]
     if extra:
         raise Untrusted(f"config.yaml holds {extra[0]}: a recorded config may name no object "
                         "to build but its task")

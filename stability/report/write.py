@@ -16,7 +16,7 @@ import pandas as pd
 
 from stability.core.precision import Precision
 from stability.core.task import DEFAULT_LOSS_NAME
-from stability.report import decision
+from stability.report import decision, lr
 from stability.report.advice import Recommendation, nearest_swept
 from stability.report.compare import Comparison, abs_num, signed, simpler_within_noise
 from stability.report.evaluate import WinnerTestResult
@@ -63,6 +63,8 @@ class ReportContext:
     analysis: FactorAnalysis | None = None  # factor effects from every run (factors.analyse)
     model_uri: str = ""  # the registered winner, ``models:/<name>@champion``; "" if none
     loss_name: str = DEFAULT_LOSS_NAME  # the task's loss (``stability.loss_name``): table heads
+    lr_curves: Sequence[lr.LrCurve] = ()  # when train.lr was swept (report/lr.py)
+    lr_sentences: Sequence[str] = ()  # how each other factor moves the stable LR range
 
 
 def fmt(x: float, digits: int = 4) -> str:
@@ -114,6 +116,11 @@ def _answer(ctx: ReportContext) -> list[str]:
                   f"{len(ctx.runs)} runs (seeds as blocks; effects on best validation loss, "
                   f"margin ±{decision.size(an.margin)}):", "",
                   *decision.factor_sentences(an), ""]
+    if ctx.lr_curves:
+        lines += ["How far the learning rate can go (LR sensitivity, Wortsman et al. 2023; "
+                  "stable LR range from the stability verdicts; section \"Learning rate\"):", "",
+                  *[f"- {t}" for t in ctx.lr_sentences or
+                    ["no other factor was swept beside the learning rate."]], ""]
     if "train_seconds" in ctx.configs:
         margin = an.margin if an else math.nan
         lines += [f"- {decision.cost_sentence(ctx.configs, margin, _device(ctx.runs))}", ""]
@@ -206,6 +213,19 @@ def _factor_section(ctx: ReportContext) -> list[str]:
     return parts + [""]
 
 
+def _lr_section(ctx: ReportContext) -> list[str]:
+    if not ctx.lr_curves:
+        return []
+    return ["## Learning rate (LR sensitivity per setting)", "",
+            _table(lr.HEADER, lr.table_rows(list(ctx.lr_curves))), "",
+            "`LR sensitivity`: the mean over the swept learning rates of min(loss(lr), "
+            "loss_init) − the best loss(lr), with loss(lr) the final validation loss averaged "
+            "over seeds and `loss_init` the validation loss before training (Wortsman et al. "
+            "2023); a run that did not finish counts as loss_init. Lower is less sensitive. "
+            "`stable LR range`: the largest swept LR up to which every swept LR has a verdict "
+            "other than unstable and a mean final loss below loss_init (docs/report.md).", ""]
+
+
 def answer_markdown(ctx: ReportContext) -> str:
     """The report's answer section (markdown), as it opens report.md."""
     return "\n".join([*_answer(ctx), *_load_line(ctx)])
@@ -287,6 +307,7 @@ def render(ctx: ReportContext) -> str:
         + (f", registered model version {ctx.model_version}." if ctx.model_version else "."), "",
         "## Answer", "", *_answer(ctx), *_load_line(ctx), "",
         "## Factor effects (every run, seeds as blocks)", "", *_factor_section(ctx),
+        *_lr_section(ctx),
         "## Selection rule", "", SELECTION_RULE + ".", "",
         "The test split played no part in the choice: it was opened only after selection, "
         "for the winner's seeds.", "",

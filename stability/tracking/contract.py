@@ -15,9 +15,9 @@ from stability.core.cost import COST_METRICS
 from stability.core.steplog import SkipReason
 from stability.core.validation import safe_name
 
-__all__ = ["COST_METRICS", "STEP_METRICS", "EPOCH_METRICS", "SCHEDULER_STEPPED",
-           "SCHEDULER_STEPS_ON_SKIP", "TRAINER_PARAM", "Artifact", "Kind", "Outcome",
-           "Rebuild", "SkipReason", "Tag", "missing_records", "search_filter"]
+__all__ = ["COST_METRICS", "LOSS_INIT", "RUN_METRICS", "STEP_METRICS", "EPOCH_METRICS",
+           "SCHEDULER_STEPPED", "SCHEDULER_STEPS_ON_SKIP", "TRAINER_PARAM", "Artifact", "Kind",
+           "Outcome", "Rebuild", "SkipReason", "Tag", "missing_records", "search_filter"]
 
 
 class Kind(StrEnum):
@@ -89,6 +89,12 @@ STEP_METRICS = ("loss", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "clipped"
 EPOCH_METRICS = {"train_loss": "train_loss", "val_loss": "val_loss", "val_acc": "val_acc",
                  "epoch_clip_fraction": "clip_fraction", "max_grad_norm": "max_grad_norm",
                  "epoch_skip_count": "skip_count"}
+# Summary metrics (step 0) beyond the selection criterion: the validation loss before training
+# (the LR sensitivity's reference, report/lr.py) and, with telemetry.update_ratio, the median
+# and maximum over the steps taken of ||delta theta|| / ||theta|| (core/layers.py).
+LOSS_INIT = "loss_init"
+UPDATE_RATIO_METRICS = ("update_ratio_p50", "update_ratio_max")
+RUN_METRICS = (LOSS_INIT, *UPDATE_RATIO_METRICS)
 # A run trained by a trainer we do not own (stability.integrations): its steps.csv column
 # (1 when the trainer advanced an LR scheduler during the step; never in our loop's CSV) and
 # the summary metric counting the skipped steps on which it did (Lightning #5558).
@@ -106,6 +112,7 @@ class Artifact:
     CONFIG = rundir.CONFIG_NAME
     CHECKPOINT = rundir.CHECKPOINT_NAME
     LAYER_NORMS = rundir.LAYER_NORMS_NAME  # only with telemetry.per_layer=true
+    LAYER_UPDATES = rundir.LAYER_UPDATES_NAME  # with per_layer and telemetry.update_ratio
     ALL = rundir.ARTIFACTS
     REPORT_MD = "report.md"  # report run: the review report
     REPORT_HTML = "report.html"  # report run: the same, self-contained (figures embedded)

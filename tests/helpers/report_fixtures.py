@@ -35,6 +35,7 @@ STEPS_PER_EPOCH = 3
 # In layer_norms.csv a skipped step holds inf in this parameter (by named_parameters index)
 # and nan in a later one: the first non-finite parameter is not the table's first column.
 FIRST_BAD = 1
+LOSS_INIT = 0.7  # every fixture run's validation loss before training (contract: loss_init)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Spec:
     skips: int = 0  # skipped steps per run (fp16 only, to exercise the scaler figure)
     layer_norms: bool = False  # write layer_norms.csv (telemetry.per_layer=true)
     seq_len: int = 30  # the task's sequence length: another input signature for the model
+    lr: float = 2e-3  # train.lr (the default keeps every fixture's fingerprint)
 
 
 def run_config(spec: Spec, seed: int, out: Path, sweep_id: str = "", parent: str = "") -> RunConfig:
@@ -58,7 +60,7 @@ def run_config(spec: Spec, seed: int, out: Path, sweep_id: str = "", parent: str
         "seed": seed, "device": "cpu",
         "data": {"num_samples": 300, "seq_len": spec.seq_len},
         "model": {"hidden_size": 8},
-        "train": {"epochs": EPOCHS, "accum_steps": spec.accum},
+        "train": {"epochs": EPOCHS, "accum_steps": spec.accum, "lr": spec.lr},
         "precision": {"name": spec.precision,
                       "growth_interval": 100 if spec.precision == "fp16" else 2000},
         "clip": {"enabled": spec.clip is not None, "max_norm": spec.clip or 1.0},
@@ -109,7 +111,8 @@ def log_run(c: MlflowClient, exp_id: str, spec: Spec, seed: int, root: Path, swe
     """One training run with every field of the contract; returns its run id."""
     value = spec.losses[seed]
     outcome = value if isinstance(value, str) else "finished"
-    out = root / f"{sweep_id}-{spec.precision}-{spec.clip}-{spec.accum}-{spec.seq_len}-{seed}"
+    out = root / (f"{sweep_id}-{spec.precision}-{spec.clip}-{spec.accum}-{spec.seq_len}-"
+                  f"{spec.lr:g}-{seed}")
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     cfg = run_config(spec, seed, out, sweep_id, parent)
     tags = {"stability.kind": "train", "stability.sweep_id": sweep_id,
@@ -140,12 +143,13 @@ def log_run(c: MlflowClient, exp_id: str, spec: Spec, seed: int, root: Path, swe
         summary = {"best_val_loss": best, "best_epoch": EPOCHS, "clip_count": clip_count,
                    "clip_fraction": clip_count / len(logs), "skip_count": spec.skips,
                    "fp16_underflow_fraction": 0.01 if spec.precision == "fp16" else math.nan,
-                   "diverged": 0, "wall_time_s": 1.0 + seed, "optimizer_steps": len(logs)}
+                   "diverged": 0, "wall_time_s": 1.0 + seed, "optimizer_steps": len(logs),
+                   "loss_init": LOSS_INIT}
         metrics += [Metric(k, float(v), ts, 0) for k, v in summary.items()]
     elif outcome == "diverged":
         metrics += [Metric(k, float(v), ts, 0) for k, v in
                     {"best_val_loss": 0.05, "best_epoch": 1, "diverged": 1,
-                     "skip_count": len(logs)}.items()]
+                     "skip_count": len(logs), "loss_init": LOSS_INIT}.items()]
     c.log_batch(rid, metrics=metrics)
     c.log_artifact(rid, str(out / CSV_NAME))
     c.log_artifact(rid, str(out / CONFIG_NAME))
