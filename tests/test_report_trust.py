@@ -188,7 +188,7 @@ def test_a_planted_sweep_is_reported_escaped_contained_and_complete(tmp_path: Pa
     # one baseline run's steps.csv with a word where a number belongs
     bad = tmp_path / "bad" / CSV_NAME
     bad.parent.mkdir()
-    good = (tmp_path / "runs").glob(f"{sweep}-fp32-None-1-30-0/{CSV_NAME}")
+    good = (tmp_path / "runs").glob(f"{sweep}-fp32-None-1-30-0.002-0/{CSV_NAME}")
     lines = next(good).read_text().splitlines()
     header = lines[0].split(",")
     row = lines[2].split(",")

@@ -23,7 +23,8 @@ from stability.tracking.contract import Tag
 log = logging.getLogger(__name__)
 # What a run leaves in its folder (the journal first: it says whose the rest is).
 RECORDS = (rundir.JOURNAL_NAME, rundir.PENDING_NAME, rundir.RESUME_NAME, rundir.CSV_NAME,
-           rundir.CONFIG_NAME, rundir.CHECKPOINT_NAME, rundir.LAYER_NORMS_NAME)
+           rundir.CONFIG_NAME, rundir.CHECKPOINT_NAME, rundir.LAYER_NORMS_NAME,
+           rundir.LAYER_UPDATES_NAME)
 
 
 def _foreign(folder: Path, cfg: RunConfig, world_size: int) -> str:
