@@ -2,7 +2,15 @@
 
 ideal = (sum over the sweep's training runs of epochs x bare-loop s/epoch) / cores, with the
 bare loop's s/epoch measured here once per distinct (precision, accum_steps) (and data/model
-shape, which the default study keeps fixed). The runs come from MLflow: the sweep's parent run
+shape, which the default study keeps fixed), one bare loop at a time.
+
+A study keeps every core busy, and cores that share caches, memory bandwidth or a physical
+core (a VM's vCPUs may be hyperthreads of one core) slow each other down. So the bare loop is
+also timed with ``cores`` copies running at once (``bare_epoch_seconds_saturated``); their
+ratio, ``core_contention``, is what the machine alone costs a study, and ``saturated_ideal_s``
+is the ideal with it: what a perfect scheduler of bare loops would take on these busy cores.
+
+The runs come from MLflow: the sweep's parent run
 (tags ``stability.kind=sweep``, ``stability.sweep_id``) gives the sweep's start and end, and
 its training runs (same ``stability.sweep_id``) give each run's config and epochs trained.
 """
@@ -10,6 +18,7 @@ its training runs (same ``stability.sweep_id``) give each run's config and epoch
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -135,6 +144,27 @@ def bare_epoch_seconds(keys: set[BareKey], spec: BenchSpec) -> dict[BareKey, flo
             for key in sorted(keys)}
 
 
+def _bare_epochs(key: BareKey, epochs: int) -> list[float]:
+    return BareLoop(bare_config(key, epochs)).run()
+
+
+def bare_epoch_seconds_saturated(keys: set[BareKey], spec: BenchSpec,
+                                 cores: int) -> dict[BareKey, float]:
+    """Median bare-loop s/epoch per key with ``cores`` copies running at once.
+
+    Each copy is its own process (spawned, one torch thread), all started together; the
+    warm-up epoch of each is dropped and the median is over every copy's timed epochs.
+    """
+    epochs = min(BARE_EPOCHS, spec.epochs)
+    out = {}
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(cores) as pool:
+        for key in sorted(keys):
+            copies = pool.starmap(_bare_epochs, [(key, epochs)] * cores)
+            out[key] = Summary.of([s for c in copies for s in spec.kept(c)]).median
+    return out
+
+
 def run_study_command(uri: str, overrides: list[str], log_path: Path) -> float:
     """Run ``python experiments/sweep.py -m OVERRIDES`` against ``uri``; its wall seconds.
 
@@ -159,7 +189,8 @@ def run_study_command(uri: str, overrides: list[str], log_path: Path) -> float:
 
 
 def study_part(sweep: Sweep, bare: dict[BareKey, float], cores: int,
-               command_wall_s: float | None = None) -> dict[str, Any]:
+               command_wall_s: float | None = None,
+               saturated: dict[BareKey, float] | None = None) -> dict[str, Any]:
     """Ideal and actual wall time of ``sweep`` and their ratio.
 
     Args:
@@ -167,6 +198,8 @@ def study_part(sweep: Sweep, bare: dict[BareKey, float], cores: int,
         bare: bare-loop s/epoch per key (``bare_epoch_seconds``).
         cores: cores the study ran on.
         command_wall_s: the timed sweep command, when this benchmark ran it.
+        saturated: bare-loop s/epoch per key with every core busy
+            (``bare_epoch_seconds_saturated``); adds the saturated ideal and its ratios.
 
     Raises:
         ConfigError: the sweep has not finished (its parent run has no end time yet).
@@ -205,6 +238,17 @@ def study_part(sweep: Sweep, bare: dict[BareKey, float], cores: int,
         out["command_wall_s"] = command_wall_s
         out["command_ratio"] = command_wall_s / ideal if ideal else None
         out["command_ratio_vs_batched"] = command_wall_s / batched if batched else None
+    if saturated:
+        sat_total = sum(r.epochs * saturated[r.key] for r in sweep.runs)
+        out["saturated_s_per_epoch"] = {"/".join(str(v) for v in k): s
+                                        for k, s in saturated.items()}
+        out["core_contention"] = sat_total / bare_total if bare_total else None
+        out["saturated_ideal_s"] = sat_total / cores
+        out["parent_ratio_saturated"] = sweep.wall_s * cores / sat_total if sat_total else None
+        out["train_inflation_saturated"] = (out["breakdown"]["train_wall_s_sum"] / sat_total
+                                            if sat_total else None)
+        if command_wall_s is not None and sat_total:
+            out["command_ratio_saturated"] = command_wall_s * cores / sat_total
     return out
 
 

@@ -227,6 +227,13 @@ def _study_costs(r: dict[str, Any], targets: dict[str, dict[str, Any]]) -> list[
              f"{b['tracking_outside_train_s_per_run']:.2f} s/run, startup {b['startup_s']:.1f} "
              f"s, gap between a worker's runs {b['job_gap_s_per_run']:.2f} s/run, cores busy "
              f"{b['busy_core_share']:.0%}, teardown {b['teardown_s']:.1f} s", "", "", ""]]
+    if "saturated_ideal_s" in s:
+        ratio = s.get("command_ratio_saturated", s["parent_ratio_saturated"])
+        rows.append([f"Same study vs the saturated ideal {s['saturated_ideal_s']:.0f} s (the bare "
+                     f"loop timed with {s['cores']} copies at once: the machine's own core "
+                     f"contention {s['core_contention']:.2f} × one copy alone); training "
+                     f"{s['train_inflation_saturated']:.2f} × saturated bare",
+                     f"{ratio:.3f} × saturated", "", ""])
     for i, run in enumerate(s.get("repeats", []), 1):
         b = run["breakdown"]
         rows.append([f"Study run {i}/{len(s['repeats'])} ({run['sweep_id']}): wall "

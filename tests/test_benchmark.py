@@ -169,6 +169,12 @@ def test_study_part_runs_and_reads_the_sweep(tmp_path: Path) -> None:
     assert len(runs) == 2 and runs[0]["sweep_id"] != runs[1]["sweep_id"]
     assert all(r["runs"] == 12 and r["pooled_ideal_s"] >= r["ideal_s"] for r in runs)
     assert study["command_ratio"] == max(r["command_ratio"] for r in runs)
+    # the same keys timed with every core busy; the ratios follow from the two ideals
+    assert study["saturated_s_per_epoch"].keys() == study["bare_s_per_epoch"].keys()
+    assert study["core_contention"] == pytest.approx(
+        study["saturated_ideal_s"] / study["ideal_s"])
+    assert study["command_ratio_saturated"] == pytest.approx(
+        study["command_ratio"] / study["core_contention"])
     assert (tmp_path / "study-2" / "mlflow.db").exists()
     (costs,) = markdown_tables((tmp_path / "bench.md").read_text())
     assert costs[-1][0].startswith("Study run 2/2")
@@ -190,3 +196,17 @@ def test_a_bad_option_exits_2_naming_it_before_anything_runs(
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "bench.json").exists()
+
+
+@pytest.mark.slow
+def test_workcount_sees_the_per_layer_host_read_of_every_step() -> None:
+    """Counted, not timed: per-layer norms add one host read per optimizer step (docs/tasks.md)
+    and some operators; the update ratio adds operators but shares that read."""
+    from benchmarks.workcount import count
+
+    on, off = count([]), count(["telemetry.per_layer=false"])
+    no_ratio = count(["telemetry.update_ratio=false"])
+    assert on["steps"] == off["steps"] > 0
+    assert on["host_reads"] - off["host_reads"] == on["steps"]
+    assert no_ratio["host_reads"] == on["host_reads"]
+    assert off["aten"] < no_ratio["aten"] < on["aten"]
