@@ -52,27 +52,29 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore", module="transformers")
 
 
-def check(cfg: RunConfig, device: str) -> None:
-    """What the Trainer cannot honour (``training_arguments``: fp16 on CPU, value clipping).
+def check(task: Task, cfg: RunConfig, device: str) -> dict[str, Any]:
+    """What the Trainer cannot honour: fp16 on CPU, value clipping (``training_arguments``),
+    a task's own argument that the study sets.
+
+    Returns:
+        The task's own ``TrainingArguments`` keywords.
 
     Raises:
         ConfigError: naming the key and the allowed values.
     """
     training_arguments(cfg.clip, cfg.precision, cfg.train.accum_steps, device)
-
-
-def arguments(task: Task, cfg: RunConfig, device: str, folder: Path) -> TrainingArguments:
-    """The task's ``training_arguments()`` with the point's settings on top.
-
-    Raises:
-        ConfigError: the task sets a key the study sets.
-    """
     own = dict(getattr(task, "training_arguments", dict)())
     clash = sorted(set(own) & set(STUDY_KEYS))
     if clash:
         raise ConfigError(f"task._target_={cfg.task.target!r}: training_arguments() sets "
                           f"{clash[0]}, which the study sets from {STUDY_KEYS[clash[0]]} "
                           "(allowed: every other TrainingArguments key)")
+    return own
+
+
+def arguments(task: Task, cfg: RunConfig, device: str, folder: Path) -> TrainingArguments:
+    """The task's ``training_arguments()`` with the point's settings on top (``check``)."""
+    own = check(task, cfg, device)
     mapped = training_arguments(cfg.clip, cfg.precision, cfg.train.accum_steps, device)
     return TrainingArguments(output_dir=str(folder / "hf"), eval_strategy="epoch",
                              learning_rate=cfg.train.lr, num_train_epochs=cfg.train.epochs,

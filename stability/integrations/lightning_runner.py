@@ -47,7 +47,7 @@ def _quiet() -> None:
         warnings.filterwarnings("ignore", notice)
 
 
-def check(cfg: RunConfig, device: str) -> None:
+def check(task: Task, cfg: RunConfig, device: str) -> None:
     """Every setting maps onto the Trainer (``trainer_settings``): nothing to refuse here."""
     trainer_settings(cfg.clip, cfg.precision, cfg.train.accum_steps, device)
 

@@ -108,11 +108,11 @@ def check_settings(cfg: RunConfig, world_size: int) -> None:
                           "loop only (allowed values: null)")
 
 
-def preflight(cfg: RunConfig, world_size: int = 1) -> ModuleType:
+def preflight(cfg: RunConfig, world_size: int = 1) -> tuple[ModuleType, Task]:
     """Every refusal of a trainer run, before a run folder or an MLflow run exists.
 
     Returns:
-        The trainer's runner module.
+        The trainer's runner module and the built task.
 
     Raises:
         ConfigError: the first setting the trainer cannot honour, naming its key.
@@ -121,8 +121,9 @@ def preflight(cfg: RunConfig, world_size: int = 1) -> ModuleType:
     check_settings(cfg, world_size)
     device = resolve_device(cfg.device)
     check_precision_supported(cfg.precision.name, device)
-    module.check(cfg, device)
-    return module
+    task = trainer_task(cfg, module)
+    module.check(task, cfg, device)
+    return module, task
 
 
 class BestCheckpoint:
@@ -159,9 +160,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
         ConfigError: a setting the trainer cannot honour (before any training).
     """
     t0 = time.perf_counter()
-    module = preflight(cfg, world_size)
+    module, task = preflight(cfg, world_size)
     device = resolve_device(cfg.device)
-    task = trainer_task(cfg, module)
     torch.set_num_threads(cfg.train.threads)
     out = Path(cfg.output_dir)
     (out / CHECKPOINT_NAME).parent.mkdir(parents=True, exist_ok=True)
@@ -188,10 +188,11 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
                      out, wall)
 
 
-def rebuild(cfg: RunConfig, state: dict[str, torch.Tensor]) -> tuple[Task, nn.Module]:
-    """The run's task and its model with a checkpoint's weights (the report's winner)."""
+def rebuild(cfg: RunConfig, state: dict[str, torch.Tensor],
+            task: Task | None = None) -> tuple[Task, nn.Module]:
+    """The run's task (built unless given) and its model with a checkpoint's weights."""
     module = runner(cfg)
-    task = trainer_task(cfg, module)
+    task = task or trainer_task(cfg, module)
     model = module.rebuild(task, cfg)
     model.load_state_dict(state)
     return task, model
