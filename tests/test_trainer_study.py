@@ -102,7 +102,8 @@ def test_the_same_seed_trains_the_same_lightning_steps(tmp_path: Path) -> None:
     pytest.importorskip("lightning.pytorch")
     for name in ("a", "b"):
         run_job(_raw(tmp_path / name, LIGHTNING, "seed=7", "tracking.enabled=false"))
-    assert (tmp_path / "a" / "steps.csv").read_bytes() == (tmp_path / "b" / "steps.csv").read_bytes()
+    a, b = ((tmp_path / name / "steps.csv").read_bytes() for name in ("a", "b"))
+    assert a == b
 
 
 @pytest.mark.parametrize(("target", "overrides", "options", "message"), [
