@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -164,3 +165,47 @@ def test_the_verdict_names_a_scheduler_stepped_on_skipped_steps() -> None:
                                "b": steps([0] * 100)}, False,
                         Thresholds(skip_rate_marginal=1.0, skip_rate_unstable=1.0))
     assert "scheduler" not in ours.reason
+
+
+def _example(cmd: str, folder: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    env = os.environ | {"PYTHONPATH": f"{ROOT}{os.pathsep}{folder}", "MLFLOW_TRACKING_URI": ""}
+    return subprocess.run([sys.executable, str(ROOT / "experiments" / f"{cmd}.py"), *args,
+                           f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}"], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_lightning_study_sweeps_resumes_reports_and_registers_its_winner(
+        tmp_path: Path) -> None:
+    """The example's sweep (fp16 from a start scale that overflows: skipped steps on which
+    Lightning steps the user's scheduler), the sweep again (nothing left to run), the report:
+    the winner tested alone, registered, the scheduler-on-skip verdict."""
+    pytest.importorskip("lightning.pytorch")
+    import mlflow
+
+    folder = ROOT / "examples" / "lightning_task"
+    grid = ["-m", "--config-dir", str(folder), "task=spirals", "precision=fp32,fp16",
+            "precision.init_scale=1e9", "clip.enabled=false", "train.epochs=1",
+            "tracking.experiment=spirals-e2e", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
+    first = _example("sweep", folder, tmp_path, *grid)
+    assert first.returncode == 0, first.stderr[-3000:]
+    said = first.stdout + first.stderr
+    assert "finished=4" in said
+    [sweep_id] = re.findall(r"\[sweep\] sweep (\S+): parent run", said)
+    again = _example("sweep", folder, tmp_path, *grid)
+    assert again.returncode == 0
+    assert "skipped 4 points already FINISHED" in again.stdout + again.stderr
+    report = _example("report", folder, tmp_path, "experiment=spirals-e2e", f"sweep_id={sweep_id}",
+                      "task_target=spirals.SpiralTask", f"output_dir={tmp_path / 'reports'}")
+    assert report.returncode == 0, report.stderr[-3000:]
+    text = next((tmp_path / "reports").glob("*/report.md")).read_text()
+    [verdict] = [ln for ln in text.splitlines() if ln.startswith("- `fp16 noclip acc=1`:")]
+    assert "scheduler advanced on up to" in verdict and "(2/2 seeds)" in verdict
+    c = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = c.get_experiment_by_name("spirals-e2e")
+    runs = c.search_runs([exp.experiment_id], f"tags.`{Tag.KIND}` = 'train'")
+    assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)
+    tested = [r for r in runs if "test_loss" in r.data.metrics]
+    assert len(tested) == 2 and len({r.data.tags[Tag.FINGERPRINT] for r in tested}) == 1
+    version = c.get_model_version_by_alias("spirals-e2e-winner", "champion")
+    assert version.run_id in {r.info.run_id for r in tested}
