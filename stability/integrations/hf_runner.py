@@ -32,11 +32,11 @@ from transformers import PrinterCallback, Trainer, TrainingArguments
 
 from stability.core.config import ConfigError, RunConfig
 from stability.core.sinks import StepSink
-from stability.core.task import Task
+from stability.core.task import SEALED_TEST, Task
 from stability.integrations.hf import StabilityCallback, training_arguments
 from stability.integrations.study import Fit
 
-REQUIRED = ("model", "train_val", "sealed_test")
+REQUIRED = ("model", "train_val", SEALED_TEST)
 EXAMPLE_ROWS = 5
 # Set by the study (the key each comes from) or by this runner: a task may not set them.
 STUDY_KEYS = {"max_grad_norm": "clip.*", "fp16": "precision", "bf16": "precision",

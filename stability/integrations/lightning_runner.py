@@ -29,11 +29,11 @@ from torch.utils.data import DataLoader
 
 from stability.core.config import RunConfig
 from stability.core.sinks import StepSink
-from stability.core.task import Task
+from stability.core.task import SEALED_TEST, Task
 from stability.integrations.lightning import StabilityCallback, trainer_settings
 from stability.integrations.study import Fit
 
-REQUIRED = ("module", "datamodule", "sealed_test")
+REQUIRED = ("module", "datamodule", SEALED_TEST)
 EXAMPLE_ROWS = 5
 # What a fit in a study leaves to us: no logger, no checkpoint of its own, no progress bar.
 QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
