@@ -49,7 +49,9 @@ class GPT2Task:
     def model(self) -> GPT2LMHeadModel:
         """A fresh GPT-2 from a config; stability has seeded torch with the run's seed."""
         return GPT2LMHeadModel(GPT2Config(vocab_size=len(ALPHABET), n_positions=self.seq_len,
-                                          n_embd=self.n_embd, n_layer=self.n_layer, n_head=4))
+                                          n_embd=self.n_embd, n_layer=self.n_layer, n_head=4,
+                                          bos_token_id=ALPHABET.index("."),
+                                          eos_token_id=ALPHABET.index(".")))
 
     def train_val(self) -> tuple[Windows, Windows]:
         """Training and validation windows (70% / 15%)."""
