@@ -107,6 +107,21 @@ def test_the_same_seed_trains_the_same_lightning_steps(tmp_path: Path) -> None:
     assert a == b
 
 
+def test_the_skip_rate_monitor_ends_a_trainer_run_as_diverged(tmp_path: Path) -> None:
+    """fp16 from a scale that overflows every step: the monitor, the last sink, ends the fit."""
+    pytest.importorskip("lightning.pytorch")
+    from stability.integrations.study import train
+
+    cfg = to_run_config(_raw(tmp_path, LIGHTNING, "precision=fp16", "precision.init_scale=1e30",
+                             "monitor.window=4", "monitor.abort_after=4",
+                             "tracking.enabled=false"))
+    result = train(cfg)
+    assert result.status == "diverged" and "skip" in result.reason
+    rows = _rows(tmp_path / "steps.csv")
+    assert 4 <= len(rows) < 12 and all(r["skipped"] == "1" for r in rows)
+    assert result.summary["diverged"] == 1 and result.summary["skip_alerts"] >= 1
+
+
 @pytest.mark.parametrize(("target", "overrides", "options", "message"), [
     (HF, ["precision=fp16"], {}, "precision=fp16 is invalid for the HF Trainer on cpu"),
     (HF, ["clip.enabled=true", "clip.method=value"], {}, "clip.method='value' is invalid"),

@@ -91,7 +91,8 @@ def prepare(task: Task, cfg: RunConfig, device: str, folder: Path,
     model = task.model()
     trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set)
     trainer.remove_callback(PrinterCallback)  # its log lines: steps.csv and MLflow have them
-    cb = StabilityCallback(folder, per_layer=cfg.telemetry.per_layer, sinks=sinks)
+    cb = StabilityCallback(folder, per_layer=cfg.telemetry.per_layer, sinks=sinks,
+                           underflow_every=cfg.monitor.underflow_every)
     cb.attach(trainer)
     return Fit(model, cb, trainer.train)
 

@@ -60,7 +60,8 @@ def prepare(task: Task, cfg: RunConfig, device: str, folder: Path,
     pl.seed_everything(cfg.seed, verbose=False)
     module = task.module(lr=cfg.train.lr)
     data = task.datamodule()
-    cb = StabilityCallback(folder, per_layer=cfg.telemetry.per_layer, sinks=sinks)
+    cb = StabilityCallback(folder, per_layer=cfg.telemetry.per_layer, sinks=sinks,
+                           underflow_every=cfg.monitor.underflow_every)
     trainer = pl.Trainer(max_epochs=cfg.train.epochs, callbacks=[cb], **QUIET, **settings)
     return Fit(module, cb, lambda: trainer.fit(module, datamodule=data))
 
