@@ -224,3 +224,46 @@ def test_a_lightning_study_sweeps_resumes_reports_and_registers_its_winner(
     assert len(tested) == 2 and len({r.data.tags[Tag.FINGERPRINT] for r in tested}) == 1
     version = c.get_model_version_by_alias("spirals-e2e-winner", "champion")
     assert version.run_id in {r.info.run_id for r in tested}
+
+
+def test_an_hf_train_resumed_from_its_checkpoint_writes_the_same_files(tmp_path: Path) -> None:
+    """Crash in epoch 2 after the epoch-1 checkpoint, resume from it: ``steps.csv`` and
+    ``layer_norms.csv`` are byte-identical to those of a train never interrupted (the
+    recorder's state is saved beside each Trainer checkpoint, ``hf.STATE_NAME``)."""
+    pytest.importorskip("transformers")
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from stability.integrations.hf import STATE_NAME, StabilityCallback
+    from tests.helpers.trainer_tasks import TinyHFTask
+
+    class Crash(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step == 15:
+                raise RuntimeError("crash")
+
+    task = TinyHFTask()
+    train_set, val_set = task.train_val()
+
+    def fit(folder: Path, out: Path, crash: bool = False, resume: str | None = None) -> None:
+        torch.manual_seed(0)
+        args = TrainingArguments(output_dir=str(out), num_train_epochs=3, seed=0,
+                                 eval_strategy="epoch", save_strategy="epoch", use_cpu=True,
+                                 report_to="none", disable_tqdm=True, logging_strategy="no",
+                                 max_grad_norm=0.3, **task.training_arguments())
+        trainer = Trainer(model=task.model(), args=args, train_dataset=train_set,
+                          eval_dataset=val_set)
+        StabilityCallback(folder, per_layer=True).attach(trainer)
+        if crash:
+            trainer.add_callback(Crash())
+        trainer.train(resume_from_checkpoint=resume)
+
+    fit(tmp_path / "whole", tmp_path / "hf-whole")
+    with pytest.raises(RuntimeError, match="crash"):
+        fit(tmp_path / "resumed", tmp_path / "hf", crash=True)
+    crashed = _rows(tmp_path / "resumed" / "steps.csv")
+    assert len(crashed) == 15 and (tmp_path / "hf" / "checkpoint-12" / STATE_NAME).exists()
+    fit(tmp_path / "resumed", tmp_path / "hf", resume=str(tmp_path / "hf" / "checkpoint-12"))
+    for name in ("steps.csv", "layer_norms.csv"):
+        whole = (tmp_path / "whole" / name).read_bytes()
+        assert (tmp_path / "resumed" / name).read_bytes() == whole, name
+    assert len(_rows(tmp_path / "whole" / "steps.csv")) == 36

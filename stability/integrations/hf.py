@@ -86,6 +86,17 @@ def training_arguments(clip: ClipConfig, precision: PrecisionConfig, accum_steps
             "bf16": name is Precision.BF16, "use_cpu": device == "cpu"}
 
 
+STATE_NAME = "stability_callback.pt"  # the recorder's state in each Trainer checkpoint
+
+
+def checkpoint_folder(args: Any, state: Any) -> Path:
+    """The Trainer's checkpoint of ``state.global_step`` (``<output_dir>/checkpoint-<step>``,
+    trainer.py:3370 of 5.24)."""
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    return Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+
+
 def scheduler_position(trainer: Trainer) -> int:
     """How many times the trainer's LR scheduler has stepped (0 before it exists)."""
     return int(getattr(trainer.lr_scheduler, "last_epoch", 0) or 0)
@@ -161,7 +172,20 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
         if self.trainer is None:
             raise RuntimeError("StabilityCallback needs the trainer: "
                                "use StabilityCallback(folder).attach(trainer)")
-        self.start_recorder(clip_of(self.trainer), kwargs["model"])
+        recorder = self.start_recorder(clip_of(self.trainer), kwargs["model"])
+        if state.global_step > 0:  # resumed from a checkpoint: continue its records
+            saved = checkpoint_folder(args, state) / STATE_NAME
+            if saved.exists():
+                recorder.load_state_dict(torch.load(saved, weights_only=False))
+            # Whole epochs done; on_epoch_begin counts the one the Trainer resumes in.
+            self._epoch = math.floor(float(state.epoch or 0) + 1e-6)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The Trainer saved a checkpoint: the recorder's state beside it (``STATE_NAME``),
+        so that ``train(resume_from_checkpoint=...)`` cuts the files back and continues."""
+        folder = checkpoint_folder(args, state)
+        if self.recorder is not None and folder.is_dir():
+            torch.save(self.recorder.state_dict(), folder / STATE_NAME)
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Count and time the epoch."""
