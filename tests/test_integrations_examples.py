@@ -1,9 +1,11 @@
-"""The two trainer examples run as their READMEs say, and fail as they say (exit 2, one line)."""
+"""The HF example is studied as its README says: sweep, report, and a registered winner that
+loads and predicts without this package. (The Lightning example's study, with its
+scheduler-on-skip verdict: tests/test_trainer_study.py.)"""
 
 from __future__ import annotations
 
-import csv
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,40 +13,40 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+HF = ROOT / "examples" / "hf_task"
 
 
-def _run(example: str, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    folder = ROOT / "examples" / example
-    env = os.environ | {"PYTHONPATH": f"{ROOT}{os.pathsep}{folder}", "MLFLOW_TRACKING_URI": ""}
-    return subprocess.run([sys.executable, "study.py", "--epochs", "1", "--seeds", "0",
-                           "--out", str(tmp / "runs"), "--uri", f"sqlite:///{tmp}/mlflow.db",
-                           *args], cwd=folder, env=env, capture_output=True, text=True,
-                          timeout=600)
-
-
-@pytest.mark.slow
-def test_lightning_example_records_the_scheduler_stepping_on_skipped_steps(
-        tmp_path: Path) -> None:
-    pytest.importorskip("lightning.pytorch")
-    proc = _run("lightning_task", tmp_path, "--precisions", "fp16", "--init-scale", "1e9")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("fp16 clip=")]
-    assert len(lines) == 3
-    with (tmp_path / "runs" / "fp16-clipNone-s0" / "steps.csv").open() as f:
-        rows = list(csv.DictReader(f))
-    skipped = [r for r in rows if r["skipped"] == "1"]
-    assert skipped and all(r["scheduler_stepped"] == "1" for r in skipped)
-    assert f"skipped {len(skipped)} (scheduler stepped on {len(skipped)} of them)" in lines[0]
+def _run(cmd: str, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {"PYTHONPATH": f"{ROOT}{os.pathsep}{HF}", "MLFLOW_TRACKING_URI": ""}
+    return subprocess.run([sys.executable, str(ROOT / "experiments" / f"{cmd}.py"), *args,
+                           f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}"], cwd=HF, env=env,
+                          capture_output=True, text=True, timeout=900)
 
 
 @pytest.mark.slow
-def test_hf_example_trains_and_refuses_fp16_on_cpu(tmp_path: Path) -> None:
+def test_the_hf_example_study_registers_a_gpt2_that_predicts_logits(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    proc = _run("hf_task", tmp_path, "--precisions", "fp32")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "runs" / "fp32-clip0.5-s0" / "layer_norms.csv").exists()
-    refused = _run("hf_task", tmp_path / "b", "--precisions", "fp16")
-    assert refused.returncode == 2
-    [line] = [ln for ln in refused.stderr.splitlines() if ln.startswith("error:")]
-    assert line.startswith("error: precision=fp16 is invalid for the HF Trainer on cpu")
-    assert not (tmp_path / "b" / "runs").exists()  # refused before any training
+    import mlflow
+    import numpy as np
+
+    from stability.tracking.contract import Tag
+
+    sweep = _run("sweep", tmp_path, "-m", "--config-dir", str(HF), "task=gpt2",
+                 "precision=fp32", "clip.enabled=false,true", "seed=0,1", "train.epochs=1",
+                 "task.num_samples=200", "tracking.experiment=gpt2-e2e",
+                 f"hydra.sweep.dir={tmp_path / 'multirun'}")
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    [sweep_id] = re.findall(r"\[sweep\] sweep (\S+): parent run", sweep.stdout + sweep.stderr)
+    report = _run("report", tmp_path, "experiment=gpt2-e2e", f"sweep_id={sweep_id}",
+                  "task_target=gpt2_task.GPT2Task", f"output_dir={tmp_path / 'reports'}")
+    assert report.returncode == 0, report.stderr[-3000:]
+    c = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = c.get_experiment_by_name("gpt2-e2e")
+    runs = c.search_runs([exp.experiment_id], f"tags.`{Tag.KIND}` = 'train'")
+    tested = [r for r in runs if "test_loss" in r.data.metrics]
+    assert len(runs) == 4 and len(tested) == 2
+    assert all(r.data.metrics["test_loss"] < 3.4 for r in tested)  # below log(28): learned
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    model = mlflow.pyfunc.load_model("models:/gpt2-e2e-winner@champion")
+    ids = np.zeros((2, 32), dtype=np.int64)
+    assert np.asarray(model.predict(ids)).shape == (2, 32, 28)  # logits over the alphabet

@@ -10,8 +10,10 @@ telemetry. No subclassing: a user's task is one small class with these methods.
 Optional class attributes, read from the class without building it (``TaskConfig.declared``):
 ``loss_name`` (what the loss is, e.g. ``"MSE"``: every figure's loss axis says it; default
 ``"loss"``), ``section_types`` (dataclasses validating the sections it takes, so their mistakes
-join the run config's one error) and ``hash_target`` (``False`` only for a task whose runs were
-fingerprinted before ``task._target_`` was: the default task).
+join the run config's one error), ``hash_target`` (``False`` only for a task whose runs were
+fingerprinted before ``task._target_`` was: the default task) and ``trainer`` (``"lightning"``
+or ``"hf"``: the task is trained by that trainer, not our loop, and provides what the trainer
+takes instead of our five methods: ``stability/integrations/study.py``, docs/integrations.md).
 
 The test split is sealed: ``sealed_test`` is called from ``stability/report/evaluate.py`` alone,
 for the winner selected on validation (``tests/test_data.py`` scans the code for other callers).
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -34,6 +36,7 @@ from stability.core.config import ConfigError, TaskConfig
 SEALED_TEST = "sealed_test"
 REQUIRED = ("model", "train_val", "loss", "metrics", SEALED_TEST)
 DEFAULT_LOSS_NAME = "loss"  # a task that does not name its loss
+TRAINERS = ("lightning", "hf")  # what a task's ``trainer`` attribute may name
 
 
 def loss_name(cfg: TaskConfig) -> str:
@@ -45,6 +48,19 @@ def loss_name(cfg: TaskConfig) -> str:
 def hashes_target(cfg: TaskConfig) -> bool:
     """Whether ``task._target_`` enters the fingerprint (every task but a legacy one)."""
     return bool(cfg.declared("hash_target", True))
+
+
+def trainer_of(cfg: TaskConfig) -> str | None:
+    """The trainer the task declares (``trainer = "lightning" | "hf"``), None for our loop.
+
+    Raises:
+        ConfigError: the task declares another value.
+    """
+    name = cfg.declared("trainer")
+    if name is None or name in TRAINERS:
+        return name
+    raise ConfigError(f"task._target_={cfg.target!r} declares trainer={name!r}: allowed values "
+                      f"are {' | '.join(TRAINERS)} (or no trainer attribute: our loop)")
 
 
 @runtime_checkable
@@ -83,13 +99,15 @@ def require_winner(winner: str) -> None:
         raise PermissionError("the test split opens only for a winner selected on validation")
 
 
-def build_task(cfg: TaskConfig, sections: Mapping[str, Any]) -> Task:
+def build_task(cfg: TaskConfig, sections: Mapping[str, Any],
+               required: Sequence[str] = REQUIRED) -> Task:
     """Instantiate the task of a run; every failure is a ``ConfigError`` naming ``task.*``.
 
     Args:
         cfg: the run's task section.
         sections: the run's top-level sections the task receives (``data``, ``model``), as
             plain mappings.
+        required: the methods it must have (a trainer's task has the trainer's own).
 
     Returns:
         The task object, checked to have every method of ``Task``.
@@ -109,13 +127,13 @@ def build_task(cfg: TaskConfig, sections: Mapping[str, Any]) -> Task:
         cause = err.__cause__ or err
         raise ConfigError(f"task._target_={cfg.target!r} cannot be built: "
                           f"{_one_line(cause)}") from None
-    missing = [m for m in REQUIRED if not callable(getattr(task, m, None))]
+    missing = [m for m in required if not callable(getattr(task, m, None))]
     if SEALED_TEST in missing:
         raise ConfigError(f"task._target_={cfg.target!r} has no test split: it must define "
                           f"{SEALED_TEST}(*, winner) (allowed: a task with train, val and test)")
     if missing:
         raise ConfigError(f"task._target_={cfg.target!r} lacks {', '.join(missing)}: a task "
-                          f"defines {', '.join(REQUIRED)} (docs/tasks.md)")
+                          f"defines {', '.join(required)} (docs/tasks.md)")
     return task
 
 

@@ -47,7 +47,7 @@ from stability.core.config import ClipConfig, PrecisionConfig
 from stability.core.precision import Precision
 from stability.core.sinks import StepSink
 from stability.core.validation import ConfigError
-from stability.integrations.recorder import StepRecorder, batch_samples
+from stability.integrations.recorder import RecordingCallback
 
 
 def clip_of(trainer: Trainer) -> ClipConfig:
@@ -86,38 +86,38 @@ def training_arguments(clip: ClipConfig, precision: PrecisionConfig, accum_steps
             "bf16": name is Precision.BF16, "use_cpu": device == "cpu"}
 
 
+STATE_NAME = "stability_callback.pt"  # the recorder's state in each Trainer checkpoint
+
+
+def checkpoint_folder(args: Any, state: Any) -> Path:
+    """The Trainer's checkpoint of ``state.global_step`` (``<output_dir>/checkpoint-<step>``,
+    trainer.py:3370 of 5.24)."""
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    return Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+
+
 def scheduler_position(trainer: Trainer) -> int:
     """How many times the trainer's LR scheduler has stepped (0 before it exists)."""
     return int(getattr(trainer.lr_scheduler, "last_epoch", 0) or 0)
 
 
-class StabilityCallback(TrainerCallback):
+class StabilityCallback(RecordingCallback, TrainerCallback):
     """Records ``steps.csv`` (+ ``layer_norms.csv``) of a ``Trainer.train``, every step.
 
-    Args:
-        folder: the run folder.
-        per_layer: also write ``layer_norms.csv``.
-        sinks: more step sinks (e.g. ``TrackedRun.sink``).
-        val_loss_key: the evaluation metric that is the validation loss.
-        val_acc_key: the evaluation metric that is the validation accuracy (nan when absent).
-        underflow_every: sample the fp16 underflow share on step 1 and every N steps.
+    Arguments as ``recorder.RecordingCallback``'s; ``val_loss_key`` / ``val_acc_key`` name
+    evaluation metrics (``eval_loss``, ``eval_accuracy``).
     """
 
     def __init__(self, folder: str | Path, *, per_layer: bool = False,
                  sinks: Sequence[StepSink] = (), val_loss_key: str = "eval_loss",
                  val_acc_key: str = "eval_accuracy", underflow_every: int = 25) -> None:
-        self.folder = Path(folder)
-        self.per_layer = per_layer
-        self.extra_sinks = tuple(sinks)
-        self.val_loss_key, self.val_acc_key = val_loss_key, val_acc_key
-        self.underflow_every = underflow_every
+        RecordingCallback.__init__(self, folder, per_layer=per_layer, sinks=sinks,
+                                   val_loss_key=val_loss_key, val_acc_key=val_acc_key,
+                                   underflow_every=underflow_every)
         self.trainer: Trainer | None = None
-        self.recorder: StepRecorder | None = None
-        self._window_loss: torch.Tensor | float = 0.0
-        self._micro, self._samples = 0, 0
         self._post: float | None = None
-        self._sched_before = 0
-        self._epoch, self._epoch_t0 = 0, 0.0
+        self._epoch = 0
 
     def attach(self, trainer: Trainer) -> StabilityCallback:
         """Add this callback to ``trainer`` and wrap its two measuring points (see module).
@@ -146,9 +146,7 @@ class StabilityCallback(TrainerCallback):
             loss = step(*args, **kwargs)
             inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
             # Summed on the device: the step's one host read is in finish_step.
-            self._window_loss = self._window_loss + loss.detach().float()
-            self._micro += 1
-            self._samples += batch_samples(inputs)
+            self.add_micro_batch(loss.detach().float(), inputs)
             return loss
 
         accelerator.unscale_gradients = unscale_then_measure
@@ -174,9 +172,20 @@ class StabilityCallback(TrainerCallback):
         if self.trainer is None:
             raise RuntimeError("StabilityCallback needs the trainer: "
                                "use StabilityCallback(folder).attach(trainer)")
-        self.recorder = StepRecorder(self.folder, clip_of(self.trainer), kwargs["model"],
-                                     per_layer=self.per_layer, sinks=self.extra_sinks,
-                                     underflow_every=self.underflow_every)
+        recorder = self.start_recorder(clip_of(self.trainer), kwargs["model"])
+        if state.global_step > 0:  # resumed from a checkpoint: continue its records
+            saved = checkpoint_folder(args, state) / STATE_NAME
+            if saved.exists():
+                recorder.load_state_dict(torch.load(saved, weights_only=False))
+            # Whole epochs done; on_epoch_begin counts the one the Trainer resumes in.
+            self._epoch = math.floor(float(state.epoch or 0) + 1e-6)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The Trainer saved a checkpoint: the recorder's state beside it (``STATE_NAME``),
+        so that ``train(resume_from_checkpoint=...)`` cuts the files back and continues."""
+        folder = checkpoint_folder(args, state)
+        if self.recorder is not None and folder.is_dir():
+            torch.save(self.recorder.state_dict(), folder / STATE_NAME)
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Count and time the epoch."""
@@ -194,11 +203,11 @@ class StabilityCallback(TrainerCallback):
             return
         assert self.trainer is not None
         skipped = bool(self.trainer.accelerator.optimizer_step_was_skipped)
-        loss = float(self._window_loss) if self._micro else math.nan
-        self.recorder.finish_step(self._params(), loss=loss, skipped=skipped,
-                                  micro_batches=self._micro, samples=self._samples,
+        total, micro, samples = self.take_window()
+        self.recorder.finish_step(self._params(), loss=float(total) if micro else math.nan,
+                                  skipped=skipped, micro_batches=micro, samples=samples,
                                   post=self._post)
-        self._window_loss, self._micro, self._samples, self._post = 0.0, 0, 0, None
+        self._post = None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """After the scheduler's turn: the step's record to every sink."""
@@ -227,7 +236,3 @@ class StabilityCallback(TrainerCallback):
         if self.recorder is not None:
             self.recorder.close()
 
-    def summary(self) -> dict[str, Any]:
-        """The run's summary (for ``TrackedRun.finish``)."""
-        assert self.recorder is not None
-        return self.recorder.summary()

@@ -46,7 +46,7 @@ import torch
 from stability.core.config import ClipConfig, PrecisionConfig
 from stability.core.precision import Precision
 from stability.core.sinks import StepSink
-from stability.integrations.recorder import StepRecorder, batch_samples
+from stability.integrations.recorder import RecordingCallback
 
 
 def clip_of(trainer: pl.Trainer) -> ClipConfig:
@@ -95,33 +95,21 @@ def scheduler_position(trainer: pl.Trainer) -> int:
     return sum(int(getattr(c.scheduler, "last_epoch", 0)) for c in trainer.lr_scheduler_configs)
 
 
-class StabilityCallback(pl.Callback):
+class StabilityCallback(RecordingCallback, pl.Callback):
     """Records ``steps.csv`` (+ ``layer_norms.csv``) of a Lightning fit, per optimizer step.
 
-    Args:
-        folder: the run folder.
-        per_layer: also write ``layer_norms.csv``.
-        sinks: more step sinks (e.g. ``TrackedRun.sink``).
-        val_loss_key: the logged metric that is the validation loss (``self.log(...)``).
-        val_acc_key: the logged metric that is the validation accuracy (nan when absent).
-        underflow_every: sample the fp16 underflow share on step 1 and every N steps.
+    Arguments as ``recorder.RecordingCallback``'s; ``val_loss_key`` / ``val_acc_key`` name
+    metrics the module logs (``self.log(...)``).
     """
 
     def __init__(self, folder: str | Path, *, per_layer: bool = False,
                  sinks: Sequence[StepSink] = (), val_loss_key: str = "val_loss",
                  val_acc_key: str = "val_acc", underflow_every: int = 25) -> None:
-        self.folder = Path(folder)
-        self.per_layer = per_layer
-        self.extra_sinks = tuple(sinks)
-        self.val_loss_key, self.val_acc_key = val_loss_key, val_acc_key
-        self.underflow_every = underflow_every
-        self.recorder: StepRecorder | None = None
-        self._window_loss = 0.0
-        self._micro, self._samples = 0, 0
-        self._sched_before = 0
+        RecordingCallback.__init__(self, folder, per_layer=per_layer, sinks=sinks,
+                                   val_loss_key=val_loss_key, val_acc_key=val_acc_key,
+                                   underflow_every=underflow_every)
         self._scaler: torch.amp.GradScaler | None = None
         self._scale_before = 1.0
-        self._epoch_t0 = 0.0
         self._restored: dict[str, Any] | None = None  # from the trainer's checkpoint
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -131,11 +119,9 @@ class StabilityCallback(pl.Callback):
         # post-clip norm instead of deriving it.
         standard = (type(pl_module).configure_gradient_clipping
                     is pl.LightningModule.configure_gradient_clipping)
-        self.recorder = StepRecorder(self.folder, clip_of(trainer), pl_module,
-                                     per_layer=self.per_layer, sinks=self.extra_sinks,
-                                     underflow_every=self.underflow_every,
-                                     derive_norm_clip=standard)
-        if self._restored:  # Lightning restores callbacks before on_fit_start
+        self.start_recorder(clip_of(trainer), pl_module, derive_norm_clip=standard)
+        # Lightning restores callbacks before on_fit_start
+        if self._restored and self.recorder is not None:
             self.recorder.load_state_dict(self._restored)
 
     def state_dict(self) -> dict[str, Any]:
@@ -177,21 +163,18 @@ class StabilityCallback(pl.Callback):
         """Add the micro-batch's loss; after a step, its record (the scheduler has stepped)."""
         assert self.recorder is not None
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, torch.Tensor):
-            # Lightning divided it by accumulate_grad_batches; the record holds the mean loss.
-            self._window_loss += float(loss) * trainer.accumulate_grad_batches
-        self._micro += 1
-        self._samples += batch_samples(batch)
+        # Lightning divided it by accumulate_grad_batches; the record holds the mean loss.
+        self.add_micro_batch(float(loss) * trainer.accumulate_grad_batches
+                             if isinstance(loss, torch.Tensor) else 0.0, batch)
         if not self.recorder.stepping:
             return
         scaler = self._scaler
         skipped = scaler is not None and scaler.get_scale() < self._scale_before
-        self.recorder.finish_step(_params(trainer.optimizers[0]),
-                                  loss=self._window_loss / self._micro, skipped=skipped,
-                                  micro_batches=self._micro, samples=self._samples)
+        total, micro, samples = self.take_window()
+        self.recorder.finish_step(_params(trainer.optimizers[0]), loss=float(total) / micro,
+                                  skipped=skipped, micro_batches=micro, samples=samples)
         self.recorder.emit(scheduler_stepped=scheduler_position(trainer) > self._sched_before,
                            epoch=trainer.current_epoch + 1)
-        self._window_loss, self._micro, self._samples = 0.0, 0, 0
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """After validation: the epoch's record with the logged validation metrics."""
@@ -201,10 +184,6 @@ class StabilityCallback(pl.Callback):
                                 _metric(metrics, self.val_acc_key),
                                 time.perf_counter() - self._epoch_t0)
 
-    def summary(self) -> dict[str, Any]:
-        """The run's summary (for ``TrackedRun.finish``)."""
-        assert self.recorder is not None
-        return self.recorder.summary()
 
 
 def _params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:

@@ -234,6 +234,60 @@ class StepRecorder:
         }
 
 
+class RecordingCallback:
+    """What both trainers' ``StabilityCallback`` hold (mixed into each trainer's callback
+    class): where and what to record, the ``StepRecorder`` once training starts, and the
+    micro-batches of the optimizer step being accumulated.
+
+    Args:
+        folder: the run folder.
+        per_layer: also write ``layer_norms.csv``.
+        sinks: more step sinks (e.g. ``TrackedRun.sink``).
+        val_loss_key: the trainer's metric that is the validation loss.
+        val_acc_key: the trainer's metric that is the validation accuracy (nan when absent).
+        underflow_every: sample the fp16 underflow share on step 1 and every N steps.
+    """
+
+    def __init__(self, folder: str | Path, *, per_layer: bool, sinks: Sequence[StepSink],
+                 val_loss_key: str, val_acc_key: str, underflow_every: int) -> None:
+        self.folder = Path(folder)
+        self.per_layer = per_layer
+        self.extra_sinks = tuple(sinks)
+        self.val_loss_key, self.val_acc_key = val_loss_key, val_acc_key
+        self.underflow_every = underflow_every
+        self.recorder: StepRecorder | None = None
+        self._window_loss: torch.Tensor | float = 0.0
+        self._micro, self._samples = 0, 0
+        self._sched_before = 0
+        self._epoch_t0 = 0.0
+
+    def start_recorder(self, clip: ClipConfig, model: nn.Module,
+                       derive_norm_clip: bool = True) -> StepRecorder:
+        """The run's ``StepRecorder`` (when the trainer starts: its clip setting, its model)."""
+        self.recorder = StepRecorder(self.folder, clip, model, per_layer=self.per_layer,
+                                     sinks=self.extra_sinks,
+                                     underflow_every=self.underflow_every,
+                                     derive_norm_clip=derive_norm_clip)
+        return self.recorder
+
+    def add_micro_batch(self, loss: torch.Tensor | float, batch: Any) -> None:
+        """One micro-batch of the step: its loss (summed as given) and its samples."""
+        self._window_loss = self._window_loss + loss
+        self._micro += 1
+        self._samples += batch_samples(batch)
+
+    def take_window(self) -> tuple[torch.Tensor | float, int, int]:
+        """The step's summed loss, micro-batches and samples; the next step starts at zero."""
+        window = self._window_loss, self._micro, self._samples
+        self._window_loss, self._micro, self._samples = 0.0, 0, 0
+        return window
+
+    def summary(self) -> dict[str, Any]:
+        """The run's summary (for ``TrackedRun.finish``)."""
+        assert self.recorder is not None
+        return self.recorder.summary()
+
+
 def batch_samples(batch: Any) -> int:
     """Samples in a micro-batch (a tensor, or a tuple/list/dict holding tensors): the leading
     size of its first tensor (0 when it holds none)."""

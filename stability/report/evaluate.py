@@ -6,6 +6,10 @@ seed of the winning config is evaluated from its ``checkpoints/best.pt`` artifac
 run's own precision, its model rebuilt through its task from its ``config.yaml`` artifact.
 ``test_loss`` / ``test_acc`` are logged onto the winner's runs, once: a run that already
 carries them is evaluated again (deterministic) but not logged twice.
+
+A task that declares a trainer (Lightning, the HF Trainer: ``stability.integrations.study``)
+is rebuilt through its own methods (``module(lr)`` / ``model()``) and its test split evaluated
+by that trainer's own evaluation, the one whose validation loss selected the winner.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from stability.core.batches import evaluate_task, task_of
 from stability.core.config import RunConfig
 from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME
 from stability.core.precision import check_precision_supported, resolve_device
-from stability.core.task import Task, first_batch
+from stability.core.task import Task, first_batch, trainer_of
 from stability.report.fetch import download, parallel
 from stability.report.trust import BUILTIN_TASKS, trusted_config
 from stability.stats.paired import MeanCI, mean_ci
@@ -37,12 +41,39 @@ MISMATCH_TOL = 1e-6  # a re-evaluation differing from the logged value by more i
 EXAMPLE_ROWS = 5  # validation sequences in the logged model's input example
 
 
+def _study(cfg: RunConfig) -> Any:
+    """``stability.integrations.study`` for a trainer's task, None for our loop's (imported
+    only then: Lightning and transformers are optional extras)."""
+    if trainer_of(cfg.task) is None:
+        return None
+    from stability.integrations import study
+
+    return study
+
+
 def rebuild_model(cfg: RunConfig, state: dict[str, torch.Tensor],
                   task: Task | None = None) -> torch.nn.Module:
     """The run's model, rebuilt through its task from ``cfg``, with a checkpoint's weights."""
+    study = _study(cfg)
+    if study is not None:
+        return study.rebuild(cfg, state, task)[1]
     model = (task or task_of(cfg)).model()
     model.load_state_dict(state)
     return model
+
+
+def _task(cfg: RunConfig) -> Task:
+    study = _study(cfg)
+    return task_of(cfg) if study is None else study.trainer_task(cfg, study.runner(cfg))
+
+
+def _evaluate(cfg: RunConfig, task: Task, model: torch.nn.Module, test_set: Any,
+              device: str) -> dict[str, float]:
+    study = _study(cfg)
+    if study is not None:
+        return study.evaluate(cfg, task, model.to(device), test_set, device)
+    return evaluate_task(task, model.to(device), test_set, cfg.precision.name, device,
+                         num_workers=cfg.train.num_workers)
 
 
 @dataclass(frozen=True)
@@ -64,6 +95,12 @@ def load_winner(c: Any, run_id: str, dest: Path, expected: str = "",
     config must pass ``trust.trusted_config`` against ``expected`` (its fingerprint) first.
     """
     cfg, state = _load(c, run_id, dest, expected, allowed)
+    study = _study(cfg)
+    if study is not None:  # a module taking one tensor, and the trainer task's inputs
+        task, trained = study.rebuild(cfg, state)
+        model, example = study.example(cfg, task, trained.float().eval())
+        return LoadableWinner(run_id, cfg, model.eval(), example,
+                              (dest / CONFIG_NAME).read_text())
     task = task_of(cfg)
     model = rebuild_model(cfg, state, task).float().eval()
     _, val = task.train_val()
@@ -140,12 +177,11 @@ def evaluate_winner(c: Any, runs: pd.DataFrame, winner: str, workdir: Path,
         check_precision_supported(cfg.precision.name, dev)
         key = repr((cfg.task, cfg.data, cfg.model))
         if key not in splits:  # one task config per fingerprint: the split opens once
-            task = task_of(cfg)
+            task = _task(cfg)
             splits[key] = (task, task.sealed_test(winner=winner))
         task, test_set = splits[key]
         model = rebuild_model(cfg, state, task)
-        got = evaluate_task(task, model.to(dev), test_set, cfg.precision.name, dev,
-                            num_workers=cfg.train.num_workers)
+        got = _evaluate(cfg, task, model, test_set, dev)
         results.append(_record(c, row, rid, seed, got["loss"], got.get("acc", math.nan)))
     ok = [r for r in results if math.isfinite(r.test_loss)]
     sizes = {len(s) for _, s in splits.values()}

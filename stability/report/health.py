@@ -2,9 +2,10 @@
 
 Everything is read from what the runs already log: each run's ``steps.csv`` (loss, skipped,
 scaler_scale, clipped per optimizer step) and its outcome (a monitor abort is ``diverged``).
-A run is judged on six signs; a config takes the worst verdict of its seeds and lists every
-sign that fired with how many seeds showed it. Thresholds live in ``conf/report.yaml``
-(``verdict:``), each with the reason for its default.
+A run is judged on seven signs (the seventh only for a trainer's run: its LR scheduler
+advanced on skipped steps, the ``scheduler_stepped`` column, Lightning #5558); a config takes
+the worst verdict of its seeds and lists every sign that fired with how many seeds showed it.
+Thresholds live in ``conf/report.yaml`` (``verdict:``), each with the reason for its default.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from enum import IntEnum
 import numpy as np
 import pandas as pd
 
-from stability.tracking.contract import Outcome
+from stability.tracking.contract import SCHEDULER_STEPPED, SCHEDULER_STEPS_ON_SKIP, Outcome
 
 
 class Verdict(IntEnum):
@@ -55,7 +56,7 @@ class Sign:
     """One thing a run did that makes it less than stable."""
 
     kind: str  # "diverged", "skips", "scale collapse", "backoffs", "spikes", "z-spikes",
-    # "clip saturation"
+    # "clip saturation", "scheduler on skip"
     severity: Verdict
     value: float  # the measured rate or count (for the worst-seed wording)
 
@@ -92,6 +93,17 @@ def loss_zspikes(loss: pd.Series, t: Thresholds) -> int:
     roll = finite.rolling(t.zspike_window, min_periods=t.zspike_min_history)
     mean, std = roll.mean().shift(1), roll.std().shift(1)
     return int(((finite - mean > t.zspike_threshold * std) & (std > 0)).sum())
+
+
+def scheduler_steps_on_skip(steps: pd.DataFrame | None, summary: pd.Series) -> int:
+    """Skipped steps on which a trainer advanced its LR scheduler (0 for our loop's runs,
+    whose ``steps.csv`` has no ``scheduler_stepped``: it never steps on a skipped step)."""
+    if steps is not None and SCHEDULER_STEPPED in steps.columns:
+        both = (pd.to_numeric(steps["skipped"], errors="coerce") == 1) & (
+            pd.to_numeric(steps[SCHEDULER_STEPPED], errors="coerce") == 1)
+        return int(both.sum())
+    value = pd.to_numeric(summary.get(SCHEDULER_STEPS_ON_SKIP, math.nan), errors="coerce")
+    return int(value) if pd.notna(value) else 0
 
 
 def run_signs(steps: pd.DataFrame | None, outcome: str, clip_enabled: bool,
@@ -135,6 +147,10 @@ def run_signs(steps: pd.DataFrame | None, outcome: str, clip_enabled: bool,
                           else Verdict.MARGINAL, float(zspikes)))
     if clip_enabled and clip_rate >= t.clip_saturation:
         signs.append(Sign("clip saturation", Verdict.MARGINAL, clip_rate))
+    # The schedule ran ahead of the updates: every such step shortened the run's schedule.
+    sched = scheduler_steps_on_skip(steps, summary)
+    if sched:
+        signs.append(Sign("scheduler on skip", Verdict.MARGINAL, float(sched)))
     return signs
 
 
@@ -151,6 +167,8 @@ def _wording(kind: str, signs: list[Sign], t: Thresholds) -> str:
         "z-spikes": f"up to {int(worst)} loss spike(s) more than {t.zspike_threshold:g} std above "
                     f"the mean of the previous {t.zspike_window} steps",
         "clip saturation": f"clipped {worst:.0%} of steps (max_norm below the typical norm)",
+        "scheduler on skip": f"scheduler advanced on up to {int(worst)} skipped step(s) "
+                             "(the trainer steps its LR schedule on steps it skipped)",
     }[kind]
 
 

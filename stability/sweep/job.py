@@ -11,6 +11,10 @@ and its one-line result go to its log file (``<job folder>/<job name>.log``, Hyd
 handler), and the sweeper's status area (``stability.sweep.display``) is what the terminal shows.
 ``hydra.sweeper.verbose=true`` (``-v`` on the command line) brings the lines back.
 
+A task that declares a trainer (``trainer = "lightning" | "hf"``, ``core.task.trainer_of``) is
+trained by that trainer (``stability.integrations.study.train``: same config in, same run folder
+and ``RunResult`` out), imported only then: Lightning and transformers stay optional extras.
+
 Under ``torchrun`` (``docs/distributed.md``) every rank runs this job: rank 0 owns the MLflow
 run, the other ranks train without tracking, and a failure on any rank ends the run FAILED.
 """
@@ -30,6 +34,7 @@ from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.loop import RunResult, train
 from stability.core.signals import sigterm_deferred
 from stability.core.sinks import StepSink
+from stability.core.task import trainer_of
 from stability.sweep.errors import SweepError
 from stability.tracking.claim import claim
 from stability.tracking.run import TrackedRun
@@ -71,6 +76,20 @@ def hydra_job(cfg: Any, say: Callable[[str], None] = log.info) -> float:
     return run_job(raw, overrides=list(hc.overrides.task), in_sweep=in_sweep, say=say)
 
 
+def trainer_for(cfg: RunConfig, world_size: int = 1) -> Callable[..., RunResult]:
+    """``core.loop.train``, or the trainer's ``train`` when the task declares one.
+
+    Raises:
+        ConfigError: a setting the task's trainer cannot honour (before any run exists).
+    """
+    if trainer_of(cfg.task) is None:
+        return train
+    from stability.integrations import study
+
+    study.preflight(cfg, world_size)
+    return study.train
+
+
 def train_tracked(cfg: RunConfig, overrides: Sequence[str] = (),
                   sinks: Sequence[StepSink] = ()) -> RunResult:
     """``run.train`` inside an MLflow run (or without one when tracking is disabled).
@@ -79,15 +98,16 @@ def train_tracked(cfg: RunConfig, overrides: Sequence[str] = (),
     ``sinks`` are extra per-step consumers on this rank.
     """
     world = distributed.setup(cfg.device)
+    fit = trainer_for(cfg, world)  # a trainer's refusal comes before the run exists
     if distributed.is_main():  # another run's records in this folder are moved, not overwritten
         claim(cfg.output_dir, cfg, world)
     if not cfg.tracking.enabled or not distributed.is_main():
         with distributed.rank_guard():
-            return train(cfg, sinks, world_size=world)
+            return fit(cfg, sinks, world_size=world)
     # Deferred SIGTERM: when torchrun tears the ranks down, rank 0 still closes its run.
     with sigterm_deferred(), TrackedRun(cfg, overrides, world) as tracked:
         with distributed.rank_guard():
-            result = train(cfg, sinks=[tracked.sink, *sinks], world_size=world)
+            result = fit(cfg, sinks=[tracked.sink, *sinks], world_size=world)
         tracked.finish(result.summary, result.status, result.reason)
     # A tracking outage never fails the run: MLflow's part waits in the folder (pending sync).
     log.info("MLflow run %s (%s)%s", tracked.run_id or "(not created yet)", redact_uri(tracked.uri),

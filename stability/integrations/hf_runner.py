@@ -1,0 +1,139 @@
+"""An HF task in a study: the user's model trained by the Hugging Face ``Trainer``.
+
+An HF task (``trainer = "hf"``) provides::
+
+    model() -> PreTrainedModel          # built from a config (nothing downloaded); seeded
+    train_val() -> (Dataset, Dataset)   # items the model takes (dicts with labels)
+    sealed_test(*, winner: str) -> Dataset
+    training_arguments() -> dict        # optional: the TrainingArguments it wants
+
+The point's settings become ``TrainingArguments`` (``hf.training_arguments``): clip ->
+``max_grad_norm`` (0: off; value clipping refused), precision -> ``fp16`` / ``bf16`` (fp16 on
+CPU refused: accelerate would train it in fp32), ``train.accum_steps`` ->
+``gradient_accumulation_steps``, plus ``seed``, ``num_train_epochs`` = ``train.epochs``,
+``learning_rate`` = ``train.lr``; evaluation every epoch (``eval_loss`` is the validation loss
+the study selects on). The task's own arguments may set anything else (batch size, weight
+decay, its schedule), not what the study sets.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import PrinterCallback, Trainer, TrainingArguments
+
+from stability.core.config import ConfigError, RunConfig
+from stability.core.sinks import StepSink
+from stability.core.task import SEALED_TEST, Task
+from stability.integrations.hf import StabilityCallback, training_arguments
+from stability.integrations.study import Fit
+
+REQUIRED = ("model", "train_val", SEALED_TEST)
+EXAMPLE_ROWS = 5
+# Set by the study (the key each comes from) or by this runner: a task may not set them.
+STUDY_KEYS = {"max_grad_norm": "clip.*", "fp16": "precision", "bf16": "precision",
+              "gradient_accumulation_steps": "train.accum_steps", "use_cpu": "device",
+              "learning_rate": "train.lr", "num_train_epochs": "train.epochs", "seed": "seed",
+              "eval_strategy": "(evaluated every epoch)", "output_dir": "output_dir"}
+QUIET = {"save_strategy": "no", "report_to": "none", "disable_tqdm": True,
+         "logging_strategy": "epoch"}
+
+
+def _quiet() -> None:
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="transformers")
+
+
+def check(task: Task, cfg: RunConfig, device: str) -> dict[str, Any]:
+    """What the Trainer cannot honour: fp16 on CPU, value clipping (``training_arguments``),
+    a task's own argument that the study sets.
+
+    Returns:
+        The task's own ``TrainingArguments`` keywords.
+
+    Raises:
+        ConfigError: naming the key and the allowed values.
+    """
+    training_arguments(cfg.clip, cfg.precision, cfg.train.accum_steps, device)
+    own = dict(getattr(task, "training_arguments", dict)())
+    clash = sorted(set(own) & set(STUDY_KEYS))
+    if clash:
+        raise ConfigError(f"task._target_={cfg.task.target!r}: training_arguments() sets "
+                          f"{clash[0]}, which the study sets from {STUDY_KEYS[clash[0]]} "
+                          "(allowed: every other TrainingArguments key)")
+    return own
+
+
+def arguments(task: Task, cfg: RunConfig, device: str, folder: Path) -> TrainingArguments:
+    """The task's ``training_arguments()`` with the point's settings on top (``check``)."""
+    own = check(task, cfg, device)
+    mapped = training_arguments(cfg.clip, cfg.precision, cfg.train.accum_steps, device)
+    return TrainingArguments(output_dir=str(folder / "hf"), eval_strategy="epoch",
+                             learning_rate=cfg.train.lr, num_train_epochs=cfg.train.epochs,
+                             seed=cfg.seed, **(QUIET | own), **mapped)
+
+
+def prepare(task: Task, cfg: RunConfig, device: str, folder: Path,
+            sinks: list[StepSink]) -> Fit:
+    """The fit of one point: the seeded model, the attached callback, ``Trainer.train``."""
+    _quiet()
+    args = arguments(task, cfg, device, folder)
+    train_set, val_set = task.train_val()
+    torch.manual_seed(cfg.seed)  # the initialisation; the Trainer seeds its shuffling itself
+    model = task.model()
+    trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set)
+    trainer.remove_callback(PrinterCallback)  # its log lines: steps.csv and MLflow have them
+    cb = StabilityCallback(folder, per_layer=cfg.telemetry.per_layer, sinks=sinks,
+                           underflow_every=cfg.monitor.underflow_every)
+    cb.attach(trainer)
+    return Fit(model, cb, trainer.train)
+
+
+def rebuild(task: Task, cfg: RunConfig) -> nn.Module:
+    """A fresh model of the task (the caller loads the checkpoint's weights)."""
+    return task.model()
+
+
+def evaluate(task: Task, cfg: RunConfig, model: nn.Module, dataset: Any,
+             device: str) -> dict[str, float]:
+    """``Trainer.evaluate`` on ``dataset`` under the run's precision: ``eval_loss``."""
+    _quiet()
+    mapped = training_arguments(cfg.clip, cfg.precision, 1, device)
+    own = dict(getattr(task, "training_arguments", dict)())
+    batch = own.get("per_device_eval_batch_size", own.get("per_device_train_batch_size", 8))
+    with tempfile.TemporaryDirectory(prefix="stability-hf-eval-") as tmp:
+        args = TrainingArguments(output_dir=tmp, per_device_eval_batch_size=batch,
+                                 bf16=mapped["bf16"], fp16=mapped["fp16"],
+                                 use_cpu=mapped["use_cpu"], **QUIET)
+        trainer = Trainer(model=model, args=args)
+        trainer.remove_callback(PrinterCallback)
+        got = trainer.evaluate(dataset)
+    return {"loss": float(got["eval_loss"]), "acc": float(got.get("eval_accuracy", math.nan))}
+
+
+class _Logits(nn.Module):
+    """The model's logits from its main input (what the MLflow Model exports)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.key = getattr(model, "main_input_name", "input_ids")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(**{self.key: x}).logits
+
+
+def example(task: Task, model: nn.Module) -> tuple[nn.Module, np.ndarray]:
+    """Logits from the main input, and the first validation inputs (the test stays sealed)."""
+    wrapped = _Logits(model)
+    _, val = task.train_val()
+    rows = [val[i][wrapped.key] for i in range(min(EXAMPLE_ROWS, len(val)))]
+    return wrapped, torch.stack(rows).numpy()

@@ -1,0 +1,210 @@
+"""A study point trained by the trainer its task declares: Lightning or the HF Trainer.
+
+``stability sweep`` hands every point to ``sweep.job``; a task with ``trainer = "lightning"``
+or ``"hf"`` (``core.task.trainer_of``) is trained here instead of by our loop, with the same
+``RunConfig`` in and the same ``RunResult`` out. The point's settings become the trainer's own
+arguments (``lightning.trainer_settings``, ``hf.training_arguments``, plus seed, epochs and
+lr), the trainer's ``StabilityCallback`` records every step into the run's sinks (the MLflow
+buffer of the job's ``TrackedRun`` among them), and the folder gets what our loop leaves:
+``config.yaml``, ``steps.csv``, ``layer_norms.csv``, the best-validation ``checkpoints/best.pt``
+(the model's plain ``state_dict``). So dedupe, resume (skip finished points), the parent run,
+the worker pool and the report see a run like any other.
+
+A setting the trainer cannot honour raises ``ConfigError`` before anything is trained
+(``check_settings``, and each trainer's mapping). The skip-rate monitor is the last sink, as in
+our loop: it ends the fit as ``diverged``.
+
+Each trainer's half (``lightning_runner``, ``hf_runner``) is imported only here, and only for
+its own tasks: Lightning and transformers stay optional extras.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from stability.core import checkpoint
+from stability.core.config import ConfigError, RunConfig
+from stability.core.faults import FaultInjector
+from stability.core.loop import RunResult, write_config
+from stability.core.monitor import DivergedError, SkipRateMonitor
+from stability.core.precision import check_precision_supported, resolve_device
+from stability.core.rundir import CHECKPOINT_NAME, CONFIG_NAME
+from stability.core.sinks import StepSink
+from stability.core.steplog import EpochLog, StepLog
+from stability.core.task import Task, build_task, trainer_of
+
+RUNNERS = {"lightning": "stability.integrations.lightning_runner",
+           "hf": "stability.integrations.hf_runner"}
+
+
+@dataclass
+class Fit:
+    """A trainer ready to train one point: its model, its callback, and the call that trains."""
+
+    model: nn.Module
+    callback: Any  # lightning.StabilityCallback | hf.StabilityCallback (``.recorder``)
+    run: Callable[[], Any]
+
+
+def runner(cfg: RunConfig) -> ModuleType:
+    """The module of the trainer the run's task declares (imports that trainer).
+
+    Raises:
+        ConfigError: the task declares no trainer, or the trainer is not installed.
+    """
+    name = trainer_of(cfg.task)
+    if name is None:
+        raise ConfigError(f"task._target_={cfg.task.target!r} declares no trainer "
+                          "(allowed values: lightning | hf)")
+    try:
+        return importlib.import_module(RUNNERS[name])
+    except ImportError as err:
+        raise ConfigError(f"task._target_={cfg.task.target!r} declares trainer={name!r}, which "
+                          f"is not installed ({err}): pip install \"stability[{name}]\"") from None
+
+
+def trainer_task(cfg: RunConfig, module: ModuleType) -> Task:
+    """The run's task, built and checked to have what its trainer takes."""
+    sections = {k: _as_dict(getattr(cfg, k)) for k in cfg.task.sections}
+    return build_task(cfg.task, sections, required=module.REQUIRED)
+
+
+def _as_dict(section: object) -> dict:
+    return dataclasses.asdict(section) if dataclasses.is_dataclass(section) else dict(section)
+
+
+def check_settings(cfg: RunConfig, world_size: int) -> None:
+    """What no trainer run honours: refused before training, one key per error.
+
+    Raises:
+        ConfigError: torchrun ranks, an optimizer or schedule of ours (the trainer keeps the
+            task's own), or a deliberate fault (our loop's test hook).
+    """
+    name = trainer_of(cfg.task)
+    if world_size > 1:
+        raise ConfigError(f"world_size={world_size} is invalid for a {name} task: allowed "
+                          "values are 1 (the trainer runs one process; no torchrun)")
+    if not cfg.optim.is_default:
+        raise ConfigError(f"optim._target_={cfg.optim.target!r} is invalid for a {name} task: "
+                          "the trainer keeps the task's own optimizer (allowed values: the "
+                          "default, optim=adamw)")
+    if cfg.schedule.target is not None:
+        raise ConfigError(f"schedule._target_={cfg.schedule.target!r} is invalid for a {name} "
+                          "task: the trainer keeps the task's own schedule (allowed values: "
+                          "null, schedule=none)")
+    if FaultInjector(cfg.fault).active:
+        raise ConfigError(f"fault.* is invalid for a {name} task: faults are injected by our "
+                          "loop only (allowed values: null)")
+
+
+def preflight(cfg: RunConfig, world_size: int = 1) -> tuple[ModuleType, Task]:
+    """Every refusal of a trainer run, before a run folder or an MLflow run exists.
+
+    Returns:
+        The trainer's runner module and the built task.
+
+    Raises:
+        ConfigError: the first setting the trainer cannot honour, naming its key.
+    """
+    module = runner(cfg)
+    check_settings(cfg, world_size)
+    device = resolve_device(cfg.device)
+    check_precision_supported(cfg.precision.name, device)
+    task = trainer_task(cfg, module)
+    module.check(task, cfg, device)
+    return module, task
+
+
+class BestCheckpoint:
+    """A step sink that keeps the best-validation weights as our loop does (a plain
+    ``state_dict`` at ``checkpoints/best.pt``: the report rebuilds the winner from it)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / CHECKPOINT_NAME
+        self.model: nn.Module | None = None
+        self.best = math.inf
+
+    def on_step(self, log: StepLog, epoch: int) -> None:
+        """Nothing per step."""
+
+    def on_epoch(self, log: EpochLog) -> None:
+        """A better validation loss: save the weights (nan never wins)."""
+        if self.model is not None and log.val_loss < self.best:
+            self.best = log.val_loss
+            checkpoint.save_atomic(self.model.state_dict(), self.path)
+
+
+def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -> RunResult:
+    """Train one point with its task's trainer; ``core.loop.train``'s signature and result.
+
+    Args:
+        cfg: the validated run configuration (its task declares a trainer).
+        sinks: extra consumers of the step and epoch records (e.g. ``TrackedRun.sink``).
+        world_size: must be 1.
+
+    Returns:
+        The ``RunResult``; ``diverged`` when the skip-rate monitor ended the fit.
+
+    Raises:
+        ConfigError: a setting the trainer cannot honour (before any training).
+    """
+    t0 = time.perf_counter()
+    module, task = preflight(cfg, world_size)
+    device = resolve_device(cfg.device)
+    torch.set_num_threads(cfg.train.threads)
+    out = Path(cfg.output_dir)
+    (out / CHECKPOINT_NAME).parent.mkdir(parents=True, exist_ok=True)
+    write_config(cfg, out / CONFIG_NAME)
+    best = BestCheckpoint(out)
+    monitor = SkipRateMonitor(cfg.monitor)
+    fit = module.prepare(task, cfg, device, out, [*sinks, best, monitor])
+    best.model = fit.model
+    status, reason = "finished", ""
+    try:
+        fit.run()
+    except DivergedError as err:
+        status, reason = "diverged", str(err)
+    finally:
+        if fit.callback.recorder is not None:
+            fit.callback.recorder.close()
+    rec = fit.callback.recorder
+    summary: dict[str, Any] = rec.summary() | {
+        "diverged": int(status == "diverged"), "skip_alerts": monitor.alerts,
+        "loss_init": math.nan}
+    wall = time.perf_counter() - t0
+    summary["wall_time_s"] = wall
+    return RunResult(status, reason, rec.best_val_loss, rec.best_epoch, rec.epochs, summary,
+                     out, wall)
+
+
+def rebuild(cfg: RunConfig, state: dict[str, torch.Tensor],
+            task: Task | None = None) -> tuple[Task, nn.Module]:
+    """The run's task (built unless given) and its model with a checkpoint's weights."""
+    module = runner(cfg)
+    task = task or trainer_task(cfg, module)
+    model = module.rebuild(task, cfg)
+    model.load_state_dict(state)
+    return task, model
+
+
+def evaluate(cfg: RunConfig, task: Task, model: nn.Module, dataset: Any,
+             device: str) -> dict[str, float]:
+    """``{"loss", "acc"}`` of ``model`` on ``dataset``, by the trainer's own evaluation (the one
+    that gave the validation loss the winner was selected on)."""
+    return runner(cfg).evaluate(task, cfg, model, dataset, device)
+
+
+def example(cfg: RunConfig, task: Task, model: nn.Module) -> tuple[nn.Module, Any]:
+    """A module taking one tensor (for the MLflow Model) and a validation input example."""
+    return runner(cfg).example(task, model)
