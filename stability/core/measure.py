@@ -119,10 +119,16 @@ def measure(params: Iterable[nn.Parameter], clip: ClipConfig,
     elif clip.enabled and bool(torch.isfinite(pre)):
         post = clip_by_value_(grads, clip.clip_value)
     # One host read for the decision and everything logged (a device sync on CUDA).
-    loss_t = loss if isinstance(loss, torch.Tensor) else torch.zeros(())
-    pre_f, post_f, loss_f = torch.stack([pre, post, loss_t.detach().float().to(pre.device)
-                                         ]).tolist()
-    if not isinstance(loss, torch.Tensor):
+    if isinstance(loss, torch.Tensor):
+        pre_f, post_f, loss_f = torch.stack([pre, post, loss.detach().float().to(pre.device)
+                                             ]).tolist()
+    elif post is pre:
+        # Nothing clipped and no loss tensor (a trainer callback measuring only): the same
+        # float32 value read alone, without building and stacking a placeholder loss.
+        pre_f = post_f = pre.item()
+        loss_f = float(loss)
+    else:
+        pre_f, post_f = torch.stack([pre, post]).tolist()
         loss_f = float(loss)
     # A non-finite norm is exactly "some gradient element is inf/nan" (up to float32 overflow).
     finite = math.isfinite(pre_f)

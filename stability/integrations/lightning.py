@@ -46,7 +46,7 @@ import torch
 from stability.core.config import ClipConfig, PrecisionConfig
 from stability.core.precision import Precision
 from stability.core.sinks import StepSink
-from stability.integrations.recorder import RecordingCallback
+from stability.integrations.recorder import RecordingCallback, batch_samples
 
 
 def clip_of(trainer: pl.Trainer) -> ClipConfig:
@@ -110,6 +110,9 @@ class StabilityCallback(RecordingCallback, pl.Callback):
                                    underflow_every=underflow_every)
         self._scaler: torch.amp.GradScaler | None = None
         self._scale_before = 1.0
+        # The losses of the window's micro-batches, unread: one host read per step, not one
+        # per micro-batch (a device sync each on CUDA).
+        self._losses: list[torch.Tensor | None] = []
         self._restored: dict[str, Any] | None = None  # from the trainer's checkpoint
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -120,6 +123,7 @@ class StabilityCallback(RecordingCallback, pl.Callback):
         standard = (type(pl_module).configure_gradient_clipping
                     is pl.LightningModule.configure_gradient_clipping)
         self.start_recorder(clip_of(trainer), pl_module, derive_norm_clip=standard)
+        self._losses = []
         # Lightning restores callbacks before on_fit_start
         if self._restored and self.recorder is not None:
             self.recorder.load_state_dict(self._restored)
@@ -163,18 +167,34 @@ class StabilityCallback(RecordingCallback, pl.Callback):
         """Add the micro-batch's loss; after a step, its record (the scheduler has stepped)."""
         assert self.recorder is not None
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        # Lightning divided it by accumulate_grad_batches; the record holds the mean loss.
-        self.add_micro_batch(float(loss) * trainer.accumulate_grad_batches
-                             if isinstance(loss, torch.Tensor) else 0.0, batch)
+        self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else None)
+        self._samples += batch_samples(batch)
         if not self.recorder.stepping:
             return
         scaler = self._scaler
         skipped = scaler is not None and scaler.get_scale() < self._scale_before
-        total, micro, samples = self.take_window()
-        self.recorder.finish_step(_params(trainer.optimizers[0]), loss=float(total) / micro,
+        total, micro = self._take_losses(trainer.accumulate_grad_batches)
+        samples, self._samples = self._samples, 0
+        # the measured params are before_step's (the same optimizer step)
+        self.recorder.finish_step(None, loss=total / micro,
                                   skipped=skipped, micro_batches=micro, samples=samples)
         self.recorder.emit(scheduler_stepped=scheduler_position(trainer) > self._sched_before,
                            epoch=trainer.current_epoch + 1)
+
+    def _take_losses(self, accum: int) -> tuple[float, int]:
+        """The window's summed loss (each micro-batch's times ``accumulate_grad_batches``:
+        Lightning divided it, the record holds the mean) and its micro-batches, read from the
+        device at once; the next window starts empty."""
+        losses, self._losses = self._losses, []
+        tensors = [t for t in losses if t is not None]
+        if len(tensors) == 1:
+            values = iter([float(tensors[0])])
+        else:
+            values = iter(torch.stack(tensors).tolist() if tensors else [])
+        total = 0.0  # summed in the order, and with the arithmetic, of one read per batch
+        for t in losses:
+            total = total + (next(values) * accum if t is not None else 0.0)
+        return total, len(losses)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """After validation: the epoch's record with the logged validation metrics."""

@@ -57,6 +57,18 @@ class _Pending:
     step: int
     lr: float
     m: Measurement
+    params: list[nn.Parameter]  # what was measured: a measured post-clip norm reads them again
+
+
+def _with_scheduler_stepped(log: StepLog, stepped: int) -> TrainerStepLog:
+    """``log`` as a ``TrainerStepLog`` with ``scheduler_stepped``: the same field values as
+    ``TrainerStepLog(**vars(log), scheduler_stepped=stepped)``, without running the frozen
+    dataclass's ``__init__`` a second time per step (one ``object.__setattr__`` per field).
+    ``StepLog`` has no ``__slots__``: its fields are its ``__dict__``."""
+    out = object.__new__(TrainerStepLog)
+    out.__dict__.update(vars(log))
+    out.__dict__["scheduler_stepped"] = stepped
+    return out
 
 
 class StepRecorder:
@@ -103,9 +115,10 @@ class StepRecorder:
         """The unscaled gradients, before the trainer clips them: pre-clip norm, finiteness,
         the loss scale of this step's backward (and the fp16 underflow share when sampled)."""
         step = self.meter.begin()
+        params = list(params)
         m = measure(params, MEASURE_ONLY, scaler, model=self.model,
                     sample_underflow=self.meter.samples_underflow(step))
-        self._pending = _Pending(step, float(lr), m)
+        self._pending = _Pending(step, float(lr), m, params)
 
     @property
     def stepping(self) -> bool:
@@ -132,7 +145,7 @@ class StepRecorder:
         grads = [q.grad for q in params if q.grad is not None]
         return float(grad_global_norm(grads)) if grads else 0.0
 
-    def finish_step(self, params: Iterable[nn.Parameter], *, loss: float, skipped: bool,
+    def finish_step(self, params: Iterable[nn.Parameter] | None, *, loss: float, skipped: bool,
                     micro_batches: int, samples: int, post: float | None = None) -> StepLog:
         """The trainer stepped (or skipped): the post-clip norm, the step's ``StepLog``.
 
@@ -141,7 +154,7 @@ class StepRecorder:
         chance to advance its LR scheduler).
 
         Args:
-            params: the optimized parameters.
+            params: the optimized parameters (None: those ``before_step`` measured).
             loss: the step's loss (the mean over its micro-batches, as the trainer defines it).
             skipped: the trainer did not apply the update (the GradScaler found inf/nan).
             micro_batches: micro-batches accumulated into the step.
@@ -154,7 +167,7 @@ class StepRecorder:
         if not m.finite or skipped:
             post = m.grad_l2_pre_clip
         elif post is None:
-            post = self._post_clip_norm(p.m, params)
+            post = self._post_clip_norm(p.m, p.params if params is None else params)
         reason = SkipReason.NONE
         if skipped:
             reason = (SkipReason.NONFINITE_LOSS if not math.isfinite(loss)
@@ -179,7 +192,7 @@ class StepRecorder:
             epoch: the 1-based epoch.
         """
         assert self._finished is not None, "emit without finish_step"
-        log = TrainerStepLog(**vars(self._finished), scheduler_stepped=int(scheduler_stepped))
+        log = _with_scheduler_stepped(self._finished, int(scheduler_stepped))
         self._finished = None
         self.scheduler_steps_on_skip += int(log.skipped and scheduler_stepped)
         for sink in self.sinks:
@@ -293,6 +306,9 @@ def batch_samples(batch: Any) -> int:
     size of its first tensor (0 when it holds none)."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, list | tuple) and batch and isinstance(batch[0], torch.Tensor):
+        # the common (inputs, targets): no Mapping check (an ABC isinstance) on every step
+        return batch_samples(batch[0]) or batch_samples(batch[1:])
     if isinstance(batch, Mapping):  # dict, HF BatchEncoding
         batch = list(batch.values())
     if isinstance(batch, list | tuple):
