@@ -267,3 +267,43 @@ def test_an_hf_train_resumed_from_its_checkpoint_writes_the_same_files(tmp_path:
         whole = (tmp_path / "whole" / name).read_bytes()
         assert (tmp_path / "resumed" / name).read_bytes() == whole, name
     assert len(_rows(tmp_path / "whole" / "steps.csv")) == 36
+
+
+def test_a_killed_lightning_point_resumes_its_epoch_and_its_mlflow_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM in epoch 2 of 3 (after 2 of its steps were written), then the same point again:
+    one MLflow run, continued; steps.csv and layer_norms.csv byte-identical to a fit never
+    interrupted (cut back to the epoch-1 checkpoint, then written again); no resume files
+    left once it finished."""
+    pytest.importorskip("lightning.pytorch")
+    import mlflow
+
+    from stability.core.signals import Terminated
+    from tests.helpers import trainer_tasks
+
+    args = ("train.epochs=3", "seed=5", "train.accum_steps=2", "telemetry.per_layer=true")
+    run_job(_raw(tmp_path / "whole", LIGHTNING, *args, "tracking.enabled=false"))
+    raw = _raw(tmp_path / "run", LIGHTNING, *args, *_tracked(tmp_path))
+    monkeypatch.setitem(trainer_tasks.SIGTERM_AT, "epoch", 1)
+    monkeypatch.setitem(trainer_tasks.SIGTERM_AT, "batch", 5)  # 12 batches, accumulation 2
+    with pytest.raises(Terminated):
+        run_job(raw, in_sweep=True)
+    out = tmp_path / "run"
+    killed = _rows(out / "steps.csv")
+    assert [int(r["epoch"]) for r in killed] == [1] * 6 + [2] * 2
+    [run] = _runs(tmp_path)
+    assert run.info.status == "KILLED"
+    assert (out / "checkpoints" / "last.pt").exists()
+
+    monkeypatch.setitem(trainer_tasks.SIGTERM_AT, "epoch", None)
+    run_job(raw, in_sweep=True)
+    for name in ("steps.csv", "layer_norms.csv"):
+        assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    [again] = _runs(tmp_path)
+    assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
+    history = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(
+        run.info.run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(1, 19))  # each step once
+    assert again.data.metrics["optimizer_steps"] == 18
+    assert not list((out / "checkpoints").glob("last.pt")) + list(
+        (out / "checkpoints").glob("lightning-*"))

@@ -126,15 +126,30 @@ def restore(folder: str | Path, cfg: RunConfig, parts: Parts) -> Resume | None:
     load_states(parts.sinks, state["sinks"])
     rng = state["rng"]
     parts.shuffle.set_state(rng["shuffle"])
+    _set_global_rng(rng)
+    resume = _resume(state)
+    log.info("resuming after epoch %d (step %d) from %s", resume.epoch, resume.step,
+             Path(folder) / rundir.RESUME_NAME)
+    return resume
+
+
+def _set_global_rng(rng: dict[str, Any]) -> None:
     torch.set_rng_state(rng["torch"])
     if torch.cuda.is_available() and rng["cuda"]:
         torch.cuda.set_rng_state_all(rng["cuda"])
     np.random.set_state(_np_state(rng["numpy"]))
     random.setstate(_py_state(rng["python"]))
-    resume = _resume(state)
-    log.info("resuming after epoch %d (step %d) from %s", resume.epoch, resume.step,
-             Path(folder) / rundir.RESUME_NAME)
-    return resume
+
+
+def restore_rng(folder: str | Path, cfg: RunConfig) -> bool:
+    """Set the global random generators (torch, CUDA, numpy, python) to those ``folder``'s
+    checkpoint saved for ``cfg``: a loop that restores the rest itself (a trainer resumed from
+    its own checkpoint) draws what it would have drawn. False when there is none."""
+    state = _load(Path(folder), cfg)
+    if state is None:
+        return False
+    _set_global_rng(state["rng"])
+    return True
 
 
 def save(folder: str | Path, cfg: RunConfig, parts: Parts, epochs: list[EpochLog],

@@ -12,6 +12,14 @@ clip -> ``gradient_clip_val`` / ``gradient_clip_algorithm``, precision -> ``"32-
 ``"bf16-mixed"`` | a fp16 ``MixedPrecision`` plugin with our GradScaler settings (Lightning
 turns ``"16-mixed"`` on CPU into bf16), ``train.accum_steps`` -> ``accumulate_grad_batches``,
 ``train.epochs`` -> ``max_epochs``, ``seed`` -> ``seed_everything``, ``train.lr`` -> ``module(lr)``.
+
+Durable: after every epoch (its record written) ``EpochCheckpoint`` saves Lightning's own
+checkpoint (``checkpoints/lightning-epoch<N>.ckpt``: the module, optimizer, schedulers,
+scaler, loops and the callback's state) and then our resume point ``checkpoints/last.pt``
+(``core.checkpoint.save``: the run's identity, epochs, step and best). A point killed in a
+sweep is therefore resumed as our loop's are: ``claim`` keeps the folder, the ``TrackedRun``
+reopens the MLflow run its journal names, and the fit goes on from that epoch with Lightning's
+``ckpt_path`` (``steps.csv`` cut back to the checkpoint and continued).
 """
 
 from __future__ import annotations
@@ -27,17 +35,23 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from stability.core import checkpoint
 from stability.core.config import RunConfig
+from stability.core.rundir import RESUME_NAME
 from stability.core.sinks import StepSink
 from stability.core.task import SEALED_TEST, Task
 from stability.integrations.lightning import StabilityCallback, trainer_settings
 from stability.integrations.study import Fit
 
 REQUIRED = ("module", "datamodule", SEALED_TEST)
+LIGHTNING_CKPT = "checkpoints/lightning-epoch{epoch}.ckpt"  # Lightning's, beside last.pt
 EXAMPLE_ROWS = 5
 # What a fit in a study leaves to us: no logger, no checkpoint of its own, no progress bar.
 QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
          "enable_model_summary": False}
+
+
+log = logging.getLogger(__name__)
 
 
 def _quiet() -> None:
@@ -52,9 +66,81 @@ def check(task: Task, cfg: RunConfig, device: str) -> None:
     trainer_settings(cfg.clip, cfg.precision, cfg.train.accum_steps, device)
 
 
+class _Steps:
+    """The ``trainer`` part of our resume point: the optimizer steps taken."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.steps}
+
+
+class EpochCheckpoint(pl.Callback):
+    """After each epoch's record: Lightning's checkpoint, then our ``last.pt`` naming its epoch.
+
+    Listed after the ``StabilityCallback`` (Lightning calls callbacks in order), so the
+    checkpoint holds the callback's state with this epoch's record. Each file is written under
+    a temporary name and renamed; the older Lightning checkpoint is removed only after
+    ``last.pt`` names the new one, so a kill at any point leaves a pair that belongs together.
+    """
+
+    def __init__(self, folder: Path, cfg: RunConfig, callback: StabilityCallback,
+                 resuming: bool = False) -> None:
+        self.folder, self.cfg, self.callback = folder, cfg, callback
+        self.resuming = resuming
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A resumed fit: the random generators as they were at the checkpoint (Lightning's
+        checkpoint does not hold them), so the next epoch shuffles as it would have: the
+        fit loop creates that epoch's loader iterator (the draws) after this hook and after
+        the sanity check (``FitLoop.setup_data``)."""
+        if self.resuming:
+            checkpoint.restore_rng(self.folder, self.cfg)
+
+    def on_sanity_check_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The sanity check's loader drew from the generators: set them back."""
+        self.on_fit_start(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Save both checkpoints of the epoch just recorded."""
+        rec = self.callback.recorder
+        if rec is None or trainer.sanity_checking:
+            return
+        epoch = trainer.current_epoch + 1
+        path = self.folder / LIGHTNING_CKPT.format(epoch=epoch)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        trainer.save_checkpoint(tmp)
+        tmp.replace(path)
+        parts = checkpoint.Parts(model=pl_module, optimizer=trainer.optimizers[0],
+                                 trainer=_Steps(rec.meter.step_count),
+                                 shuffle=torch.Generator(), sinks={})
+        checkpoint.save(self.folder, self.cfg, parts, rec.epochs,
+                        (rec.best_val_loss, rec.best_epoch, rec.best_val_acc), {})
+        for old in self.folder.glob(LIGHTNING_CKPT.format(epoch="*")):
+            if old != path:
+                old.unlink(missing_ok=True)
+
+
+def resume_path(folder: Path, cfg: RunConfig) -> Path | None:
+    """Lightning's checkpoint of the epoch our ``last.pt`` in ``folder`` names for ``cfg``
+    (None: no resume point of this config and seed, or its Lightning checkpoint is gone)."""
+    resume = checkpoint.peek(folder, cfg)
+    if resume is None:
+        return None
+    path = folder / LIGHTNING_CKPT.format(epoch=resume.epoch)
+    if not path.exists():
+        log.warning("%s names epoch %d but %s is missing: the fit starts over",
+                    folder / RESUME_NAME, resume.epoch, path)
+        return None
+    return path
+
+
 def prepare(task: Task, cfg: RunConfig, device: str, folder: Path,
             sinks: list[StepSink]) -> Fit:
-    """The fit of one point: the seeded module, the callback, ``Trainer.fit``."""
+    """The fit of one point: the seeded module, the callbacks, ``Trainer.fit`` (from the
+    point's last epoch checkpoint when it was killed before)."""
     _quiet()
     settings = trainer_settings(cfg.clip, cfg.precision, cfg.train.accum_steps, device)
     pl.seed_everything(cfg.seed, verbose=False)
@@ -62,8 +148,20 @@ def prepare(task: Task, cfg: RunConfig, device: str, folder: Path,
     data = task.datamodule()
     cb = StabilityCallback(folder, per_layer=cfg.telemetry.per_layer, sinks=sinks,
                            underflow_every=cfg.monitor.underflow_every)
-    trainer = pl.Trainer(max_epochs=cfg.train.epochs, callbacks=[cb], **QUIET, **settings)
-    return Fit(module, cb, lambda: trainer.fit(module, datamodule=data))
+    ckpt = resume_path(folder, cfg)
+    saver = EpochCheckpoint(folder, cfg, cb, resuming=ckpt is not None)
+    trainer = pl.Trainer(max_epochs=cfg.train.epochs, callbacks=[cb, saver], **QUIET, **settings)
+    if ckpt is not None:
+        log.info("resuming the fit from %s", ckpt)
+    return Fit(module, cb, lambda: trainer.fit(module, datamodule=data,
+                                               ckpt_path=None if ckpt is None else str(ckpt)),
+               lambda: _remove_checkpoints(folder))
+
+
+def _remove_checkpoints(folder: Path) -> None:
+    # The run ended (finished or diverged): nothing to resume, as our loop leaves it.
+    for path in folder.glob(LIGHTNING_CKPT.format(epoch="*")):
+        path.unlink(missing_ok=True)
 
 
 def rebuild(task: Task, cfg: RunConfig) -> nn.Module:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +220,8 @@ class StepRecorder:
         trainer's checkpoint: ``load_state_dict`` continues the files from there."""
         return {"meter": self.meter.state_dict(), "sinks": state_of(self._named_sinks()),
                 "best": [self.best_val_loss, self.best_epoch, self.best_val_acc],
-                "scheduler_steps_on_skip": self.scheduler_steps_on_skip}
+                "scheduler_steps_on_skip": self.scheduler_steps_on_skip,
+                "epochs": [asdict(e) for e in self.epochs]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state_dict``: ``steps.csv`` (and ``layer_norms.csv``) are cut back to
@@ -230,6 +231,8 @@ class StepRecorder:
         loss, epoch, acc = state["best"]
         self.best_val_loss, self.best_epoch, self.best_val_acc = float(loss), int(epoch), float(acc)
         self.scheduler_steps_on_skip = int(state["scheduler_steps_on_skip"])
+        # the epochs before the checkpoint (absent from a state saved before they were kept)
+        self.epochs = [EpochLog(**e) for e in state.get("epochs", [])]
 
     def close(self) -> None:
         """Close ``steps.csv`` and write the per-layer rows still held (idempotent)."""

@@ -55,6 +55,7 @@ class Fit:
     model: nn.Module
     callback: Any  # lightning.StabilityCallback | hf.StabilityCallback (``.recorder``)
     run: Callable[[], Any]
+    ended: Callable[[], None] = lambda: None  # the fit ended: remove its resume checkpoints
 
 
 def runner(cfg: RunConfig) -> ModuleType:
@@ -167,6 +168,9 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     (out / CHECKPOINT_NAME).parent.mkdir(parents=True, exist_ok=True)
     write_config(cfg, out / CONFIG_NAME)
     best = BestCheckpoint(out)
+    resume = checkpoint.peek(out, cfg)  # a point killed before (lightning_runner writes it)
+    if resume is not None:
+        best.best = resume.best[0]  # best.pt holds that epoch's weights already
     monitor = SkipRateMonitor(cfg.monitor)
     fit = module.prepare(task, cfg, device, out, [*sinks, best, monitor])
     best.model = fit.model
@@ -178,6 +182,9 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     finally:
         if fit.callback.recorder is not None:
             fit.callback.recorder.close()
+    # Finished or diverged: nothing to resume (a kill leaves the resume point, as our loop's)
+    fit.ended()
+    checkpoint.discard(out)
     rec = fit.callback.recorder
     summary: dict[str, Any] = rec.summary() | {
         "diverged": int(status == "diverged"), "skip_alerts": monitor.alerts,

@@ -8,6 +8,8 @@ imports without either.
 from __future__ import annotations
 
 import math
+import os
+import signal
 from typing import Any
 
 import torch
@@ -19,6 +21,11 @@ def _data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 4, generator=g)
     return x, (x.sum(1) > 0).float()
+
+
+# A test sets "epoch" (0-based) and "batch": training_step sends this process SIGTERM there,
+# as a sweep's worker being killed (outside the config, so the resumed run is the same point).
+SIGTERM_AT: dict[str, int | None] = {"epoch": None, "batch": None}
 
 
 class TinyLightningTask:
@@ -45,6 +52,8 @@ class TinyLightningTask:
                 return self.net(x)
 
             def training_step(self, batch: Any, i: int) -> torch.Tensor:
+                if (self.current_epoch, i) == (SIGTERM_AT["epoch"], SIGTERM_AT["batch"]):
+                    os.kill(os.getpid(), signal.SIGTERM)
                 x, y = batch
                 return nn.functional.binary_cross_entropy_with_logits(self(x).float(), y)
 
