@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from stability.tracking.contract import Kind, Tag
+from stability.tracking.contract import SCHEDULER_STEPS_ON_SKIP, Kind, Tag
 from tests.helpers.slurm import SlurmCluster
 from tests.helpers.stack import TeamStack
 
@@ -92,6 +92,37 @@ def test_a_slurm_sweep_runs_every_point_through_sbatch(env, client, slurm_cluste
     assert any(p.name.endswith("_submission.sh") for p in files)
     assert [str(p) for p in files if password.encode() in p.read_bytes()] == []
     print(f"{slurm_cluster.version()}: array {job} {tasks}")
+
+
+def test_a_lightning_task_sweeps_through_slurm_like_any_other(env, client, slurm_cluster,
+                                                             tmp_path: Path) -> None:
+    """The Lightning example (``trainer = "lightning"``) through the same sbatch job array:
+    every point trained by Lightning in its SLURM task, FINISHED in MLflow under the parent,
+    with the trainer's own telemetry (``scheduler_stepped`` in its summary)."""
+    pytest.importorskip("lightning.pytorch")
+    experiment = f"slurm-pl-{uuid.uuid4().hex[:8]}"
+    folder = PROJECT / "examples" / "lightning_task"
+    # the example's module (spirals.py) is imported by the tasks: on their PYTHONPATH
+    node = env | {"PYTHONPATH": f"{PROJECT}:{folder}"}
+    cmd = sweep_cmd(experiment, tmp_path, "task=spirals", "train.epochs=1", "seed=0,1")
+    cmd[2:2] = ["--config-dir", str(folder)]  # an option before the overrides (argparse)
+    cmd = [a for a in cmd if not a.startswith("data.")]  # the spiral task has its own data
+    done = subprocess.run(cmd, cwd=PROJECT, env=node, capture_output=True, text=True,
+                          timeout=400)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:] + slurm_cluster.log()
+    assert "[sweep] finished" in done.stdout
+    (parent,) = runs(client, experiment, Kind.SWEEP)
+    train = runs(client, experiment, Kind.TRAIN)
+    assert len(train) == 2, out[-4000:]
+    assert {r.info.status for r in train} == {"FINISHED"}, out[-4000:]
+    assert {r.data.tags["mlflow.parentRunId"] for r in train} == {parent.info.run_id}
+    assert {r.data.params["task._target_"] for r in train} == {"spirals.SpiralTask"}
+    assert all(SCHEDULER_STEPS_ON_SKIP in r.data.metrics for r in train)
+    (job,) = array_job_ids(tmp_path)
+    states = slurm_cluster.run("sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", job)
+    tasks = dict(line.split("|") for line in states.splitlines() if line)
+    assert set(tasks.values()) == {"COMPLETED"}, tasks
 
 
 def test_scancel_of_one_task_ends_its_run_killed_and_the_others_finish(
