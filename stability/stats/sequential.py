@@ -152,7 +152,8 @@ def start(batch: tuple[int, ...], levels: tuple[int, ...]) -> State:
     )
 
 
-def look(y: np.ndarray, state: State, plan: Plan, margin: float | np.ndarray) -> State:
+def look(y: np.ndarray, state: State, plan: Plan, margin: float | np.ndarray,
+         unfinished: np.ndarray | None = None) -> State:
     """Take the next look at ``y`` and decide what it can.
 
     Args:
@@ -163,6 +164,9 @@ def look(y: np.ndarray, state: State, plan: Plan, margin: float | np.ndarray) ->
         state: the state after the previous look (``start`` before the first).
         plan: the rounds and the error spending.
         margin: the equivalence margin (per study, or one for all).
+        unfinished: optional, like ``y``: which runs did not finish. As in the report, a
+            contrast that reads an unfinished run is never called equivalent (its loss is only
+            a floor).
 
     Returns:
         The new state: verdicts, levels still in play, and the configs the next round needs
@@ -188,6 +192,10 @@ def look(y: np.ndarray, state: State, plan: Plan, margin: float | np.ndarray) ->
         sd[..., j] = est.sd_seed
         p_diff[..., j] = fx.p_two_sided(est)
         p_equiv[..., j] = fx.p_equivalent(est, margin)
+        if unfinished is not None:
+            u, _ = _paired(unfinished[..., :n].astype(float), state.alive, lead, i, a, both=True)
+            p_equiv[..., j] = np.where((u.sum(axis=-1) * w).sum(axis=-1) > 0, 1.0,
+                                       p_equiv[..., j])
     # Holm at the look's share. A family sets aside only what *it* rejected (Maurer & Bretz):
     # a contrast decided by the other family, or given up, stays in with p = 1, so no level
     # is recycled from a hypothesis that was never rejected.
@@ -252,11 +260,11 @@ def run(y: np.ndarray, plan: Plan, margin: float | np.ndarray,
 
 
 def _paired(y: np.ndarray, alive: tuple[np.ndarray, ...], lead: int, i: int,
-            a: int) -> tuple[np.ndarray, np.ndarray]:
+            a: int, both: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Differences ``level a - level 0`` of factor ``i``, ``[batch..., cells, seed]``, and each
-    cell's weight (1 where every other factor's level is in play)."""
+    cell's weight (1 where every other factor's level is in play); ``both``: the sum instead."""
     ax = lead + i
-    d = np.take(y, a, ax) - np.take(y, 0, ax)
+    d = np.take(y, a, ax) + (1 if both else -1) * np.take(y, 0, ax)
     w = np.ones(d.shape[:-1], dtype=bool)
     for f, mask in enumerate(alive):
         if f == i:
