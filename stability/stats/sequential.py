@@ -113,6 +113,7 @@ class State:
             against level 0: the order of ``effects.study_verdicts``).
         decided_at: the look (1-based) that decided each contrast; 0 while undecided.
         mean: each contrast's latest estimate (over the levels in play at its last look).
+        se: its standard error (``seeds - 1`` degrees of freedom at that look).
         futile: per contrast, undecided and given up (``Plan.power``): it gets no more seeds.
         alive: per factor, which levels are still in play (level 0 always is).
         needed: per config (the factor axes), whether the next round gives it seeds.
@@ -122,6 +123,7 @@ class State:
     verdict: np.ndarray
     decided_at: np.ndarray
     mean: np.ndarray
+    se: np.ndarray
     futile: np.ndarray
     alive: tuple[np.ndarray, ...]
     needed: np.ndarray
@@ -145,6 +147,7 @@ def start(batch: tuple[int, ...], levels: tuple[int, ...]) -> State:
         verdict=np.zeros(batch + (m,), dtype=int),
         decided_at=np.zeros(batch + (m,), dtype=int),
         mean=np.full(batch + (m,), np.nan),
+        se=np.full(batch + (m,), np.nan),
         futile=np.zeros(batch + (m,), dtype=bool),
         alive=tuple(np.ones(batch + (n,), dtype=bool) for n in levels),
         needed=np.ones(batch + tuple(levels), dtype=bool),
@@ -184,11 +187,12 @@ def look(y: np.ndarray, state: State, plan: Plan, margin: float | np.ndarray,
     y = y[..., :n]
     pairs = contrasts(levels)
     open_ = (state.verdict == UNDECIDED) & ~state.futile
-    mean, sd, p_diff, p_equiv = (np.full(state.verdict.shape, np.nan) for _ in range(4))
+    mean, se, sd, p_diff, p_equiv = (np.full(state.verdict.shape, np.nan) for _ in range(5))
     for j, (i, a) in enumerate(pairs):
         d, w = _paired(y, state.alive, lead, i, a)
         est = _estimate(d, w)
         mean[..., j] = est.mean
+        se[..., j] = est.se
         sd[..., j] = est.sd_seed
         p_diff[..., j] = fx.p_two_sided(est)
         p_equiv[..., j] = fx.p_equivalent(est, margin)
@@ -210,6 +214,7 @@ def look(y: np.ndarray, state: State, plan: Plan, margin: float | np.ndarray,
     verdict = np.where(open_, code, state.verdict)
     decided_at = np.where(open_ & (code != UNDECIDED), kth + 1, state.decided_at)
     mean = np.where(open_, mean, state.mean)
+    se = np.where(open_, se, state.se)
     still = open_ & (verdict == UNDECIDED)
     futile = state.futile | (still & (_seeds_to_decide(mean, sd, margin, plan, still)
                                       > plan.max_seeds))
@@ -217,7 +222,7 @@ def look(y: np.ndarray, state: State, plan: Plan, margin: float | np.ndarray,
     last = kth + 1 == len(plan.looks)
     needed = (np.zeros_like(state.needed) if last
               else _needed(alive, (verdict == UNDECIDED) & ~futile, pairs, lead))
-    return State(verdict, decided_at, mean, futile, alive, needed, kth + 1)
+    return State(verdict, decided_at, mean, se, futile, alive, needed, kth + 1)
 
 
 def _seeds_to_decide(mean: np.ndarray, sd: np.ndarray, margin: np.ndarray, plan: Plan,
