@@ -225,7 +225,11 @@ def section(sp: Spending) -> list[str]:
               f" of the runs, {share:.0%} of the CPU-seconds.",
               "The interval is the plain 95% t interval at the deciding look (the last for an "
               "undecided contrast); the decisions themselves use the look's share of α with "
-              "Holm, so an interval may exclude 0 without a decision."]
+              "Holm, so an interval may exclude 0 without a decision.",
+              "**The verdicts that hold α for this sweep are the ones in this section.** The "
+              "\"Factor effects\" table and the answer re-test the final runs at the full α "
+              "as if the seeds had been fixed in advance, which adaptive seeding does not "
+              "justify (and they leave out cells a level that left did not fill)."]
     if sp.outside:
         lines.append(f"{sp.outside} run(s) of the sweep lie outside the plan's seeds and were "
                      "not read.")
