@@ -63,12 +63,17 @@ def test_verbose_brings_the_epoch_lines_back_to_the_terminal(tmp_path: Path) -> 
      "error: hydra.sweeper.progress_every_s=-1.0 is invalid: allowed values are a number of "
      "seconds >= 0"),
     ("hydra.sweeper.strategy=no.such.Strategy",
-     "error: hydra.sweeper.strategy=no.such.Strategy is invalid: allowed values are grid or an "
-     "importable class module.Class (called as Class(points, make))"),
+     "error: hydra.sweeper.strategy=no.such.Strategy is invalid: allowed values are grid, "
+     "adaptive or an importable class module.Class (called as Class(points, make))"),
+    ("hydra.sweeper.strategy=adaptive hydra.sweeper.adaptive.n0=1",
+     "error: hydra.sweeper.adaptive.n0=1 is invalid: allowed values are an integer >= 2"),
+    ("hydra.sweeper.strategy=adaptive hydra.sweeper.adaptive.margin=big",
+     "error: hydra.sweeper.adaptive.margin='big' is invalid: allowed values are a share of the "
+     "best config's mean loss (\"5%\") or a loss difference > 0"),
 ])
 def test_a_bad_progress_setting_is_one_line_and_exit_2(tmp_path: Path, override: str,
                                                        message: str) -> None:
-    done = sweep(tmp_path, override)
+    done = sweep(tmp_path, *override.split())
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stderr.strip() == message
     assert not (tmp_path / "mlflow.db").exists()  # nothing started

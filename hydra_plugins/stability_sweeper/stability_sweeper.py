@@ -10,6 +10,7 @@ cannot resolve string annotations.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
@@ -29,6 +30,7 @@ class StabilitySweeperConf:
     progress_every_s: float = 60.0
     verbose: bool = False
     strategy: str | None = None
+    adaptive: Any = None  # hydra.sweeper.adaptive: conf/hydra/sweeper/study.yaml
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="stability", node=StabilitySweeperConf,

@@ -25,6 +25,7 @@ from stability.report.fetch import Sweep
 from stability.report.health import summary_sentence
 from stability.report.plots import Figure
 from stability.report.select import SELECTION_RULE
+from stability.report.spending import Spending, section
 from stability.stats.paired import wilcoxon_min_p
 
 SUMMARY_COLUMNS = [
@@ -65,6 +66,7 @@ class ReportContext:
     loss_name: str = DEFAULT_LOSS_NAME  # the task's loss (``stability.loss_name``): table heads
     lr_curves: Sequence[lr.LrCurve] = ()  # when train.lr was swept (report/lr.py)
     lr_sentences: Sequence[str] = ()  # how each other factor moves the stable LR range
+    spending: Spending | None = None  # an adaptive sweep's rounds (report/spending.py)
 
 
 def fmt(x: float, digits: int = 4) -> str:
@@ -308,6 +310,8 @@ def render(ctx: ReportContext) -> str:
         "## Answer", "", *_answer(ctx), *_load_line(ctx), "",
         "## Factor effects (every run, seeds as blocks)", "", *_factor_section(ctx),
         *_lr_section(ctx),
+        *(["## How the study spent its runs", "", *section(ctx.spending)] if ctx.spending
+          else []),
         "## Selection rule", "", SELECTION_RULE + ".", "",
         "The test split played no part in the choice: it was opened only after selection, "
         "for the winner's seeds.", "",

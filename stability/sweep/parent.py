@@ -21,7 +21,7 @@ from stability.tracking.artifacts import upload_artifacts
 from stability.tracking.contract import Kind, Outcome, Tag, search_filter
 from stability.tracking.journal import now_ms
 from stability.tracking.orphans import end_stale_runs
-from stability.tracking.queries import finished_runs, point_of, points_of, search_all
+from stability.tracking.queries import finished_runs, point_of, search_all
 from stability.tracking.run import process_tag
 from stability.tracking.sync import sync_paths
 from stability.tracking.uri import (
@@ -154,7 +154,7 @@ class SweepRun:
 def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, unique: int,
                    arguments: Sequence[str], params: Mapping[str, Any],
                    resume: bool, sweep_dir: Path | None = None
-                   ) -> tuple[SweepRun, set[tuple[str, int]]]:
+                   ) -> tuple[SweepRun, dict[tuple[str, int], Recorded]]:
     """Check the store, create experiment and parent run; read what is already done.
 
     Args:
@@ -170,7 +170,8 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
             experiment without heartbeat are ended as KILLED.
 
     Returns:
-        The parent run and the finished points to skip.
+        The parent run and the finished points to skip, with what each recorded (a strategy
+        that plans from results reads them: ``Recorded``).
 
     Raises:
         TrackingError: an HTTP tracking server does not answer.
@@ -184,7 +185,7 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
     stale = end_stale_runs(uri, tracking.experiment, tracking.stale_after_s)
     # One read serves resume (what is done) and scheduling (how long each kind of job took).
     finished = finished_runs(uri, tracking.experiment)
-    done = points_of(finished) if resume else set()
+    done = recorded_of(finished) if resume else {}
     c = client(uri)
     from mlflow.entities import Param  # after client(): it imports MLflow (lean)
 
@@ -202,6 +203,26 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
                      time.time(), synced, stale, observed_costs(finished))
     sweep.beat(tracking.heartbeat_s)
     return sweep, done
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a FINISHED training run recorded that a strategy plans with."""
+
+    best_val_loss: float | None
+    seconds: float | None  # ``wall_time_s``: one core per run, its training CPU-seconds
+
+
+def recorded_of(runs: Sequence[Any]) -> dict[tuple[str, int], Recorded]:
+    """``(fingerprint, seed) -> Recorded`` of FINISHED training runs; a point logged more than
+    once keeps its newest run (as the report does, ``report.fetch.fetch_runs``)."""
+    out: dict[tuple[str, int], Recorded] = {}
+    for r in sorted(runs, key=lambda r: r.info.start_time or 0):
+        key = point_of(r)
+        if key is not None:
+            m = r.data.metrics
+            out[key] = Recorded(m.get("best_val_loss"), m.get("wall_time_s"))
+    return out
 
 
 def resumable_folders(run: SweepRun, points: Sequence[Any]) -> dict[tuple[str, int], Path]:

@@ -19,8 +19,16 @@ from pathlib import Path
 from stability.core.config import ConfigError
 from stability.sweep.errors import SweepError
 from stability.sweep.grid import SweepPoint, override_key
-from stability.sweep.parent import SweepRun, open_sweep_run, override, resumable_folders
+from stability.sweep.parent import (
+    Recorded,
+    SweepRun,
+    open_sweep_run,
+    override,
+    recorded_of,
+    resumable_folders,
+)
 from stability.tracking.auth import AuthError, check_credentials, check_no_userinfo
+from stability.tracking.queries import finished_runs
 from stability.tracking.sync import sync_paths
 from stability.tracking.uri import TrackingError, redact_uri, resolve_tracking_uri
 
@@ -36,7 +44,28 @@ class Session:
     """The sweep's parent run (None: tracking disabled) and what the experiment already holds."""
 
     run: SweepRun | None = None
-    done: set[Key] = field(default_factory=set)  # FINISHED before this sweep (resume)
+    done: dict[Key, Recorded] = field(default_factory=dict)  # FINISHED before this sweep
+
+    def recorded(self) -> dict[Key, Recorded]:
+        """What every FINISHED training run of the experiment recorded, read now (a strategy
+        that plans from results reads its round's run times; {} without tracking or when the
+        store does not answer: the round's losses came back with its jobs)."""
+        if self.run is None:
+            return {}
+        try:
+            return recorded_of(finished_runs(self.run.uri, self.run.experiment))
+        except Exception as err:  # an outage: plan without run times rather than stop
+            log.warning("could not read the round's run times: %s", err)
+            return {}
+
+    def tag(self, tags: Mapping[str, str]) -> None:
+        """Set tags on the sweep's parent run (what a strategy records for the report)."""
+        if self.run is not None and tags:
+            from stability.tracking.uri import client
+
+            c = client(self.run.uri)
+            for k, v in tags.items():
+                c.set_tag(self.run.run_id, k, v)
 
     def resumable(self, todo: Sequence[SweepPoint]) -> dict[Key, Path]:
         """The folder each point of ``todo`` resumes in (its last KILLED run's checkpoint)."""

@@ -15,6 +15,8 @@ so each one is composed and validated like a grid point.
 
 A strategy is chosen with ``hydra.sweeper.strategy=<module.Class>`` (default: the grid). Its
 class is called as ``Class(points, make)``: the grid's points and the point maker.
+``hydra.sweeper.strategy=adaptive`` is ``adaptive.AdaptiveStrategy`` (seeds where a factor's
+verdict is still open), called with ``hydra.sweeper.adaptive``'s settings as well.
 """
 
 from __future__ import annotations
@@ -44,12 +46,16 @@ class PointResult:
     Attributes:
         point: the point (its overrides and config).
         status: one of ``STATUSES``.
-        best_val_loss: the run's best validation loss; None unless ``status`` is finished.
+        best_val_loss: the run's best validation loss; None unless ``status`` is finished or
+            skipped (then the recorded run's).
+        seconds: the run's recorded ``wall_time_s`` (one core per run: its training
+            CPU-seconds); None where the store does not hold it (yet).
     """
 
     point: SweepPoint
     status: str
     best_val_loss: float | None = None
+    seconds: float | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -113,6 +119,10 @@ def load_strategy(target: str | type | None) -> Callable[..., Strategy]:
     """
     if target is None or target in ("grid", GridStrategy):
         return GridStrategy
+    if target == "adaptive":  # imported here: adaptive builds on this module
+        from stability.sweep.adaptive import AdaptiveStrategy
+
+        return AdaptiveStrategy
     if isinstance(target, type):
         return target
     module, _, name = str(target).rpartition(".")
@@ -121,6 +131,7 @@ def load_strategy(target: str | type | None) -> Callable[..., Strategy]:
     except (ImportError, AttributeError):
         found = None
     if not isinstance(found, type):
-        raise ConfigError(f"hydra.sweeper.strategy={target} is invalid: allowed values are grid "
-                          "or an importable class module.Class (called as Class(points, make))")
+        raise ConfigError(f"hydra.sweeper.strategy={target} is invalid: allowed values are "
+                          "grid, adaptive or an importable class module.Class (called as "
+                          "Class(points, make))")
     return found

@@ -25,7 +25,7 @@ import logging
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -47,7 +47,13 @@ from stability.sweep.parent import next_job_index
 from stability.sweep.progress import format_duration
 from stability.sweep.rounds import Launching, RoundOutcome, run_round
 from stability.sweep.session import Session, open_session
-from stability.sweep.strategy import SKIPPED, PointResult, Strategy, load_strategy
+from stability.sweep.strategy import (
+    SKIPPED,
+    GridStrategy,
+    PointResult,
+    Strategy,
+    load_strategy,
+)
 from stability.tracking.uri import redact_uri, scrub_hydra_files
 
 log = logging.getLogger(__name__)
@@ -72,7 +78,10 @@ class StabilitySweeper(BasicSweeper):
         verbose: the jobs print their per-epoch lines to the terminal too (read by the jobs,
             ``stability.sweep.job``).
         strategy: how the sweep plans (``strategy.load_strategy``): None or ``grid`` for the
-            whole grid, else a class ``module.Class`` (or the class itself).
+            whole grid, ``adaptive`` for seeds where a verdict is open (``adaptive``), else a
+            class ``module.Class`` (or the class itself).
+        adaptive: ``hydra.sweeper.adaptive``: the adaptive strategy's settings
+            (``adaptive.Settings``; read only with ``strategy=adaptive``).
 
     Attributes:
         say: where the sweeper's lines go (default: this module's log; the CLI prints them).
@@ -82,7 +91,8 @@ class StabilitySweeper(BasicSweeper):
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None,
                  resume: bool = True, dry_run: bool = False, progress: str = "auto",
                  progress_every_s: float = 60.0, verbose: bool = False,
-                 strategy: str | type | None = None) -> None:
+                 strategy: str | type | None = None,
+                 adaptive: Mapping[str, Any] | None = None) -> None:
         # Not BasicSweeper.__init__: its ``super(BasicSweeper, self)`` breaks when Hydra's plugin
         # scan re-executes that module after this class was defined (it rebinds the name).
         Sweeper.__init__(self)
@@ -99,6 +109,7 @@ class StabilitySweeper(BasicSweeper):
         self.progress_every_s = progress_every_s
         self.verbose = verbose
         self.strategy = strategy
+        self.adaptive = dict(adaptive or {})
         self.grid: dict[str, str] = {}
         self.say: Callable[[str], None] = log.info
         self.stream: TextIO | None = None
@@ -191,6 +202,7 @@ class StabilitySweeper(BasicSweeper):
         except ConfigError as err:
             raise SweepError(str(err), 2) from None
         make_strategy = self.strategy_class()
+        options = self.strategy_options(make_strategy)
         if not self.verbose:
             for name in LAUNCHER_LOGGERS:
                 logging.getLogger(name).setLevel(logging.WARNING)
@@ -202,13 +214,18 @@ class StabilitySweeper(BasicSweeper):
             for p in points:
                 self.say(f"would run: {' '.join(p.overrides)}")
             return []
-        strategy = make_strategy(points, self.make_point)
+        try:
+            strategy = make_strategy(points, self.make_point, *options)
+        except ConfigError as err:
+            raise SweepError(str(err), 2) from None
         batch = dedupe(strategy.initial())
+        self._relay(strategy)
         sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         sweep_dir = Path(self.config.hydra.sweep.dir)
         scrub_hydra_files(sweep_dir)
         session = open_session(batch, grid_size, sweep_id, arguments, self.grid, self.resume,
                                sweep_dir)
+        session.tag(getattr(strategy, "tags", dict)())
         state_dir = sweep_dir / f".pool-{sweep_id}"  # stop file, jobs' start marks (pool)
         how = Launching(self.launcher, self._streams(), self.batch_size(), self.batch_size(),
                         self._job_dirs_known(), sweep_dir, state_dir, sweep_id, self.progress,
@@ -237,9 +254,9 @@ class StabilitySweeper(BasicSweeper):
                               rounds[-1])
                     if stop.requested:
                         raise stop.exception()
-                    results = rounds[-1].results + [PointResult(p, SKIPPED) for p in batch
-                                                    if p.key in session.done]
+                    results = self._results(strategy, session, rounds[-1], batch)
                     batch = dedupe(strategy.next(results) or [])
+                    self._relay(strategy)
             status = "FINISHED"
         except (KeyboardInterrupt, Terminated):  # the CLI exits with 128 + the signal
             status = "KILLED"
@@ -249,6 +266,43 @@ class StabilitySweeper(BasicSweeper):
             self._summary(session, status, grid_size, len(seen) or len(points), skipped,
                           rounds, sweep_dir, time.time() - started)
         return [r.returns for r in rounds]
+
+    def strategy_options(self, make_strategy: Callable[..., Strategy]) -> tuple[Any, ...]:
+        """Extra arguments of the strategy's class: the adaptive settings, validated up front.
+
+        Raises:
+            SweepError: a bad ``hydra.sweeper.adaptive`` key or value (exit 2).
+        """
+        from stability.sweep.adaptive import AdaptiveStrategy, Settings
+
+        if make_strategy is not AdaptiveStrategy:
+            return ()
+        try:
+            return (Settings.of(self.adaptive),)
+        except ConfigError as err:
+            raise SweepError(str(err), 2) from None
+
+    def _results(self, strategy: Strategy, session: Session, outcome: RoundOutcome,
+                 batch: Sequence[SweepPoint]) -> list[PointResult]:
+        """The round's results for ``strategy.next``: launched points as they ended, points
+        FINISHED before the sweep with their recorded loss, run times read from the store
+        (not for the grid: it plans nothing from them)."""
+        if isinstance(strategy, GridStrategy):
+            return outcome.results + [PointResult(p, SKIPPED) for p in batch
+                                      if p.key in session.done]
+        now = session.recorded()
+        out = [replace(r, seconds=now[r.point.key].seconds) if r.point.key in now else r
+               for r in outcome.results]
+        for p in batch:
+            if p.key in session.done:
+                rec = session.done[p.key]
+                out.append(PointResult(p, SKIPPED, rec.best_val_loss, rec.seconds))
+        return out
+
+    def _relay(self, strategy: Strategy) -> None:
+        """Say what the strategy has to say (``lines()``, where it has any)."""
+        for line in getattr(strategy, "lines", list)():
+            self.say(line)
 
     def _durability(self, session: Session, todo: Sequence[SweepPoint], sweep_dir: Path,
                     first: bool) -> tuple[dict[tuple[str, int], Path], int]:

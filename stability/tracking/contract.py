@@ -80,6 +80,8 @@ class Tag:
     PROCESS = "stability.process"  # "<host>:<pid>" of the process that trains the run
     OUTPUT_DIR = "stability.output_dir"  # the run folder (steps.csv, journal, checkpoints)
     LOSS_NAME = "stability.loss_name"  # what the task's loss is ("BCE", "MSE"): axis labels
+    STRATEGY = "stability.strategy"  # on a sweep's parent: how it planned (absent: the grid)
+    ADAPTIVE_PLAN = "stability.adaptive_plan"  # on an adaptive sweep's parent: its settings (JSON)
 
 
 # Per optimizer step (MLflow step = optimizer step): the steps.csv column names.

@@ -1,0 +1,251 @@
+"""How an adaptive study spent its runs: its rounds, what each look decided, what it cost.
+
+An adaptive sweep (``hydra.sweeper.strategy=adaptive``, ``stability.sweep.adaptive``) records
+its settings on its parent run (``Tag.ADAPTIVE_PLAN``). The report replays the very looks the
+sweep took (``stability.stats.looks.replay`` on the sweep's runs): a run's round is the look
+whose seeds it added (seed index in ``[n_{k-1}, n_k)``), so nothing per run needs recording and
+a tag a teammate's run got wrong cannot change the story. Everything read back is data: the
+plan is parsed into numbers and bounded, labels go through the report's escaping.
+
+Costs: a run's training CPU-seconds are its ``wall_time_s`` (one core per run, the sweep's
+default ``train.threads=1``). The fixed grid the study is set against gives every config
+``max_seeds`` seeds; its cost is each config's mean run times ``max_seeds``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from scipy import stats  # noqa: E402
+
+from stability.report import factors as fa  # noqa: E402
+from stability.report.decision import level_name  # noqa: E402
+from stability.report.plots import Figure  # noqa: E402
+from stability.stats import looks  # noqa: E402
+from stability.stats import sequential as sq  # noqa: E402
+from stability.tracking.contract import Tag  # noqa: E402
+
+MAX_SEEDS_READ = 1000  # a recorded plan beyond this is not believed (arrays are sized by it)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One contrast's verdict: when, and on what evidence (a plain 95% t interval)."""
+
+    contrast: str
+    verdict: str
+    look: int  # 0: never decided (undecided at the end)
+    seeds: int
+    mean: float
+    low: float
+    high: float
+    futile_at: int = 0  # the look that gave it up (0: never)
+
+
+@dataclass(frozen=True)
+class RoundSpent:
+    """One round: the seeds it brought its configs to, its runs and their CPU-seconds."""
+
+    round: int
+    seeds: int
+    configs: int
+    runs: int
+    cpu_s: float
+    looked: bool  # the look after it was taken (every needed config had its seeds)
+    decided: tuple[Decision, ...] = ()
+
+
+@dataclass(frozen=True)
+class Spending:
+    """The section's content (``analyse``)."""
+
+    plan: sq.Plan
+    margin: float
+    rounds: tuple[RoundSpent, ...]
+    decisions: tuple[Decision, ...]
+    runs: int
+    cpu_s: float
+    fixed_runs: int
+    fixed_cpu_s: float
+    outside: int  # runs of the sweep outside the plan's seeds (not read)
+    seeds: pd.DataFrame = field(default_factory=pd.DataFrame)  # config x round: seeds added
+
+
+def plan_of(tags: Mapping[str, str]) -> tuple[sq.Plan, str | float, int] | None:
+    """The adaptive plan a sweep's parent recorded; None for any other sweep.
+
+    Raises:
+        ValueError: the recorded plan does not parse or is out of bounds.
+    """
+    if tags.get(Tag.STRATEGY) != "adaptive":
+        return None
+    raw = json.loads(tags.get(Tag.ADAPTIVE_PLAN) or "{}")
+    plan = sq.Plan(n0=int(raw["n0"]), step=int(raw["step"]), max_seeds=int(raw["max_seeds"]),
+                   alpha=float(raw["alpha"]), power=float(raw["power"]))
+    if plan.max_seeds > MAX_SEEDS_READ:
+        raise ValueError(f"max_seeds {plan.max_seeds} > {MAX_SEEDS_READ}")
+    margin = raw.get("margin", "5%")
+    if not isinstance(margin, str | int | float) or isinstance(margin, bool):
+        raise ValueError(f"margin {margin!r}")
+    if isinstance(margin, str) and not margin.strip().endswith("%"):
+        margin = float(margin)
+    return plan, margin, int(raw.get("base_seed", 0))
+
+
+def analyse(runs: pd.DataFrame, configs: pd.DataFrame, plan: sq.Plan, margin: str | float,
+            base_seed: int) -> Spending:
+    """Replay the sweep's looks on its runs and count what each round spent."""
+    table, factors = fa.design(runs, configs)
+    shape = tuple(len(f.levels) for f in factors)
+    width = plan.max_seeds
+    loss, ran, secs = np.full(shape + (width,), np.nan), np.zeros(shape + (width,), bool), \
+        np.zeros(shape + (width,))
+    wall = pd.to_numeric(runs.get("wall_time_s", pd.Series(math.nan, index=runs.index)),
+                         errors="coerce").reindex(table.index)
+    cell = {}
+    outside = 0
+    for i, row in table.iterrows():
+        k = int(row["seed"]) - base_seed
+        if not 0 <= k < width:
+            outside += 1
+            continue
+        at = tuple(f.levels.index(row[f.name]) for f in factors)
+        cell[row["fingerprint"]] = at
+        ran[at + (k,)] = True
+        loss[at + (k,)] = row["loss"] if row["finished"] else np.nan
+        secs[at + (k,)] = wall[i] if math.isfinite(wall[i]) else 0.0
+    rep = looks.replay(loss, ran, plan, margin)
+    pairs = sq.contrasts(shape)
+    names = [f"{level_name(factors[i].name, factors[i].levels[a])} vs "
+             f"{level_name(factors[i].name, factors[i].reference)}" for i, a in pairs]
+    decisions = _decisions(rep, plan, names)
+    bounds = (0, *plan.looks)
+    rounds, added = [], {}
+    labels = configs.set_index("fingerprint")["label"]
+    for r in range(len(plan.looks)):
+        lo, hi = bounds[r], bounds[r + 1]
+        got = ran[..., lo:hi]
+        if not got.any():
+            break
+        added[r + 1] = {fp: int(got[at].sum()) for fp, at in cell.items()}
+        rounds.append(RoundSpent(r + 1, hi, int(got.any(axis=-1).sum()), int(got.sum()),
+                                 float(secs[..., lo:hi][got].sum()), r < len(rep.states),
+                                 tuple(d for d in decisions if d.look == r + 1)))
+    per_config = np.where(ran.sum(-1) > 0, secs.sum(-1) / np.maximum(ran.sum(-1), 1), np.nan)
+    seeds = pd.DataFrame(added).rename(index=lambda fp: str(labels.get(fp, fp))).sort_index()
+    return Spending(plan, rep.margin, tuple(rounds), tuple(decisions), int(ran.sum()),
+                    float(secs[ran].sum()), int(np.prod(shape)) * width,
+                    float(np.nansum(per_config) * width), outside, seeds)
+
+
+def _decisions(rep: looks.Replay, plan: sq.Plan, names: list[str]) -> list[Decision]:
+    if not rep.states:
+        return []
+    last = rep.states[-1]
+    out = []
+    for j, name in enumerate(names):
+        at = int(last.decided_at[j]) or len(rep.states)
+        n = plan.looks[at - 1]
+        half = stats.t.ppf(0.975, n - 1) * last.se[j]
+        futile = next((k + 1 for k, s in enumerate(rep.states) if s.futile[j]), 0)
+        out.append(Decision(name, sq.VERDICTS[last.verdict[j]], int(last.decided_at[j]), n,
+                            float(last.mean[j]), float(last.mean[j] - half),
+                            float(last.mean[j] + half), futile))
+    return out
+
+
+def figure(sp: Spending, folder: Path) -> Figure | None:
+    """Seeds per config, stacked by the round that added them."""
+    if sp.seeds.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.22 * len(sp.seeds) + 2), 4.2))
+    bottom = np.zeros(len(sp.seeds))
+    for r in sp.seeds.columns:
+        ax.bar(range(len(sp.seeds)), sp.seeds[r], bottom=bottom, label=f"round {r}")
+        bottom += sp.seeds[r].to_numpy()
+    ax.axhline(sp.plan.max_seeds, color="grey", linestyle="--", linewidth=1,
+               label=f"fixed grid ({sp.plan.max_seeds} seeds)")
+    ax.set_xticks(range(len(sp.seeds)), sp.seeds.index, rotation=90, fontsize=6)
+    ax.set(ylabel="seeds", title="Seeds per config, by the round that added them")
+    ax.legend(fontsize=7)
+    folder.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(folder / "adaptive_seeds.png", dpi=110)
+    plt.close(fig)
+    return Figure("adaptive_seeds.png", "Seeds per config over rounds",
+                  "Each bar is a config; its segments are the seeds each round added. A config "
+                  "stops getting seeds when every contrast it is read by is decided or given up, "
+                  "or its level was decided to hurt.")
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(" ".join(str(c).split()).replace("|", "\\|") for c in cells) + " |"
+
+
+def _num(x: float) -> str:
+    return "—" if not math.isfinite(x) else f"{x:+.4f}"
+
+
+def section(sp: Spending) -> list[str]:
+    """The report's "How the study spent its runs" lines (markdown)."""
+    p = sp.plan
+    lines = [f"An adaptive study (`hydra.sweeper.strategy=adaptive`): every config got {p.n0} "
+             f"seeds, then {p.step} more per round only where a contrast it is read by was "
+             f"still undecided, up to {p.max_seeds}; looks at {', '.join(map(str, p.looks))} "
+             f"seeds, α = {p.alpha} spent over them (Holm over the contrasts at each look), "
+             f"equivalence margin ±{sp.margin:.4g} fixed at the first look (docs/sweeps.md, "
+             "\"Adaptive studies\"). Replayed here from the sweep's runs.", "",
+             _row(["round", "seeds per needed config", "configs run", "runs", "CPU-s",
+                   "decided at its look"]), "|" + "---|" * 6]
+    for r in sp.rounds:
+        said = "; ".join(f"{d.contrast} **{d.verdict}**" for d in r.decided) or (
+            "nothing" if r.looked else "no look (a needed config lacks seeds)")
+        lines.append(_row([str(r.round), str(r.seeds), str(r.configs), str(r.runs),
+                           f"{r.cpu_s:.0f}", said]))
+    lines += ["", _row(["contrast", "verdict", "decided at look", "seeds", "effect",
+                        "95% CI (plain t)", "given up at look"]), "|" + "---|" * 7]
+    for d in sp.decisions:
+        lines.append(_row([d.contrast, d.verdict, str(d.look or "—"), str(d.seeds), _num(d.mean),
+                           f"[{_num(d.low)}, {_num(d.high)}]", str(d.futile_at or "—")]))
+    share = sp.cpu_s / sp.fixed_cpu_s if sp.fixed_cpu_s > 0 else math.nan
+    lines += ["", f"Spent {sp.runs} runs and {sp.cpu_s:.0f} training CPU-seconds (the runs' "
+              f"`wall_time_s`, one core each); the fixed grid with {p.max_seeds} seeds per "
+              f"config would have taken {sp.fixed_runs} runs and about {sp.fixed_cpu_s:.0f} "
+              f"CPU-seconds (each config's mean run × {p.max_seeds}): {sp.runs / sp.fixed_runs:.0%}"
+              f" of the runs, {share:.0%} of the CPU-seconds.",
+              "The interval is the plain 95% t interval at the deciding look (the last for an "
+              "undecided contrast); the decisions themselves use the look's share of α with "
+              "Holm, so an interval may exclude 0 without a decision.",
+              "**The verdicts that hold α for this sweep are the ones in this section.** The "
+              "\"Factor effects\" table and the answer re-test the final runs at the full α "
+              "as if the seeds had been fixed in advance, which adaptive seeding does not "
+              "justify (and they leave out cells a level that left did not fill)."]
+    if sp.outside:
+        lines.append(f"{sp.outside} run(s) of the sweep lie outside the plan's seeds and were "
+                     "not read.")
+    return lines + [""]
+
+
+def of_sweep(c: object, parent_run_id: str | None, runs: pd.DataFrame, configs: pd.DataFrame,
+             notes: list[str]) -> Spending | None:
+    """The section's content for an adaptive sweep (None for any other); a plan that cannot
+    be read or replayed adds a line to ``notes`` instead of ending the report."""
+    if not parent_run_id:
+        return None
+    try:
+        found = plan_of(c.get_run(parent_run_id).data.tags)  # type: ignore[attr-defined]
+        return analyse(runs, configs, *found) if found else None
+    except Exception as err:  # data a teammate's sweep wrote: the report stands without it
+        notes.append(f"how the study spent its runs: not replayed ({type(err).__name__}: "
+                     f"{err})")
+        return None

@@ -1,0 +1,313 @@
+"""The adaptive study: seeds only where a factor's verdict is still open (``strategy=adaptive``).
+
+``python experiments/sweep.py -m hydra.sweeper.strategy=adaptive`` runs the grid's configs
+(the grid without its seed axis) in rounds. Round 1 gives every config ``n0`` seeds; after each
+round the main-effect verdicts are recomputed on every recorded run of the study
+(``stability.stats.looks`` replays ``stats.sequential``'s looks: alpha spending over looks,
+Holm over contrasts at each look), and the next round adds seeds only to the configs an
+undecided contrast reads. A level decided **hurts** leaves as a whole. The study stops when
+every contrast is decided (or given up for futility), at ``max_seeds``, or when the next round
+would overrun ``budget_runs`` or ``budget_cpu_s``.
+
+The plan is a pure function of the recorded results (``looks.replay``): a killed study re-run
+with the same command gets its finished runs back as ``skipped`` results with their recorded
+losses, replays the same looks and plans the same runs.
+
+Seeds: config ``c`` gets seeds ``base, base + 1, ...`` with ``base`` the grid's smallest seed;
+the grid's other seed values are not used. ``design`` is the adapter between sweep points
+and the arrays the statistics read: factor levels as the report names them (``clipping``:
+``off`` / ``max_norm 5``; any other swept key by its value, the reference first).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from stability.core.config import ConfigError
+from stability.stats import looks
+from stability.stats import sequential as sq
+from stability.sweep.grid import SweepPoint, override_key
+from stability.sweep.strategy import NOT_STARTED, PointMaker, PointResult, with_override
+from stability.tracking.contract import Tag
+
+KEY = "hydra.sweeper.adaptive"
+CLIP = "clipping"
+_REFERENCE_FIRST = {"precision": ("fp32", "bf16", "fp16")}  # the report's order (select.py)
+_NOT_FACTORS = ("seed", "tracking.", "output_dir", "device", "hydra.")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """``hydra.sweeper.adaptive.*`` (conf/hydra/sweeper/study.yaml documents each key)."""
+
+    n0: int = 3
+    step: int = 2
+    max_seeds: int = 9
+    alpha: float = 0.05
+    power: float = 0.8
+    margin: str | float = "5%"
+    budget_runs: int | None = None
+    budget_cpu_s: float | None = None
+
+    @classmethod
+    def of(cls, values: Mapping[str, object] | None) -> Settings:
+        """Validated settings from the sweeper's ``adaptive`` mapping.
+
+        Raises:
+            ConfigError: an unknown key or a bad value, one line naming the key and the
+                allowed values.
+        """
+        values = dict(values or {})
+        known = set(cls.__dataclass_fields__)
+        for k in values:
+            if k not in known:
+                raise ConfigError(f"{KEY}.{k} is unknown: allowed keys are "
+                                  f"{', '.join(sorted(known))}")
+
+        def whole(k: str, low: int, none: bool = False) -> None:
+            v = values.get(k)
+            if v is None and (none or k not in values):
+                return
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ConfigError(f"{KEY}.{k}={v!r} is invalid: allowed values are an integer "
+                                  f">= {low}" + (" or null" if none else ""))
+
+        whole("n0", 2)
+        whole("step", 1)
+        whole("max_seeds", 2)
+        whole("budget_runs", 1, none=True)
+        for k, low, high in (("alpha", 0, 1), ("power", 0, 1)):
+            v = values.get(k, 0.5)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not low < v < high:
+                raise ConfigError(f"{KEY}.{k}={v!r} is invalid: allowed values are "
+                                  f"{low} < {k} < {high}")
+        cpu = values.get("budget_cpu_s")
+        if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int | float)
+                                or not cpu > 0):
+            raise ConfigError(f"{KEY}.budget_cpu_s={cpu!r} is invalid: allowed values are "
+                              "seconds > 0 or null")
+        margin = values.get("margin", "5%")
+        if not _margin_ok(margin):
+            raise ConfigError(f"{KEY}.margin={margin!r} is invalid: allowed values are a share "
+                              "of the best config's mean loss (\"5%\") or a loss difference > 0")
+        out = cls(**values)
+        if out.max_seeds < out.n0:
+            raise ConfigError(f"{KEY}.max_seeds={out.max_seeds} is invalid: allowed values are "
+                              f"an integer >= n0 ({out.n0})")
+        return out
+
+    @property
+    def plan(self) -> sq.Plan:
+        """The rounds and error spending of ``stats.sequential``."""
+        return sq.Plan(n0=self.n0, step=self.step, max_seeds=self.max_seeds, alpha=self.alpha,
+                       power=self.power)
+
+    def to_json(self, base_seed: int) -> str:
+        """What the parent run records (``contract.Tag.ADAPTIVE_PLAN``): the report replays it."""
+        return json.dumps(asdict(self) | {"base_seed": base_seed}, sort_keys=True)
+
+
+def _margin_ok(m: object) -> bool:
+    if isinstance(m, str) and m.strip().endswith("%"):
+        try:
+            return 0 < float(m.strip()[:-1]) < 100
+        except ValueError:
+            return False
+    return not isinstance(m, bool) and isinstance(m, int | float) and m > 0
+
+
+@dataclass(frozen=True)
+class Design:
+    """The grid's configs as a full factorial: factor names, levels, each config's cell."""
+
+    factors: tuple[str, ...]
+    levels: tuple[tuple[str, ...], ...]
+    configs: tuple[SweepPoint, ...]  # one point per config (its first seed), grid order
+    cells: tuple[tuple[int, ...], ...]  # each config's level index per factor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Levels per factor."""
+        return tuple(len(v) for v in self.levels)
+
+
+def clip_level(p: SweepPoint) -> str:
+    """The clipping level as the report names it: ``off``, ``max_norm 5``, ``value 0.5``."""
+    c = p.cfg.clip
+    if not c.enabled:
+        return "off"
+    return f"value {c.clip_value:g}" if c.method == "value" else f"max_norm {c.max_norm:g}"
+
+
+def _order(name: str, level: str) -> tuple:
+    if name == CLIP:
+        return (level != "off", level.split()[0], float(level.split()[-1]) if level != "off"
+                else 0.0)
+    first = _REFERENCE_FIRST.get(name, ())
+    if level in first:
+        return (0, first.index(level), "")
+    try:
+        return (1, float(level), level)
+    except ValueError:
+        return (2, 0.0, level)
+
+
+def design(points: Sequence[SweepPoint]) -> Design:
+    """The factorial design of the grid's points (seeds ignored).
+
+    Raises:
+        ConfigError: the configs are not a full factorial, or no factor has two levels.
+    """
+    configs: dict[str, SweepPoint] = {}
+    for p in points:
+        configs.setdefault(p.fingerprint, p)
+    rows: list[dict[str, str]] = []
+    for p in configs.values():
+        row = {override_key(o): o.split("=", 1)[1] for o in p.overrides
+               if not override_key(o).startswith(("clip.", *_NOT_FACTORS))}
+        rows.append({CLIP: clip_level(p)} | row)
+    names = sorted({k for r in rows for k in r})
+    varying = [k for k in names if len({r.get(k) for r in rows}) > 1]
+    factors = tuple([CLIP] if CLIP in varying else []) + tuple(k for k in varying if k != CLIP)
+    levels = tuple(tuple(sorted({str(r.get(f)) for r in rows}, key=lambda v, f=f: _order(f, v)))
+                   for f in factors)
+    cells = tuple(tuple(lv.index(str(r.get(f))) for f, lv in zip(factors, levels, strict=True))
+                  for r in rows)
+    full = math.prod(len(v) for v in levels)
+    if not factors or len(set(cells)) != len(cells) or len(cells) != full:
+        raise ConfigError(
+            "hydra.sweeper.strategy=adaptive is invalid for this grid: allowed grids are a full "
+            f"factorial of at least one factor with two levels (got {len(cells)} configs over "
+            f"{' x '.join(str(len(v)) for v in levels) or 'no factor'})")
+    return Design(factors, levels, tuple(configs.values()), cells)
+
+
+class AdaptiveStrategy:
+    """Seeds where a verdict is open (see the module docstring).
+
+    Args:
+        points: the de-duplicated grid.
+        make: composes overrides into a point (new seeds of a config).
+        settings: ``hydra.sweeper.adaptive`` (``Settings.of``).
+
+    Raises:
+        ConfigError: the grid is not a full factorial, or ``budget_runs`` cannot pay round 1.
+    """
+
+    def __init__(self, points: Sequence[SweepPoint], make: PointMaker | None = None,
+                 settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        self.plan = self.settings.plan
+        self.design = design(points)
+        self.make = make
+        self.base_seed = min(p.cfg.seed for p in points)
+        self.fingerprints = {p.fingerprint: i for i, p in enumerate(self.design.configs)}
+        first = len(self.design.configs) * self.settings.n0
+        budget = self.settings.budget_runs
+        if budget is not None and budget < first:
+            raise ConfigError(f"{KEY}.budget_runs={budget} is invalid: allowed values are at "
+                              f"least the first round, {len(self.design.configs)} configs x "
+                              f"n0={self.settings.n0} = {first} runs")
+        self.loss: dict[tuple[int, int], float] = {}  # (config, seed index) -> loss or NaN
+        self.seconds: dict[tuple[int, int], float] = {}
+        self.replay: looks.Replay | None = None
+        self.stopped = ""  # why the study ended before its verdicts did ("" when they did)
+        self._lines: list[str] = []
+
+    def tags(self) -> dict[str, str]:
+        """What the sweep's parent run records about this strategy (the report reads it)."""
+        return {Tag.STRATEGY: "adaptive", Tag.ADAPTIVE_PLAN: self.settings.to_json(self.base_seed)}
+
+    def lines(self) -> list[str]:
+        """What the strategy has to say since last asked (the sweeper says it)."""
+        out, self._lines = self._lines, []
+        return out
+
+    def initial(self) -> list[SweepPoint]:
+        """Round 1: every config, seeds ``base .. base + n0 - 1``."""
+        self._lines.append(f"adaptive: {len(self.design.configs)} configs over "
+                           f"{' x '.join(map(str, self.design.shape))} "
+                           f"({', '.join(self.design.factors)}); round 1 gives each "
+                           f"{self.settings.n0} seeds, looks at {self.plan.looks} seeds")
+        return self._points(np.ones(self.design.shape + (self.settings.n0,), dtype=bool))
+
+    def next(self, results: Sequence[PointResult]) -> list[SweepPoint] | None:
+        """Record the round, replay the looks, and plan the runs the next look needs."""
+        for r in results:
+            c = self.fingerprints.get(r.fingerprint)
+            i = r.seed - self.base_seed
+            if c is None or not 0 <= i < self.plan.max_seeds or r.status == NOT_STARTED:
+                continue  # not started: not recorded, the next look asks for it again
+            ok = r.best_val_loss is not None and math.isfinite(r.best_val_loss)
+            self.loss[(c, i)] = float(r.best_val_loss) if ok else math.nan
+            if r.seconds is not None and math.isfinite(r.seconds):
+                self.seconds[(c, i)] = float(r.seconds)
+        loss, ran = self.arrays()
+        self.replay = looks.replay(loss, ran, self.plan, self.settings.margin)
+        self._lines += self._said()
+        if self.replay.done:
+            return None
+        todo = self.replay.missing
+        spent, cost = len(self.loss), int(todo.sum())
+        budget = self.settings.budget_runs
+        if budget is not None and spent + cost > budget:
+            self.stopped = f"budget_runs: the next round needs {cost} runs, {budget - spent} left"
+        elif self.settings.budget_cpu_s is not None:
+            used, more = self.cpu_seconds(todo)
+            if used + more > self.settings.budget_cpu_s:
+                self.stopped = (f"budget_cpu_s: the next round needs ~{more:.0f} CPU-s, "
+                                f"{self.settings.budget_cpu_s - used:.0f} left")
+        if self.stopped:
+            self._lines.append(f"adaptive: stopped, {self.stopped}")
+            return None
+        return self._points(todo)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(loss, ran)`` as ``[levels..., seed index]`` (NaN loss: unfinished or not run)."""
+        shape = self.design.shape + (self.plan.max_seeds,)
+        loss, ran = np.full(shape, np.nan), np.zeros(shape, dtype=bool)
+        for (c, i), v in self.loss.items():
+            loss[self.design.cells[c] + (i,)] = v
+            ran[self.design.cells[c] + (i,)] = True
+        return loss, ran
+
+    def cpu_seconds(self, todo: np.ndarray) -> tuple[float, float]:
+        """Seconds the recorded runs took, and an estimate for ``todo`` (each config's mean
+        run, else the study's; a run without a recorded time counts at its config's mean)."""
+        known = list(self.seconds.values())
+        overall = float(np.mean(known)) if known else 0.0
+        mean = {}
+        for c in range(len(self.design.configs)):
+            mine = [s for (cc, _), s in self.seconds.items() if cc == c]
+            mean[c] = float(np.mean(mine)) if mine else overall
+        used = sum(self.seconds.get(k, mean[k[0]]) for k in self.loss)
+        more = sum(mean[c] * int(todo[cell].sum()) for c, cell in enumerate(self.design.cells))
+        return used, more
+
+    def _points(self, want: np.ndarray) -> list[SweepPoint]:
+        assert self.make is not None or not want.any()
+        out = []
+        for p, cell in zip(self.design.configs, self.design.cells, strict=True):
+            for i in np.flatnonzero(want[cell]):
+                seed = self.base_seed + int(i)
+                out.append(p if p.cfg.seed == seed else
+                           self.make(with_override(p.overrides, "seed", seed)))  # type: ignore[misc]
+        return out
+
+    def _said(self) -> list[str]:
+        rep = self.replay
+        if rep is None or not rep.states:
+            return []
+        s = rep.states[-1]
+        words = [sq.VERDICTS[v] for v in s.verdict]
+        count = {w: words.count(w) for w in dict.fromkeys(words)}
+        line = (f"adaptive: look {s.looks} ({self.plan.looks[s.looks - 1]} seeds), margin "
+                f"{rep.margin:.4g}: " + ", ".join(f"{n} {w}" for w, n in count.items())
+                + f"; {int(s.futile.sum())} given up; {int(s.needed.sum())} configs need "
+                "more seeds")
+        return [line]
