@@ -39,12 +39,12 @@ from stability.sweep.display import Display
 from stability.sweep.eta import Eta
 from stability.sweep.grid import SweepPoint, chunks, dedupe, make_point
 from stability.sweep.progress import Progress, format_duration
+from stability.sweep.strategies import load_strategy
 from stability.sweep.strategy import (
     FINISHED,
     GridStrategy,
     PointResult,
     Strategy,
-    load_strategy,
     with_override,
 )
 from stability.sweep.sweeper import StabilitySweeper

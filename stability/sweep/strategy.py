@@ -13,7 +13,8 @@ adds seeds where the comparison is not yet decided (the statistics are in ``stab
 returns those new points from ``next``; it builds them with the ``PointMaker`` it was given,
 so each one is composed and validated like a grid point.
 
-A strategy is chosen with ``hydra.sweeper.strategy=<module.Class>`` (default: the grid). Its
+A strategy is chosen with ``hydra.sweeper.strategy=<module.Class>`` (default: the grid;
+``strategies.load_strategy``). Its
 class is called as ``Class(points, make)``: the grid's points and the point maker.
 ``hydra.sweeper.strategy=adaptive`` is ``adaptive.AdaptiveStrategy`` (seeds where a factor's
 verdict is still open), called with ``hydra.sweeper.adaptive``'s settings as well.
@@ -21,12 +22,10 @@ verdict is still open), called with ``hydra.sweeper.adaptive``'s settings as wel
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from stability.core.config import ConfigError
 from stability.sweep.grid import SweepPoint, override_key
 
 # Hydra overrides -> a validated point (irrelevant settings dropped, ``grid.make_point``).
@@ -109,29 +108,3 @@ def with_override(overrides: Sequence[str], key: str, value: object) -> list[str
     """
     kept = [o for o in overrides if override_key(o) != key]
     return [*kept, f"{key}={value}"]
-
-
-def load_strategy(target: str | type | None) -> Callable[..., Strategy]:
-    """The strategy class named by ``hydra.sweeper.strategy`` (None: ``GridStrategy``).
-
-    Raises:
-        ConfigError: the name does not import, or is not a class (names the key).
-    """
-    if target is None or target in ("grid", GridStrategy):
-        return GridStrategy
-    if target == "adaptive":  # imported here: adaptive builds on this module
-        from stability.sweep.adaptive import AdaptiveStrategy
-
-        return AdaptiveStrategy
-    if isinstance(target, type):
-        return target
-    module, _, name = str(target).rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module), name) if module else None
-    except (ImportError, AttributeError):
-        found = None
-    if not isinstance(found, type):
-        raise ConfigError(f"hydra.sweeper.strategy={target} is invalid: allowed values are "
-                          "grid, adaptive or an importable class module.Class (called as "
-                          "Class(points, make))")
-    return found

@@ -47,12 +47,12 @@ from stability.sweep.parent import next_job_index
 from stability.sweep.progress import format_duration
 from stability.sweep.rounds import Launching, RoundOutcome, run_round
 from stability.sweep.session import Session, open_session
+from stability.sweep.strategies import load_strategy
 from stability.sweep.strategy import (
     SKIPPED,
     GridStrategy,
     PointResult,
     Strategy,
-    load_strategy,
 )
 from stability.tracking.uri import redact_uri, scrub_hydra_files
 
@@ -77,7 +77,7 @@ class StabilitySweeper(BasicSweeper):
         progress_every_s: plain status lines at most this often (seconds).
         verbose: the jobs print their per-epoch lines to the terminal too (read by the jobs,
             ``stability.sweep.job``).
-        strategy: how the sweep plans (``strategy.load_strategy``): None or ``grid`` for the
+        strategy: how the sweep plans (``strategies.load_strategy``): None or ``grid`` for the
             whole grid, ``adaptive`` for seeds where a verdict is open (``adaptive``), else a
             class ``module.Class`` (or the class itself).
         adaptive: ``hydra.sweeper.adaptive``: the adaptive strategy's settings
@@ -178,7 +178,7 @@ class StabilitySweeper(BasicSweeper):
         return 0  # submitit & co: the scheduler decides the parallelism
 
     def strategy_class(self) -> Callable[..., Strategy]:
-        """The class of ``hydra.sweeper.strategy`` (``strategy.load_strategy``).
+        """The class of ``hydra.sweeper.strategy`` (``strategies.load_strategy``).
 
         Raises:
             SweepError: it does not name an importable class (exit 2).
