@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stability.report import spending
+from stability.report import decision, factors, spending
 from stability.report.compare import versus_winner
 from stability.report.select import aggregate
 from stability.stats import sequential as sq
@@ -81,3 +81,61 @@ def test_the_plan_is_read_from_the_parent_run_as_untrusted_data() -> None:
 
     assert spending.of_sweep(Store(), "p", pd.DataFrame(), pd.DataFrame(), notes) is None
     assert notes and notes[0].startswith("how the study spent its runs: not replayed")
+
+
+class Parent:
+    """A tracking client whose only run is a sweep's parent with these tags."""
+
+    def __init__(self, tags: dict[str, str]) -> None:
+        self.tags = tags
+
+    def get_run(self, run_id):
+        return type("R", (), {"data": type("D", (), {"tags": self.tags})})
+
+
+ADAPTIVE = {Tag.STRATEGY: "adaptive", Tag.ADAPTIVE_PLAN: json.dumps({
+    "n0": PLAN.n0, "step": PLAN.step, "max_seeds": PLAN.max_seeds, "alpha": PLAN.alpha,
+    "power": PLAN.power, "margin": MARGIN, "base_seed": 100})}
+
+
+def adaptive_study(seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    effect = planted(clip=(0, 0.0039, -0.0098, -0.0058), accum=(0, 0.008, 0.031, 0.085),
+                     precision=(0, 0.0014, -0.0006))
+    y = studies(np.random.default_rng(seed), 1, PLAN.max_seeds, effect)[0]
+    runs = runs_of(y, sq.run(y[None], PLAN, MARGIN, LEVELS)[1][0])
+    return runs, versus_winner(runs, aggregate(runs))
+
+
+def test_an_adaptive_sweeps_factor_table_and_answer_give_the_replayed_verdicts() -> None:
+    runs, configs = adaptive_study(37)  # max_norm 5: fixed-design helps, the rule undecided
+    sp, seq = spending.replayed(Parent(ADAPTIVE), "p", runs, configs, [])
+    an = factors.analyse(runs, configs, MARGIN)
+    replay = {d.contrast: d for d in sp.decisions}
+    fixed = {decision.contrast_name(e): e.verdict for e in an.main}
+    assert (fixed["max_norm 5 vs clip off"], replay["max_norm 5 vs clip off"].verdict) == (
+        "helps", "undecided")
+
+    rows = decision.factor_table(an, seq)
+    assert sorted(r[1] for r in rows) == sorted(replay)
+    for r in rows:
+        d = replay[r[1]]
+        assert r[7] == (f"{d.verdict} (look {d.look})" if d.look
+                        else f"{d.verdict} (after the last look)")
+    assert "accum 8 **hurts (look 2)**" in " ".join(decision.factor_sentences(an, seq))
+    assert [r[7] for r in decision.factor_table(an)] == list(fixed.values())  # grid: unchanged
+    clipping = next(s for s in decision.factor_sentences(an, seq) if "**Clipping**" in s)
+    assert "max_norm 5 **undecided (after the last look)**" in clipping
+    assert "max_norm 5 **helps**" in "".join(decision.factor_sentences(an))
+
+
+def test_an_adaptive_sweep_whose_plan_cannot_be_read_gives_no_fixed_design_verdict() -> None:
+    runs, configs = adaptive_study(37)
+    an = factors.analyse(runs, configs, MARGIN)
+    notes: list[str] = []
+    sp, seq = spending.replayed(Parent(ADAPTIVE | {Tag.ADAPTIVE_PLAN: "{}"}), "p", runs,
+                                configs, notes)
+    assert sp is None and not seq.replayed and "verdicts are withheld" in notes[0]
+    assert {r[7] for r in decision.factor_table(an, seq)} == {decision.WITHHELD}
+    said = " ".join(decision.factor_sentences(an, seq))
+    assert not any(f"**{v}" in said for v in ("helps", "hurts", "equivalent", "undecided"))
+    assert spending.replayed(Parent({}), "p", runs, configs, []) == (None, None)  # a grid

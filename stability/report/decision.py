@@ -9,6 +9,8 @@ the seeds that would decide it).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -44,6 +46,55 @@ def level_name(factor: str, level: str) -> str:
     return f"{factor}={level}"
 
 
+WITHHELD = "withheld (not valid after adaptive seeding)"
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """One contrast's verdict by the adaptive rule, and its estimate at the deciding look."""
+
+    factor: str
+    verdict: str
+    look: int  # the look that decided it; 0: none did
+    mean: float
+    low: float  # plain 95% t interval at that look
+    high: float
+
+    @property
+    def word(self) -> str:
+        """``hurts (look 1)``, ``undecided (after the last look)``."""
+        return (f"{self.verdict} (look {self.look})" if self.look
+                else f"{self.verdict} (after the last look)")
+
+
+@dataclass(frozen=True)
+class Sequential:
+    """An adaptive sweep's verdicts: its rule's final look, replayed (report/spending.py).
+
+    ``verdicts`` maps a contrast's name (``contrast_name``) to the rule's verdict.
+    ``replayed=False``: the rule could not be replayed, so no verdict is valid for the sweep;
+    the fixed-design ones are withheld, not shown.
+    """
+
+    verdicts: Mapping[str, Replayed] = field(default_factory=dict)
+    replayed: bool = True
+
+    def word(self, e: Effect) -> str:
+        """The rule's verdict on ``e`` with its look, or ``WITHHELD``."""
+        got = self.verdicts.get(contrast_name(e)) if self.replayed else None
+        return WITHHELD if got is None else got.word
+
+    def unpaired(self, an: FactorAnalysis) -> dict[str, Replayed]:
+        """The rule's contrasts the final runs cannot pair (a level that left early)."""
+        shown = {contrast_name(e) for e in an.main}
+        return {k: r for k, r in self.verdicts.items() if k not in shown}
+
+
+def contrast_name(e: Effect) -> str:
+    """``max_norm 5 vs clip off``: how a main effect is named in tables and in the replay."""
+    return f"{level_name(e.factor, e.level)} vs {level_name(e.factor, e.reference)}"
+
+
 def _seeds(n: float) -> str:
     if math.isnan(n):
         return "more seeds (no spread to size them by)"
@@ -64,6 +115,18 @@ def phrase(e: Effect, margin: float, confidence: float) -> str:
     why = " (unfinished runs: never called equivalent)" if e.unfinished != (0, 0) else ""
     return (f"**undecided**: {num(e.mean)} ({ci}, Holm p {e.p_holm:.2g}); "
             f"{_seeds(e.seeds_to_decide)} would decide it{why}")
+
+
+def _adaptive_phrase(e: Effect, seq: Sequential, confidence: float) -> str:
+    """The adaptive rule's verdict; the final runs' fixed-design numbers only as description."""
+    return (f"**{seq.word(e)}** (final runs: {num(e.mean)}, {confidence:.0%} CI {num(e.low)} "
+            f"to {num(e.high)}, descriptive, unadjusted)")
+
+
+def _early(name: str, r: Replayed) -> str:
+    """A contrast only the rule's looks saw: its verdict and the estimate it was decided on."""
+    return (f"{name.split(' vs ')[0]} **{r.word}** (at that look: {num(r.mean)}, 95% CI "
+            f"{num(r.low)} to {num(r.high)}, descriptive)")
 
 
 def _cost(e: Effect) -> str:
@@ -95,15 +158,23 @@ def _depends(an: FactorAnalysis, factor: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def factor_sentences(an: FactorAnalysis) -> list[str]:
-    """One bullet per factor: every level against the reference, then its interactions."""
+def factor_sentences(an: FactorAnalysis, seq: Sequential | None = None) -> list[str]:
+    """One bullet per factor: every level against the reference, then its interactions.
+
+    With ``seq`` (an adaptive sweep) the verdicts are the adaptive rule's, not the
+    fixed-design ones (those are not valid after data-dependent seeding).
+    """
     lines = []
+    early = seq.unpaired(an) if seq is not None else {}
     for f in an.factors:
         effects = [e for e in an.main if e.factor == f.name]
-        if not effects:
+        extra = [_early(k, r) for k, r in early.items() if r.factor == f.name]
+        if not effects and not extra:
             continue
-        parts = "; ".join(f"{level_name(f.name, e.level)} {phrase(e, an.margin, an.confidence)}"
-                          f"{_cost(e)}" for e in effects)
+        said = [phrase(e, an.margin, an.confidence) if seq is None
+                else _adaptive_phrase(e, seq, an.confidence) for e in effects]
+        parts = "; ".join([f"{level_name(f.name, e.level)} {s}{_cost(e)}"
+                           for e, s in zip(effects, said, strict=True)] + extra)
         text = (f"- **{TITLES.get(f.name, f.name)}** vs {level_name(f.name, f.reference)}, "
                 f"pooled over every other setting and seed: {parts}.")
         lost = [e for e in effects if e.unfinished != (0, 0)]
@@ -118,17 +189,23 @@ def factor_sentences(an: FactorAnalysis) -> list[str]:
     return lines
 
 
-def factor_table(an: FactorAnalysis) -> list[list[str]]:
-    """Rows of the factor-effects table (header: ``FACTOR_HEADER``)."""
+def factor_table(an: FactorAnalysis, seq: Sequential | None = None) -> list[list[str]]:
+    """Rows of the factor-effects table (header: ``FACTOR_HEADER``).
+
+    With ``seq`` (an adaptive sweep) the verdict column is the adaptive rule's.
+    """
     rows = []
     for e in an.main:
-        rows.append([TITLES.get(e.factor, e.factor), f"{level_name(e.factor, e.level)} vs "
-                     f"{level_name(e.factor, e.reference)}", num(e.mean),
+        rows.append([TITLES.get(e.factor, e.factor), contrast_name(e), num(e.mean),
                      f"[{num(e.low)}, {num(e.high)}]", f"{e.p:.2g}", f"{e.p_holm:.2g}",
                      "—" if math.isnan(e.p_equiv_holm) else f"{e.p_equiv_holm:.2g}",
-                     e.verdict, f"{e.cells} × {e.seeds}", f"{e.df:g}",
+                     e.verdict if seq is None else seq.word(e), f"{e.cells} × {e.seeds}",
+                     f"{e.df:g}",
                      f"{e.unfinished[0]} / {e.unfinished[1]}", size(e.detectable),
                      "—" if math.isnan(e.cost_ratio) else f"{e.cost_ratio:.2f}×"])
+    for name, r in (seq.unpaired(an) if seq is not None else {}).items():
+        rows.append([TITLES.get(r.factor, r.factor), name, num(r.mean),
+                     f"[{num(r.low)}, {num(r.high)}]", *["—"] * 3, r.word, *["—"] * 5])
     return rows
 
 

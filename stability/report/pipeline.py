@@ -229,7 +229,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             figures = draw(c, runs, configs, steps, recs, staging / "plots",
                            cfg.history_workers, notes, cache, remarks, analysis, lr_found) \
                 if cfg.plots else []
-            spent = spending.of_sweep(c, sweep.parent_run_id, runs, configs, notes)
+            spent, sequential = spending.replayed(c, sweep.parent_run_id, runs, configs, notes)
             figures += [f for f in [spending.figure(spent, staging / "plots")]
                         if f is not None] if spent is not None and cfg.plots else []
             elapsed = time.perf_counter() - t0
@@ -239,7 +239,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                                 elapsed, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                                 commit, recs, remarks, analysis,
                                 _model_uri(cfg, version), fetch.loss_name(runs), lr_found,
-                                lr_text, spent)
+                                lr_text, spent, sequential)
             markdown = render(ctx)
             (staging / Artifact.REPORT_MD).write_text(markdown)
             (staging / Artifact.REPORT_HTML).write_text(

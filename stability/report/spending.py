@@ -29,7 +29,7 @@ import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from stability.report import factors as fa  # noqa: E402
-from stability.report.decision import level_name  # noqa: E402
+from stability.report.decision import Replayed, Sequential, level_name  # noqa: E402
 from stability.report.plots import Figure  # noqa: E402
 from stability.stats import looks  # noqa: E402
 from stability.stats import sequential as sq  # noqa: E402
@@ -50,6 +50,7 @@ class Decision:
     low: float
     high: float
     futile_at: int = 0  # the look that gave it up (0: never)
+    factor: str = ""
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,9 @@ def analyse(runs: pd.DataFrame, configs: pd.DataFrame, plan: sq.Plan, margin: st
         secs[at + (k,)] = wall[i] if math.isfinite(wall[i]) else 0.0
     rep = looks.replay(loss, ran, plan, margin)
     pairs = sq.contrasts(shape)
-    names = [f"{level_name(factors[i].name, factors[i].levels[a])} vs "
-             f"{level_name(factors[i].name, factors[i].reference)}" for i, a in pairs]
+    names = [(f"{level_name(factors[i].name, factors[i].levels[a])} vs "
+              f"{level_name(factors[i].name, factors[i].reference)}", factors[i].name)
+             for i, a in pairs]
     decisions = _decisions(rep, plan, names)
     bounds = (0, *plan.looks)
     rounds, added = [], {}
@@ -148,19 +150,20 @@ def analyse(runs: pd.DataFrame, configs: pd.DataFrame, plan: sq.Plan, margin: st
                     float(np.nansum(per_config) * width), outside, seeds)
 
 
-def _decisions(rep: looks.Replay, plan: sq.Plan, names: list[str]) -> list[Decision]:
+def _decisions(rep: looks.Replay, plan: sq.Plan, names: list[tuple[str, str]]
+               ) -> list[Decision]:
     if not rep.states:
         return []
     last = rep.states[-1]
     out = []
-    for j, name in enumerate(names):
+    for j, (name, factor) in enumerate(names):
         at = int(last.decided_at[j]) or len(rep.states)
         n = plan.looks[at - 1]
         half = stats.t.ppf(0.975, n - 1) * last.se[j]
         futile = next((k + 1 for k, s in enumerate(rep.states) if s.futile[j]), 0)
         out.append(Decision(name, sq.VERDICTS[last.verdict[j]], int(last.decided_at[j]), n,
                             float(last.mean[j]), float(last.mean[j] - half),
-                            float(last.mean[j] + half), futile))
+                            float(last.mean[j] + half), futile, factor))
     return out
 
 
@@ -226,10 +229,10 @@ def section(sp: Spending) -> list[str]:
               "The interval is the plain 95% t interval at the deciding look (the last for an "
               "undecided contrast); the decisions themselves use the look's share of α with "
               "Holm, so an interval may exclude 0 without a decision.",
-              "**The verdicts that hold α for this sweep are the ones in this section.** The "
-              "\"Factor effects\" table and the answer re-test the final runs at the full α "
-              "as if the seeds had been fixed in advance, which adaptive seeding does not "
-              "justify (and they leave out cells a level that left did not fill)."]
+              "**The verdicts that hold α for this sweep are the ones in this section**, and "
+              "they are the ones the \"Factor effects\" table and the answer give; their "
+              "p-values and intervals there come from re-testing the final runs as if the "
+              "seeds had been fixed in advance: descriptive, not tests."]
     if sp.outside:
         lines.append(f"{sp.outside} run(s) of the sweep lie outside the plan's seeds and were "
                      "not read.")
@@ -240,12 +243,32 @@ def of_sweep(c: object, parent_run_id: str | None, runs: pd.DataFrame, configs: 
              notes: list[str]) -> Spending | None:
     """The section's content for an adaptive sweep (None for any other); a plan that cannot
     be read or replayed adds a line to ``notes`` instead of ending the report."""
+    return replayed(c, parent_run_id, runs, configs, notes)[0]
+
+
+def replayed(c: object, parent_run_id: str | None, runs: pd.DataFrame, configs: pd.DataFrame,
+             notes: list[str]) -> tuple[Spending | None, Sequential | None]:
+    """``of_sweep``, and the verdicts the factor table and the answer must give.
+
+    Returns:
+        ``(spending, verdicts)``: ``verdicts`` is None for a sweep that is not adaptive (the
+        fixed-design verdicts hold); for an adaptive one it holds the replayed final look's
+        verdict per contrast, or, when the plan cannot be read or replayed, none at all
+        (``replayed=False``): fixed-design verdicts are not valid after adaptive seeding.
+    """
     if not parent_run_id:
-        return None
+        return None, None
+    adaptive = False
     try:
-        found = plan_of(c.get_run(parent_run_id).data.tags)  # type: ignore[attr-defined]
-        return analyse(runs, configs, *found) if found else None
+        tags = c.get_run(parent_run_id).data.tags  # type: ignore[attr-defined]
+        adaptive = tags.get(Tag.STRATEGY) == "adaptive"
+        found = plan_of(tags)
+        sp = analyse(runs, configs, *found) if found else None
     except Exception as err:  # data a teammate's sweep wrote: the report stands without it
         notes.append(f"how the study spent its runs: not replayed ({type(err).__name__}: "
-                     f"{err})")
-        return None
+                     f"{err})" + ("; the factor verdicts are withheld" if adaptive else ""))
+        return None, Sequential(replayed=False) if adaptive else None
+    if sp is None:
+        return None, None
+    return sp, Sequential({d.contrast: Replayed(d.factor, d.verdict, d.look, d.mean, d.low,
+                                                d.high) for d in sp.decisions})

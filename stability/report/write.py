@@ -67,6 +67,7 @@ class ReportContext:
     lr_curves: Sequence[lr.LrCurve] = ()  # when train.lr was swept (report/lr.py)
     lr_sentences: Sequence[str] = ()  # how each other factor moves the stable LR range
     spending: Spending | None = None  # an adaptive sweep's rounds (report/spending.py)
+    sequential: decision.Sequential | None = None  # an adaptive sweep's verdicts (the same)
 
 
 def fmt(x: float, digits: int = 4) -> str:
@@ -117,7 +118,8 @@ def _answer(ctx: ReportContext) -> list[str]:
         lines += ["What each setting does, from all "
                   f"{len(ctx.runs)} runs (seeds as blocks; effects on best validation loss, "
                   f"margin ±{decision.size(an.margin)}):", "",
-                  *decision.factor_sentences(an), ""]
+                  *_adaptive_line(ctx.sequential),
+                  *decision.factor_sentences(an, ctx.sequential), ""]
     if ctx.lr_curves:
         lines += ["How far the learning rate can go (LR sensitivity, Wortsman et al. 2023; "
                   "stable LR range from the stability verdicts; section \"Learning rate\"):", "",
@@ -193,7 +195,8 @@ def _factor_section(ctx: ReportContext) -> list[str]:
             return ["No level of a swept factor pairs with its reference on the same seeds (no "
                     "two configs differ in that factor alone): no factor effects.", ""]
         return ["The study swept no factor with two or more levels: no factor effects.", ""]
-    parts = [_table(decision.FACTOR_HEADER, decision.factor_table(an)), "",
+    parts = [*_adaptive_line(ctx.sequential),
+             _table(decision.FACTOR_HEADER, decision.factor_table(an, ctx.sequential)), "",
              f"Every contrast pairs runs that differ only in that factor: each cell of the other "
              f"factors and each seed gives one difference (`cells × seeds`). Each seed's mean "
              f"over the cells is one observation and the effect's t-test runs over the seeds "
@@ -213,6 +216,24 @@ def _factor_section(ctx: ReportContext) -> list[str]:
                   "other factor and its reference; Holm over this table):", "",
                   _table(decision.INTERACTION_HEADER, decision.interaction_rows(an))]
     return parts + [""]
+
+
+def _adaptive_line(seq: decision.Sequential | None) -> list[str]:
+    """For an adaptive sweep: whose verdicts these are, and what the numbers beside them are."""
+    if seq is None:
+        return []
+    if not seq.replayed:
+        return ["**Adaptive sweep whose looks could not be replayed (see Problems): the "
+                "verdicts are withheld.** Re-testing the final runs at the full α as if the "
+                "seeds had been fixed in advance is not valid after adaptive seeding; the "
+                "numbers below are descriptive (unadjusted).", ""]
+    return ["**Adaptive sweep: the verdicts are the adaptive rule's** (its final look, "
+            "replayed; error held across the looks; section \"How the study spent its "
+            "runs\"), with the look that decided each. The effects, CIs and p-values beside "
+            "them re-test the final runs as if the seeds had been fixed in advance: "
+            "descriptive (unadjusted), not tests; so are the interactions. A contrast the "
+            "final runs cannot pair (its level left early) shows the estimate and plain 95% t "
+            "interval at its deciding look.", ""]
 
 
 def _lr_section(ctx: ReportContext) -> list[str]:
