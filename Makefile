@@ -41,10 +41,10 @@ run: $(STAMP)
 
 test: setup-dev
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest --durations=20
+	$(BIN)/python -m pytest -n auto --dist loadgroup --durations=20
 
 test-fast: setup-dev
-	$(BIN)/python -m pytest -m "not slow" --durations=20
+	$(BIN)/python -m pytest -n auto --dist loadgroup -m "not slow" --durations=20
 
 benchmark: $(STAMP)
 	$(BIN)/python experiments/benchmark.py

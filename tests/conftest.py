@@ -10,6 +10,19 @@ from stability.tracking.server import MlflowServer, start_server
 from tests.helpers.slurm import SlurmCluster, missing_daemons, start_slurm
 from tests.helpers.stack import TeamStack, start_team_stack
 
+# Under ``pytest -n`` (``make test``), the tests of one of these session fixtures run on one
+# worker (``--dist loadgroup``), so each cluster or stack starts once, not once per worker.
+SHARED_FIXTURES = ("slurm_cluster", "team_stack")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group the tests of each shared session fixture onto one xdist worker."""
+    for item in items:
+        for name in SHARED_FIXTURES:
+            if name in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(name))
+                break
+
 
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:

@@ -150,6 +150,5 @@ def test_a_sweep_survives_server_and_worker_kills(tmp_path: Path) -> None:
     elapsed = time.monotonic() - t0
     print(f"chaos: {len(SEEDS)} points, {len(train)} training runs, {SERVER_KILLS} server "
           f"kills, 1 worker kill, {elapsed:.0f} s ({t_first:.0f} s until the rerun)")
-    # 113-124 s measured on the shared 2-core machine at load average ~7 (other sweeps and
-    # benchmarks running); the bound catches a hang, not the machine's load.
-    assert elapsed < 180
+    # No bound on the time: a hang is caught by the waits' own timeouts above (tests assert
+    # behaviour, never wall-clock times).

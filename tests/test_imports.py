@@ -91,8 +91,7 @@ def test_our_worker_and_the_integrations_package_load_no_trainer() -> None:
             "print('lightning' in sys.modules)\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env=os.environ | {"PYTHONPATH": str(ROOT)})
-    if proc.returncode and "No module named 'lightning'" in proc.stderr:
-        pytest.skip("the lightning extra is not installed")
+    # make test installs the extras (setup-dev): a missing lightning fails here, not skips
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split("\n")[:2] == ["[]", "True"]
 
