@@ -10,7 +10,6 @@ import importlib
 from collections.abc import Callable
 
 from stability.core.config import ConfigError
-from stability.sweep.adaptive import AdaptiveStrategy
 from stability.sweep.strategy import GridStrategy, Strategy
 
 
@@ -23,6 +22,10 @@ def load_strategy(target: str | type | None) -> Callable[..., Strategy]:
     if target is None or target in ("grid", GridStrategy):
         return GridStrategy
     if target == "adaptive":
+        # Imported when named: it brings scipy, which a single run's worker never loads
+        # (tests/test_imports.py; Hydra imports the sweeper plugin in every process).
+        from stability.sweep.adaptive import AdaptiveStrategy
+
         return AdaptiveStrategy
     if isinstance(target, type):
         return target
