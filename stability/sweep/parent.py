@@ -92,10 +92,10 @@ class SweepRun:
         whole list, rewritten each round: a sweep killed later still names what it adopted).
         """
         new = {r for r in run_ids if r} - self.adopted
-        if new:
-            self.adopted |= new
-            client(self.uri).log_text(self.run_id, json.dumps(sorted(self.adopted)),
+        if new:  # kept only once written: after a failed write the next round writes them
+            client(self.uri).log_text(self.run_id, json.dumps(sorted(self.adopted | new)),
                                       Artifact.ADOPTED_RUNS)
+            self.adopted |= new
 
     def job_overrides(self) -> list[str]:
         """What every job of the sweep gets: the same store, sweep id and parent."""
