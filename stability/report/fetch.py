@@ -7,8 +7,11 @@ per-step histories are fetched only for what the report needs, in parallel.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import re
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ import pandas as pd
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
 from stability.report.options import ReportError
-from stability.tracking.contract import Kind, Outcome, Tag, search_filter
+from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
 from stability.tracking.queries import search_all
 
 log = logging.getLogger(__name__)
@@ -129,16 +132,74 @@ def _row(run: Any) -> dict[str, Any]:
     return row
 
 
+RUN_ID = re.compile(r"[0-9a-f]{32}")  # an MLflow run id (uuid4 hex)
+MAX_ADOPTED = 100_000  # run ids a sweep may adopt (the default study has ~240 runs)
+MAX_ADOPTED_BYTES = 64 * MAX_ADOPTED  # the artifact's size: '"<32 hex>", ' per id, and slack
+ID_CHUNK = 100  # run ids per search request
+
+
+def adopted_ids(c: Any, sweep: Sweep) -> list[str]:
+    """The run ids the sweep's parent names in ``Artifact.ADOPTED_RUNS`` (a resumed sweep).
+
+    The artifact is data: only a JSON list of run ids (32 lowercase hex characters, at most
+    ``MAX_ADOPTED``) is used; anything else is ignored with a warning. No artifact: none.
+    """
+    if sweep.parent_run_id is None:
+        return []
+    try:
+        info = {f.path: f for f in c.list_artifacts(sweep.parent_run_id)}
+        entry = info.get(Artifact.ADOPTED_RUNS)
+        if entry is None:
+            return []  # a sweep that skipped nothing
+        if entry.is_dir or (entry.file_size or 0) > MAX_ADOPTED_BYTES:
+            raise ValueError(f"not a file of at most {MAX_ADOPTED_BYTES} bytes")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = c.download_artifacts(sweep.parent_run_id, Artifact.ADOPTED_RUNS, tmp)
+            ids = json.loads(Path(path).read_text(encoding="utf-8")[:MAX_ADOPTED_BYTES])
+        if not isinstance(ids, list) or len(ids) > MAX_ADOPTED:
+            raise ValueError(f"not a list of at most {MAX_ADOPTED} run ids")
+    except Exception as err:  # written by a teammate's sweep: the report stands without it
+        log.warning("sweep %s: %s ignored (%s)", sweep.sweep_id, Artifact.ADOPTED_RUNS,
+                    _one_line(str(err))[:200])
+        return []
+    good = [i for i in ids if isinstance(i, str) and RUN_ID.fullmatch(i)]
+    if len(good) < len(ids):
+        log.warning("sweep %s: %d invalid run ids in %s ignored", sweep.sweep_id,
+                    len(ids) - len(good), Artifact.ADOPTED_RUNS)
+    return list(dict.fromkeys(good))
+
+
+def adopted_runs(c: Any, sweep: Sweep) -> list[Any]:
+    """The training runs of the sweep's experiment that the sweep adopted (``adopted_ids``).
+
+    Searched by id within the experiment and kind: an id naming a run of another experiment,
+    or no training run, finds nothing (validated ids only ever enter the filter).
+    """
+    ids = adopted_ids(c, sweep)
+    runs: list[Any] = []
+    for i in range(0, len(ids), ID_CHUNK):
+        chunk = ", ".join(f"'{r}'" for r in ids[i : i + ID_CHUNK])
+        runs += search_all(c, sweep.experiment_id,
+                           f"{search_filter(Kind.TRAIN)} and attributes.run_id IN ({chunk})")
+    if len(runs) < len(ids):
+        log.warning("sweep %s: %d adopted runs are not training runs of experiment %r",
+                    sweep.sweep_id, len(ids) - len(runs), sweep.experiment)
+    return runs
+
+
 def fetch_runs(c: Any, sweep: Sweep) -> pd.DataFrame:
     """Every training run of the sweep, one row each: tags, typed params, summary metrics.
 
-    A (config, seed) point logged more than once (a resumed sweep) keeps its finished run,
-    else its newest one.
+    The sweep's runs are those tagged with its id plus those it adopted (a resumed sweep
+    skipped their points as already FINISHED: ``adopted_runs``). A (config, seed) point
+    logged more than once keeps its finished run, else its newest one.
 
     Raises:
         ReportError: the sweep has no training runs.
     """
     runs = search_all(c, sweep.experiment_id, search_filter(Kind.TRAIN, sweep.sweep_id))
+    own = {r.info.run_id for r in runs}
+    runs += [r for r in adopted_runs(c, sweep) if r.info.run_id not in own]
     if not runs:
         known = _known_sweeps(c, sweep.experiment_id)
         raise ReportError(

@@ -6,6 +6,7 @@ this run, so the MLflow UI nests the runs under ``sweep <sweep_id>``.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -18,7 +19,7 @@ from typing import Any
 from stability.core.config import TrackingConfig
 from stability.sweep.schedule import CostKey, observed_costs
 from stability.tracking.artifacts import upload_artifacts
-from stability.tracking.contract import Kind, Outcome, Tag, search_filter
+from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
 from stability.tracking.journal import now_ms
 from stability.tracking.orphans import end_stale_runs
 from stability.tracking.queries import finished_runs, point_of, search_all
@@ -65,6 +66,7 @@ class SweepRun:
     stale: int = 0  # RUNNING runs without heartbeat ended as KILLED before it started
     # seconds per epoch the experiment's finished runs took, per kind of job (schedule.order)
     costs: dict[CostKey, float] = field(default_factory=dict)
+    adopted: set[str] = field(default_factory=set)  # run ids of the points it skipped
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def beat(self, period_s: float) -> None:
@@ -81,6 +83,19 @@ class SweepRun:
                     continue
 
         threading.Thread(target=loop, name="sweep-heartbeat", daemon=True).start()
+
+    def adopt(self, run_ids: Sequence[str]) -> None:
+        """Record on the parent run that the sweep's results include these earlier runs.
+
+        A resumed sweep skips points FINISHED before it; their runs keep the sweep id they
+        were run under, so the report finds them through ``Artifact.ADOPTED_RUNS`` (the
+        whole list, rewritten each round: a sweep killed later still names what it adopted).
+        """
+        new = {r for r in run_ids if r} - self.adopted
+        if new:  # kept only once written: after a failed write the next round writes them
+            client(self.uri).log_text(self.run_id, json.dumps(sorted(self.adopted | new)),
+                                      Artifact.ADOPTED_RUNS)
+            self.adopted |= new
 
     def job_overrides(self) -> list[str]:
         """What every job of the sweep gets: the same store, sweep id and parent."""
@@ -211,6 +226,7 @@ class Recorded:
 
     best_val_loss: float | None
     seconds: float | None  # ``wall_time_s``: one core per run, its training CPU-seconds
+    run_id: str = ""  # the run (a resumed sweep adopts it: ``SweepRun.adopt``)
 
 
 def recorded_of(runs: Sequence[Any]) -> dict[tuple[str, int], Recorded]:
@@ -221,7 +237,7 @@ def recorded_of(runs: Sequence[Any]) -> dict[tuple[str, int], Recorded]:
         key = point_of(r)
         if key is not None:
             m = r.data.metrics
-            out[key] = Recorded(m.get("best_val_loss"), m.get("wall_time_s"))
+            out[key] = Recorded(m.get("best_val_loss"), m.get("wall_time_s"), r.info.run_id)
     return out
 
 

@@ -67,6 +67,17 @@ class Session:
             for k, v in tags.items():
                 c.set_tag(self.run.run_id, k, v)
 
+    def adopt(self, keys: Sequence[Key]) -> None:
+        """Record on the parent run the runs of the skipped points ``keys`` (FINISHED before
+        this sweep): the sweep's report covers them as if the sweep had run them."""
+        if self.run is None:
+            return
+        try:
+            self.run.adopt([self.done[k].run_id for k in keys if k in self.done])
+        except Exception as err:  # an outage must not fail the sweep; the next round retries
+            log.error("could not record the adopted runs on the parent run %s: %s",
+                      self.run.run_id, err)
+
     def resumable(self, todo: Sequence[SweepPoint]) -> dict[Key, Path]:
         """The folder each point of ``todo`` resumes in (its last KILLED run's checkpoint)."""
         return resumable_folders(self.run, todo) if self.run is not None else {}

@@ -243,6 +243,7 @@ class StabilitySweeper(BasicSweeper):
                     seen.update(p.key for p in batch)
                     todo = [p for p in batch if p.key not in session.done]
                     skipped += len(batch) - len(todo)
+                    session.adopt([p.key for p in batch if p.key in session.done])
                     resume, offset = self._durability(session, todo, sweep_dir, first=not rounds)
                     if not rounds:
                         self._opened(session, sweep_id, len(batch), len(todo), state_dir)

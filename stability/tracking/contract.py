@@ -121,6 +121,9 @@ class Artifact:
     SUMMARY_CSV = "summary.csv"  # report run: one row per config, ranked
     LAYER_NORMS_FIGURE = "plots/layer_norms.png"  # report run: parameters x steps heatmap
     MODEL = "model"  # name of the winner's logged MLflow Model
+    # sweep parent: JSON list of the run ids of training runs FINISHED before the sweep whose
+    # points it skipped (a resumed sweep); its report reads them with its own runs
+    ADOPTED_RUNS = "adopted_runs.json"
 
 
 class Rebuild:
