@@ -119,17 +119,11 @@ def measure(params: Iterable[nn.Parameter], clip: ClipConfig,
     elif clip.enabled and bool(torch.isfinite(pre)):
         post = clip_by_value_(grads, clip.clip_value)
     # One host read for the decision and everything logged (a device sync on CUDA).
-    if isinstance(loss, torch.Tensor):
-        pre_f, post_f, loss_f = torch.stack([pre, post, loss.detach().float().to(pre.device)
-                                             ]).tolist()
-    elif post is pre:
-        # Nothing clipped and no loss tensor (a trainer callback measuring only): the same
-        # float32 value read alone, without building and stacking a placeholder loss.
-        pre_f = post_f = pre.item()
-        loss_f = float(loss)
-    else:
-        pre_f, post_f = torch.stack([pre, post]).tolist()
-        loss_f = float(loss)
+    # The loss rides along when it is a tensor (our loop); a trainer callback passes a float.
+    tensors = [pre, post] + ([loss.detach().float().to(pre.device)]
+                             if isinstance(loss, torch.Tensor) else [])
+    pre_f, post_f, *rest = torch.stack(tensors).tolist()
+    loss_f = rest[0] if rest else float(loss)
     # A non-finite norm is exactly "some gradient element is inf/nan" (up to float32 overflow).
     finite = math.isfinite(pre_f)
     if not finite:
