@@ -94,19 +94,25 @@ def test_a_slurm_sweep_runs_every_point_through_sbatch(env, client, slurm_cluste
     print(f"{slurm_cluster.version()}: array {job} {tasks}")
 
 
-def test_a_lightning_task_sweeps_through_slurm_like_any_other(env, client, slurm_cluster,
-                                                             tmp_path: Path) -> None:
-    """The Lightning example (``trainer = "lightning"``) through the same sbatch job array:
-    every point trained by Lightning in its SLURM task, FINISHED in MLflow under the parent,
-    with the trainer's own telemetry (``scheduler_stepped`` in its summary)."""
-    pytest.importorskip("lightning.pytorch")
-    experiment = f"slurm-pl-{uuid.uuid4().hex[:8]}"
-    folder = PROJECT / "examples" / "lightning_task"
-    # the example's module (spirals.py) is imported by the tasks: on their PYTHONPATH
+@pytest.mark.parametrize(("trainer", "module", "example", "task"), [
+    ("lightning", "lightning.pytorch", "lightning_task", "spirals.SpiralTask"),
+    ("hf", "transformers", "hf_task", "gpt2_task.GPT2Task")])
+def test_a_trainer_task_sweeps_through_slurm_like_any_other(env, client, slurm_cluster,
+                                                           tmp_path: Path, trainer: str,
+                                                           module: str, example: str,
+                                                           task: str) -> None:
+    """The Lightning and HF examples (``trainer = "lightning"`` / ``"hf"``) through the same
+    sbatch job array: every point trained by the trainer in its SLURM task, FINISHED in MLflow
+    under the parent, with the trainer's own telemetry (``scheduler_stepped`` in its summary)."""
+    pytest.importorskip(module)
+    experiment = f"slurm-{trainer}-{uuid.uuid4().hex[:8]}"
+    folder = PROJECT / "examples" / example
+    # the example's module is imported by the tasks: on their PYTHONPATH
     node = env | {"PYTHONPATH": f"{PROJECT}:{folder}"}
-    cmd = sweep_cmd(experiment, tmp_path, "task=spirals", "train.epochs=1", "seed=0,1")
+    name = task.split(".")[0].removesuffix("_task")  # spirals | gpt2: task/<name>.yaml
+    cmd = sweep_cmd(experiment, tmp_path, f"task={name}", "train.epochs=1", "seed=0,1")
     cmd[2:2] = ["--config-dir", str(folder)]  # an option before the overrides (argparse)
-    cmd = [a for a in cmd if not a.startswith("data.")]  # the spiral task has its own data
+    cmd = [a for a in cmd if not a.startswith("data.")]  # the example has its own data
     done = subprocess.run(cmd, cwd=PROJECT, env=node, capture_output=True, text=True,
                           timeout=400)
     out = done.stdout + done.stderr
@@ -117,8 +123,9 @@ def test_a_lightning_task_sweeps_through_slurm_like_any_other(env, client, slurm
     assert len(train) == 2, out[-4000:]
     assert {r.info.status for r in train} == {"FINISHED"}, out[-4000:]
     assert {r.data.tags["mlflow.parentRunId"] for r in train} == {parent.info.run_id}
-    assert {r.data.params["task._target_"] for r in train} == {"spirals.SpiralTask"}
+    assert {r.data.params["task._target_"] for r in train} == {task}
     assert all(SCHEDULER_STEPS_ON_SKIP in r.data.metrics for r in train)
+    assert all(r.data.metrics["optimizer_steps"] > 0 for r in train)
     (job,) = array_job_ids(tmp_path)
     states = slurm_cluster.run("sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", job)
     tasks = dict(line.split("|") for line in states.splitlines() if line)

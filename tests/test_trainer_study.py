@@ -296,7 +296,9 @@ def test_a_killed_lightning_point_resumes_its_epoch_and_its_mlflow_run(
     assert (out / "checkpoints" / "last.pt").exists()
 
     monkeypatch.setitem(trainer_tasks.SIGTERM_AT, "epoch", None)
+    monkeypatch.setitem(trainer_tasks.TRAINED, "micro_batches", 0)
     run_job(raw, in_sweep=True)
+    assert trainer_tasks.TRAINED["micro_batches"] == 2 * 12  # epochs 2 and 3 only: resumed
     for name in ("steps.csv", "layer_norms.csv"):
         assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
     [again] = _runs(tmp_path)
@@ -307,3 +309,44 @@ def test_a_killed_lightning_point_resumes_its_epoch_and_its_mlflow_run(
     assert again.data.metrics["optimizer_steps"] == 18
     assert not list((out / "checkpoints").glob("last.pt")) + list(
         (out / "checkpoints").glob("lightning-*"))
+
+
+def test_a_killed_hf_point_resumes_its_epoch_and_its_mlflow_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for the HF Trainer: SIGTERM at the 17th training forward (epoch 2 of 3, two of
+    its steps written), then the same point again: one MLflow run, continued from the
+    Trainer's epoch-1 checkpoint; steps.csv and layer_norms.csv byte-identical to a train
+    never interrupted; no checkpoints left once it finished."""
+    pytest.importorskip("transformers")
+    import mlflow
+
+    from stability.core.signals import Terminated
+    from tests.helpers import trainer_tasks
+
+    args = ("train.epochs=3", "seed=5", "train.accum_steps=2", "telemetry.per_layer=true")
+    run_job(_raw(tmp_path / "whole", HF, *args, "tracking.enabled=false"))
+    raw = _raw(tmp_path / "run", HF, *args, *_tracked(tmp_path))
+    monkeypatch.setitem(trainer_tasks.SIGTERM_AT, "forwards", 17)  # 12 micro-batches an epoch
+    with pytest.raises(Terminated):
+        run_job(raw, in_sweep=True)
+    out = tmp_path / "run"
+    killed = _rows(out / "steps.csv")
+    assert [int(r["epoch"]) for r in killed] == [1] * 6 + [2] * 2
+    [run] = _runs(tmp_path)
+    assert run.info.status == "KILLED"
+    assert (out / "checkpoints" / "last.pt").exists()
+    assert [p.name for p in (out / "hf").iterdir()] == ["checkpoint-6"]
+
+    monkeypatch.setitem(trainer_tasks.SIGTERM_AT, "forwards", None)
+    monkeypatch.setitem(trainer_tasks.TRAINED, "micro_batches", 0)
+    run_job(raw, in_sweep=True)
+    assert trainer_tasks.TRAINED["micro_batches"] == 2 * 12  # epochs 2 and 3 only: resumed
+    for name in ("steps.csv", "layer_norms.csv"):
+        assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    [again] = _runs(tmp_path)
+    assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
+    history = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(
+        run.info.run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(1, 19))  # each step once
+    assert again.data.metrics["optimizer_steps"] == 18
+    assert not (out / "checkpoints" / "last.pt").exists() and not (out / "hf").exists()

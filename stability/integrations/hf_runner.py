@@ -14,12 +14,21 @@ CPU refused: accelerate would train it in fp32), ``train.accum_steps`` ->
 ``learning_rate`` = ``train.lr``; evaluation every epoch (``eval_loss`` is the validation loss
 the study selects on). The task's own arguments may set anything else (batch size, weight
 decay, its schedule), not what the study sets.
+
+Durable: after every epoch (evaluated, its record written) the Trainer saves its own
+checkpoint (``hf/checkpoint-<step>``: model, optimizer, scheduler, scaler, random generators,
+and the callback's state, ``hf.STATE_NAME``), then ``EpochCheckpoint`` writes our resume point
+``checkpoints/last.pt`` naming that step and removes the older Trainer checkpoints. A point
+killed in a sweep is resumed as our loop's are: ``claim`` keeps the folder, the ``TrackedRun``
+reopens the MLflow run its journal names, and ``Trainer.train(resume_from_checkpoint=...)``
+goes on from that epoch (``steps.csv`` cut back to the checkpoint and continued).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -28,23 +37,30 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from transformers import PrinterCallback, Trainer, TrainingArguments
+from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from stability.core import checkpoint
 from stability.core.config import ConfigError, RunConfig
+from stability.core.rundir import RESUME_NAME
 from stability.core.sinks import StepSink
 from stability.core.task import SEALED_TEST, Task
 from stability.integrations.hf import StabilityCallback, training_arguments
-from stability.integrations.study import Fit
+from stability.integrations.study import Fit, Steps
 
 REQUIRED = ("model", "train_val", SEALED_TEST)
 EXAMPLE_ROWS = 5
+log = logging.getLogger(__name__)
 # Set by the study (the key each comes from) or by this runner: a task may not set them.
 STUDY_KEYS = {"max_grad_norm": "clip.*", "fp16": "precision", "bf16": "precision",
               "gradient_accumulation_steps": "train.accum_steps", "use_cpu": "device",
               "learning_rate": "train.lr", "num_train_epochs": "train.epochs", "seed": "seed",
-              "eval_strategy": "(evaluated every epoch)", "output_dir": "output_dir"}
-QUIET = {"save_strategy": "no", "report_to": "none", "disable_tqdm": True,
-         "logging_strategy": "epoch"}
+              "eval_strategy": "(evaluated every epoch)", "output_dir": "output_dir",
+              "save_strategy": "(saved every epoch, to resume a killed point)",
+              "save_total_limit": "(the study keeps the last epoch's checkpoint)",
+              "save_only_model": "(a resumed point needs the optimizer and generators)"}
+QUIET = {"report_to": "none", "disable_tqdm": True, "logging_strategy": "epoch"}
+HF_DIR = "hf"  # the Trainer's output_dir inside the run folder: its checkpoints
 
 
 def _quiet() -> None:
@@ -76,14 +92,67 @@ def arguments(task: Task, cfg: RunConfig, device: str, folder: Path) -> Training
     """The task's ``training_arguments()`` with the point's settings on top (``check``)."""
     own = check(task, cfg, device)
     mapped = training_arguments(cfg.clip, cfg.precision, cfg.train.accum_steps, device)
-    return TrainingArguments(output_dir=str(folder / "hf"), eval_strategy="epoch",
-                             learning_rate=cfg.train.lr, num_train_epochs=cfg.train.epochs,
-                             seed=cfg.seed, **(QUIET | own), **mapped)
+    return TrainingArguments(output_dir=str(folder / HF_DIR), eval_strategy="epoch",
+                             save_strategy="epoch", learning_rate=cfg.train.lr,
+                             num_train_epochs=cfg.train.epochs, seed=cfg.seed,
+                             **(QUIET | own), **mapped)
+
+
+def _checkpoint(folder: Path, step: int) -> Path:
+    return folder / HF_DIR / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+
+
+class EpochCheckpoint(TrainerCallback):
+    """After the Trainer saved an epoch's checkpoint: our ``last.pt`` naming its step, then
+    the older Trainer checkpoints removed.
+
+    Added after the ``StabilityCallback`` (the Trainer calls callbacks in order), so the
+    recorder's state is beside the Trainer's checkpoint before ``last.pt`` names it; a kill at
+    any point leaves a ``last.pt`` whose checkpoint exists.
+    """
+
+    def __init__(self, folder: Path, cfg: RunConfig, callback: StabilityCallback) -> None:
+        self.folder, self.cfg, self.callback = folder, cfg, callback
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Write ``last.pt`` for ``state.global_step``; remove the other checkpoints."""
+        rec = self.callback.recorder
+        saved = _checkpoint(self.folder, state.global_step)
+        if rec is None or not saved.is_dir():
+            return
+        parts = checkpoint.Parts(model=kwargs["model"], optimizer=kwargs["optimizer"],
+                                 trainer=Steps(state.global_step), shuffle=torch.Generator(),
+                                 sinks={})
+        checkpoint.save(self.folder, self.cfg, parts, rec.epochs,
+                        (rec.best_val_loss, rec.best_epoch, rec.best_val_acc), {})
+        for old in (self.folder / HF_DIR).glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+            if old != saved:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def resume_path(folder: Path, cfg: RunConfig) -> Path | None:
+    """The Trainer checkpoint our ``last.pt`` in ``folder`` names for ``cfg`` (None: no resume
+    point of this config and seed, or its Trainer checkpoint is gone)."""
+    resume = checkpoint.peek(folder, cfg)
+    if resume is None:
+        return None
+    path = _checkpoint(folder, int(resume.step))
+    if not path.is_dir():
+        log.warning("%s names step %d but %s is missing: the train starts over",
+                    folder / RESUME_NAME, resume.step, path)
+        return None
+    return path
+
+
+def _remove_checkpoints(folder: Path) -> None:
+    # The run ended (finished or diverged): nothing to resume, as our loop leaves it.
+    shutil.rmtree(folder / HF_DIR, ignore_errors=True)
 
 
 def prepare(task: Task, cfg: RunConfig, device: str, folder: Path,
             sinks: list[StepSink]) -> Fit:
-    """The fit of one point: the seeded model, the attached callback, ``Trainer.train``."""
+    """The fit of one point: the seeded model, the attached callback, ``Trainer.train`` (from
+    the point's last epoch checkpoint when it was killed before)."""
     _quiet()
     args = arguments(task, cfg, device, folder)
     train_set, val_set = task.train_val()
@@ -94,7 +163,13 @@ def prepare(task: Task, cfg: RunConfig, device: str, folder: Path,
     cb = StabilityCallback(folder, per_layer=cfg.telemetry.per_layer, sinks=sinks,
                            underflow_every=cfg.monitor.underflow_every)
     cb.attach(trainer)
-    return Fit(model, cb, trainer.train)
+    trainer.add_callback(EpochCheckpoint(folder, cfg, cb))
+    ckpt = resume_path(folder, cfg)
+    if ckpt is not None:
+        log.info("resuming the train from %s", ckpt)
+    return Fit(model, cb,
+               lambda: trainer.train(resume_from_checkpoint=None if ckpt is None else str(ckpt)),
+               lambda: _remove_checkpoints(folder))
 
 
 def rebuild(task: Task, cfg: RunConfig) -> nn.Module:

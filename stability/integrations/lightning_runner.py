@@ -41,7 +41,7 @@ from stability.core.rundir import RESUME_NAME
 from stability.core.sinks import StepSink
 from stability.core.task import SEALED_TEST, Task
 from stability.integrations.lightning import StabilityCallback, trainer_settings
-from stability.integrations.study import Fit
+from stability.integrations.study import Fit, Steps
 
 REQUIRED = ("module", "datamodule", SEALED_TEST)
 LIGHTNING_CKPT = "checkpoints/lightning-epoch{epoch}.ckpt"  # Lightning's, beside last.pt
@@ -64,16 +64,6 @@ def _quiet() -> None:
 def check(task: Task, cfg: RunConfig, device: str) -> None:
     """Every setting maps onto the Trainer (``trainer_settings``): nothing to refuse here."""
     trainer_settings(cfg.clip, cfg.precision, cfg.train.accum_steps, device)
-
-
-class _Steps:
-    """The ``trainer`` part of our resume point: the optimizer steps taken."""
-
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-
-    def state_dict(self) -> dict[str, int]:
-        return {"step": self.steps}
 
 
 class EpochCheckpoint(pl.Callback):
@@ -114,7 +104,7 @@ class EpochCheckpoint(pl.Callback):
         trainer.save_checkpoint(tmp)
         tmp.replace(path)
         parts = checkpoint.Parts(model=pl_module, optimizer=trainer.optimizers[0],
-                                 trainer=_Steps(rec.meter.step_count),
+                                 trainer=Steps(rec.meter.step_count),
                                  shuffle=torch.Generator(), sinks={})
         checkpoint.save(self.folder, self.cfg, parts, rec.epochs,
                         (rec.best_val_loss, rec.best_epoch, rec.best_val_acc), {})

@@ -58,6 +58,18 @@ class Fit:
     ended: Callable[[], None] = lambda: None  # the fit ended: remove its resume checkpoints
 
 
+class Steps:
+    """The ``trainer`` part of our resume point for a trainer run: the optimizer steps taken
+    (``checkpoint.Resume.step``; the HF runner finds its checkpoint by it)."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"step": steps}``, what ``checkpoint.save`` stores."""
+        return {"step": self.steps}
+
+
 def runner(cfg: RunConfig) -> ModuleType:
     """The module of the trainer the run's task declares (imports that trainer).
 

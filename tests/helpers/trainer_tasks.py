@@ -25,7 +25,10 @@ def _data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 # A test sets "epoch" (0-based) and "batch": training_step sends this process SIGTERM there,
 # as a sweep's worker being killed (outside the config, so the resumed run is the same point).
-SIGTERM_AT: dict[str, int | None] = {"epoch": None, "batch": None}
+# "forwards" (the HF model): SIGTERM at the start of that many-th training forward from now.
+SIGTERM_AT: dict[str, int | None] = {"epoch": None, "batch": None, "forwards": None}
+# Training micro-batches run by either tiny task (a resumed fit runs fewer than a new one).
+TRAINED = {"micro_batches": 0}
 
 
 class TinyLightningTask:
@@ -52,6 +55,7 @@ class TinyLightningTask:
                 return self.net(x)
 
             def training_step(self, batch: Any, i: int) -> torch.Tensor:
+                TRAINED["micro_batches"] += 1
                 if (self.current_epoch, i) == (SIGTERM_AT["epoch"], SIGTERM_AT["batch"]):
                     os.kill(os.getpid(), signal.SIGTERM)
                 x, y = batch
@@ -127,6 +131,11 @@ def hf_model_class() -> type:
             pass  # torch's own initialisation, under the run's seed
 
         def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> Any:
+            TRAINED["micro_batches"] += self.training
+            if self.training and SIGTERM_AT["forwards"] is not None:
+                SIGTERM_AT["forwards"] -= 1
+                if SIGTERM_AT["forwards"] == 0:
+                    os.kill(os.getpid(), signal.SIGTERM)
             logits = self.net(x)
             loss = (None if labels is None else
                     nn.functional.binary_cross_entropy_with_logits(logits.float(), labels))
