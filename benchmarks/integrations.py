@@ -14,7 +14,15 @@ the wall and CPU seconds and their paired ratios:
 ``lightning_callback / lightning`` and ``hf_callback / hf`` are the callbacks' costs (the issue
 holds them to 1.05); ``lightning / ours`` and ``hf / ours`` are the trainers' own overhead over
 our loop, stated, not ours to remove (wall only: a trainer's ``fit_s`` is its whole fit, setup
-included, ours is its epochs). Needs the ``lightning`` and ``hf`` extras.
+included, ours is its epochs). ``lightning_empty`` / ``hf_empty`` add a callback that does
+nothing (``pl.Callback()``, ``TrainerCallback()``): what any callback costs in that trainer's
+hook dispatch (``*_empty / lightning``), and what our callback's own work costs beyond it
+(``*_callback / *_empty``). ``lightning_hooks`` / ``hf_hooks`` are the callback variants with
+each of the callback's own methods timed (``HookTimer``: thread CPU time inside them): their
+``hook_share`` is the callback's CPU over the rest of the same fit, one process, no pairing,
+so the machine's drift between fits does not enter it (``1 + hook_share`` is the in-process
+form of the paired ratio; it leaves out the trainer's dispatch, which ``*_empty`` measures).
+Needs the ``lightning`` and ``hf`` extras.
 """
 
 from __future__ import annotations
@@ -37,8 +45,10 @@ from stability.core.batches import task_of
 from stability.core.config import ClipConfig, RunConfig, TrackingConfig, TrainConfig
 from stability.core.loop import train
 
-PAIRS = {"lightning_callback": "lightning", "hf_callback": "hf", "lightning": "ours",
-         "hf": "ours"}
+PAIRS = [("lightning_callback", "lightning"), ("hf_callback", "hf"),
+         ("lightning", "ours"), ("hf", "ours"),
+         ("lightning_empty", "lightning"), ("lightning_callback", "lightning_empty"),
+         ("hf_empty", "hf"), ("hf_callback", "hf_empty")]
 
 
 def bench_config(epochs: int, folder: Path) -> RunConfig:
@@ -49,10 +59,45 @@ def bench_config(epochs: int, folder: Path) -> RunConfig:
                      tracking=TrackingConfig(enabled=False))
 
 
-def _timed(fit: Any) -> Samples:
+class HookTimer:
+    """Thread CPU time spent inside a callback's own methods (wrapped on the instance: the
+    trainers look hooks up with ``getattr``, and the HF callback calls ``_before_clip`` and
+    ``add_micro_batch`` through ``self``)."""
+
+    HOOKS = {"lightning": ("on_fit_start", "on_train_epoch_start", "on_before_optimizer_step",
+                           "on_train_batch_end", "on_train_epoch_end", "on_fit_end"),
+             "hf": ("on_train_begin", "on_epoch_begin", "_before_clip", "add_micro_batch",
+                    "on_pre_optimizer_step", "on_optimizer_step", "on_step_end", "on_epoch_end",
+                    "on_evaluate", "on_train_end")}
+
+    def __init__(self, trainer: str) -> None:
+        self.names = self.HOOKS[trainer]
+        self.ns = 0
+
+    def attach(self, callback: Any) -> Any:
+        """Wrap ``callback``'s hooks; returns it."""
+        for name in self.names:
+            setattr(callback, name, self._timed(getattr(callback, name)))
+        return callback
+
+    def _timed(self, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.thread_time_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.ns += time.thread_time_ns() - t0
+        return timed
+
+
+def _timed(fit: Any, timer: HookTimer | None = None) -> Samples:
     wall, cpu = time.perf_counter(), time.process_time()
     fit()
-    return {"fit_s": [time.perf_counter() - wall], "fit_cpu_s": [time.process_time() - cpu]}
+    out = {"fit_s": [time.perf_counter() - wall], "fit_cpu_s": [time.process_time() - cpu]}
+    if timer is not None:
+        hooks = timer.ns / 1e9
+        out |= {"hook_cpu_s": [hooks], "hook_share": [hooks / (out["fit_cpu_s"][0] - hooks)]}
+    return out
 
 
 def ours(cfg: RunConfig, folder: Path) -> Samples:
@@ -64,8 +109,10 @@ def ours(cfg: RunConfig, folder: Path) -> Samples:
     return {"fit_s": [sum(e.seconds for e in result.epochs)]}
 
 
-def lightning_fit(cfg: RunConfig, folder: Path, callback: bool) -> Samples:
-    """The task through Lightning, with or without the callback."""
+def lightning_fit(cfg: RunConfig, folder: Path, callback: bool | None,
+                  timer: HookTimer | None = None) -> Samples:
+    """The task through Lightning, with the callback (True; its hooks timed by ``timer``),
+    an empty one (None) or none."""
     import lightning.pytorch as pl
 
     from stability.integrations.lightning import StabilityCallback, trainer_settings
@@ -93,11 +140,17 @@ def lightning_fit(cfg: RunConfig, folder: Path, callback: bool) -> Samples:
     trainer = pl.Trainer(
         devices=1, max_epochs=cfg.train.epochs, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        callbacks=[StabilityCallback(folder)] if callback else [],
+        callbacks=([_timer_on(timer, StabilityCallback(folder))] if callback else
+                   [pl.Callback()] if callback is None else []),
         **trainer_settings(cfg.clip, cfg.precision, cfg.train.accum_steps, "cpu"))
     loader = DataLoader(train_set, batch_size=cfg.train.batch_size, shuffle=True,
                         generator=torch.Generator().manual_seed(cfg.seed))
-    return _timed(lambda: trainer.fit(module, loader, DataLoader(val_set, batch_size=1024)))
+    return _timed(lambda: trainer.fit(module, loader, DataLoader(val_set, batch_size=1024)),
+                  timer)
+
+
+def _timer_on(timer: HookTimer | None, callback: Any) -> Any:
+    return callback if timer is None else timer.attach(callback)
 
 
 class _Model(nn.Module):
@@ -122,8 +175,10 @@ class _Dicts(Dataset):
         return {"x": x, "labels": y}
 
 
-def hf_fit(cfg: RunConfig, folder: Path, callback: bool) -> Samples:
-    """The task through the HF Trainer, with or without the callback."""
+def hf_fit(cfg: RunConfig, folder: Path, callback: bool | None,
+           timer: HookTimer | None = None) -> Samples:
+    """The task through the HF Trainer, with the callback (True; its hooks timed by
+    ``timer``), an empty one (None) or none."""
     import transformers
 
     from stability.integrations.hf import StabilityCallback, training_arguments
@@ -143,8 +198,10 @@ def hf_fit(cfg: RunConfig, folder: Path, callback: bool) -> Samples:
                                    eval_dataset=_Dicts(val_set))
     trainer.remove_callback(transformers.PrinterCallback)  # its log lines on stdout
     if callback:
-        StabilityCallback(folder).attach(trainer)
-    return _timed(trainer.train)
+        _timer_on(timer, StabilityCallback(folder)).attach(trainer)
+    elif callback is None:
+        trainer.add_callback(transformers.TrainerCallback())
+    return _timed(trainer.train, timer)
 
 
 def run(reps: int, epochs: int, out: Path) -> dict[str, Any]:
@@ -162,6 +219,11 @@ def run(reps: int, epochs: int, out: Path) -> dict[str, Any]:
         "lightning_callback": lambda: lightning_fit(cfg, folder("plcb"), callback=True),
         "hf": lambda: hf_fit(cfg, folder("hf"), callback=False),
         "hf_callback": lambda: hf_fit(cfg, folder("hfcb"), callback=True),
+        "lightning_empty": lambda: lightning_fit(cfg, folder("plempty"), callback=None),
+        "hf_empty": lambda: hf_fit(cfg, folder("hfempty"), callback=None),
+        "lightning_hooks": lambda: lightning_fit(cfg, folder("plhooks"), True,
+                                                 HookTimer("lightning")),
+        "hf_hooks": lambda: hf_fit(cfg, folder("hfhooks"), True, HookTimer("hf")),
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -170,8 +232,11 @@ def run(reps: int, epochs: int, out: Path) -> dict[str, Any]:
                       for m in ("fit_s", "fit_cpu_s") if all(r.get(m) for r in rs)}
                for name, rs in rounds.items()}
     ratios = {f"{a}/{b}": {m: paired_ratio(rounds[a], rounds[b], m)
-                           for m in ("fit_s", "fit_cpu_s")} for a, b in PAIRS.items()}
-    return {"reps": reps, "epochs": epochs, "medians": medians, "paired_ratios": ratios}
+                           for m in ("fit_s", "fit_cpu_s")} for a, b in PAIRS}
+    shares = {name: statistics.median(x for r in rounds[name] for x in r["hook_share"])
+              for name in ("lightning_hooks", "hf_hooks")}
+    return {"reps": reps, "epochs": epochs, "medians": medians, "paired_ratios": ratios,
+            "hook_share": shares}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

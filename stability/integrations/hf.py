@@ -193,9 +193,10 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
         self._epoch_t0 = time.perf_counter()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """The gradients are clipped: the post-clip norm (``StepRecorder.post_clip_norm``)."""
+        """The gradients are clipped: the post-clip norm (``StepRecorder.post_clip_norm``, of
+        the parameters ``_before_clip`` measured: the same optimizer step)."""
         if self.recorder is not None and self.recorder.stepping:
-            self._post = self.recorder.post_clip_norm(self._params())
+            self._post = self.recorder.post_clip_norm()
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Stepped or skipped; the gradients are still there (per-layer norms)."""
@@ -204,7 +205,7 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
         assert self.trainer is not None
         skipped = bool(self.trainer.accelerator.optimizer_step_was_skipped)
         total, micro, samples = self.take_window()
-        self.recorder.finish_step(self._params(), loss=float(total) if micro else math.nan,
+        self.recorder.finish_step(None, loss=float(total) if micro else math.nan,
                                   skipped=skipped, micro_batches=micro, samples=samples,
                                   post=self._post)
         self._post = None

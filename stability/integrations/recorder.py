@@ -125,11 +125,13 @@ class StepRecorder:
         """Whether ``before_step`` ran and ``finish_step`` has not yet."""
         return self._pending is not None
 
-    def post_clip_norm(self, params: Iterable[nn.Parameter]) -> float:
+    def post_clip_norm(self, params: Iterable[nn.Parameter] | None = None) -> float:
         """The global norm of the gradients as the trainer clipped them (call after its clip,
-        between ``before_step`` and ``finish_step``)."""
+        between ``before_step`` and ``finish_step``; ``params``: those ``before_step``
+        measured unless given)."""
         assert self._pending is not None, "post_clip_norm without before_step"
-        return self._post_clip_norm(self._pending.m, params)
+        return self._post_clip_norm(self._pending.m,
+                                    self._pending.params if params is None else params)
 
     def _post_clip_norm(self, m: Measurement, params: Iterable[nn.Parameter]) -> float:
         # A standard norm clip (torch.nn.utils.clip_grad_norm_, which both trainers call)
@@ -288,7 +290,8 @@ class RecordingCallback:
 
     def add_micro_batch(self, loss: torch.Tensor | float, batch: Any) -> None:
         """One micro-batch of the step: its loss (summed as given) and its samples."""
-        self._window_loss = self._window_loss + loss
+        # The window's first loss is taken as it is (0.0 + loss would be one more tensor op)
+        self._window_loss = loss if self._micro == 0 else self._window_loss + loss
         self._micro += 1
         self._samples += batch_samples(batch)
 
