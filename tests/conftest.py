@@ -10,18 +10,19 @@ from stability.tracking.server import MlflowServer, start_server
 from tests.helpers.slurm import SlurmCluster, missing_daemons, start_slurm
 from tests.helpers.stack import TeamStack, start_team_stack
 
-# Under ``pytest -n`` (``make test``), the tests of one of these session fixtures run on one
-# worker (``--dist loadgroup``), so each cluster or stack starts once, not once per worker.
+# Under ``pytest -n`` (``make test``), the tests that need one of these session fixtures run
+# on one xdist worker (``--dist loadgroup``, one group: the SLURM tests need the team stack
+# too), so each cluster or stack starts once, not once per worker.
 SHARED_FIXTURES = ("slurm_cluster", "team_stack")
+SHARED_GROUP = "shared_services"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Group the tests of each shared session fixture onto one xdist worker."""
+    """Mark the tests of the shared session fixtures as one xdist group."""
     for item in items:
-        for name in SHARED_FIXTURES:
-            if name in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group(name))
-                break
+        if set(SHARED_FIXTURES) & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(SHARED_GROUP))
 
 
 @pytest.fixture(scope="session")

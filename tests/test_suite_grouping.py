@@ -1,0 +1,60 @@
+"""``make test`` runs on xdist workers; the tests of a shared service start it once.
+
+``tests/conftest.py`` marks every test that needs the team stack or the SLURM cluster as one
+``xdist_group``, and ``--dist loadgroup`` sends that group to one worker. Nothing fails when the
+grouping silently stops (pytest 9.2 with xdist 3.8 ignores the marks, pytest-xdist#1386): the
+services then start once per worker. This runs a tiny suite with our conftest's hook under
+``-n 2 --dist loadgroup`` and checks where its tests ran.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CONFTEST = '''
+import pytest
+from tests.conftest import pytest_collection_modifyitems  # the hook under test
+
+@pytest.fixture(scope="session")
+def team_stack():
+    return "stack"
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    return "cluster"
+'''
+TESTS = '''
+import pytest
+
+@pytest.fixture(scope="module")
+def swept(team_stack):
+    return team_stack
+
+def test_stack_1(team_stack): pass
+def test_stack_2(swept): pass
+def test_cluster_1(slurm_cluster, team_stack): pass
+def test_cluster_2(slurm_cluster): pass
+'''
+PLAIN = "\n".join(f"def test_plain_{i}(): pass" for i in range(8))
+
+
+def test_the_shared_service_tests_run_on_one_worker(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_services.py").write_text(TESTS)
+    (tmp_path / "test_plain.py").write_text(PLAIN)
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup",
+                           "-v", "-p", "no:cacheprovider", "-p", "no:randomly", str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ran = re.findall(r"\[(gw\d)\] \[\s*\d+%\] PASSED \S+::(test_\w+)", done.stdout)
+    assert len(ran) == 12, done.stdout[-3000:]
+    services = {worker for worker, name in ran if not name.startswith("test_plain")}
+    assert len(services) == 1, ran  # all four on one worker: each service starts once
+    assert "@shared_services" in done.stdout  # the group xdist formed (its node id suffix)
