@@ -269,23 +269,32 @@ def test_an_hf_train_resumed_from_its_checkpoint_writes_the_same_files(tmp_path:
     assert len(_rows(tmp_path / "whole" / "steps.csv")) == 36
 
 
-def test_a_killed_lightning_point_resumes_its_epoch_and_its_mlflow_run(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+# Where each tiny task's training is killed: epoch 2 of 3 after two of its 6 steps (12 batches
+# an epoch, accumulation 2), and the trainer's own checkpoint the point resumes from.
+KILLS = {LIGHTNING: {"epoch": 1, "batch": 5}, HF: {"forwards": 17}}
+TRAINER_CHECKPOINTS = {LIGHTNING: ("checkpoints/lightning-epoch*.ckpt",
+                                   "checkpoints/lightning-epoch1.ckpt"),
+                       HF: ("hf/checkpoint-*", "hf/checkpoint-6")}
+
+
+@pytest.mark.parametrize("target", [LIGHTNING, HF])
+def test_a_killed_trainer_point_resumes_its_epoch_and_its_mlflow_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str) -> None:
     """SIGTERM in epoch 2 of 3 (after 2 of its steps were written), then the same point again:
-    one MLflow run, continued; steps.csv and layer_norms.csv byte-identical to a fit never
-    interrupted (cut back to the epoch-1 checkpoint, then written again); no resume files
-    left once it finished."""
-    pytest.importorskip("lightning.pytorch")
+    one MLflow run, continued from the trainer's epoch-1 checkpoint (the rerun trains epochs 2
+    and 3 only); steps.csv and layer_norms.csv byte-identical to a fit never interrupted (cut
+    back to the checkpoint, then written again); no resume files left once it finished."""
+    pytest.importorskip("lightning.pytorch" if target == LIGHTNING else "transformers")
     import mlflow
 
     from stability.core.signals import Terminated
     from tests.helpers import trainer_tasks
 
     args = ("train.epochs=3", "seed=5", "train.accum_steps=2", "telemetry.per_layer=true")
-    run_job(_raw(tmp_path / "whole", LIGHTNING, *args, "tracking.enabled=false"))
-    raw = _raw(tmp_path / "run", LIGHTNING, *args, *_tracked(tmp_path))
-    monkeypatch.setitem(trainer_tasks.SIGTERM_AT, "epoch", 1)
-    monkeypatch.setitem(trainer_tasks.SIGTERM_AT, "batch", 5)  # 12 batches, accumulation 2
+    run_job(_raw(tmp_path / "whole", target, *args, "tracking.enabled=false"))
+    raw = _raw(tmp_path / "run", target, *args, *_tracked(tmp_path))
+    for key, value in KILLS[target].items():
+        monkeypatch.setitem(trainer_tasks.SIGTERM_AT, key, value)
     with pytest.raises(Terminated):
         run_job(raw, in_sweep=True)
     out = tmp_path / "run"
@@ -294,8 +303,11 @@ def test_a_killed_lightning_point_resumes_its_epoch_and_its_mlflow_run(
     [run] = _runs(tmp_path)
     assert run.info.status == "KILLED"
     assert (out / "checkpoints" / "last.pt").exists()
+    pattern, saved = TRAINER_CHECKPOINTS[target]
+    assert [p.relative_to(out).as_posix() for p in out.glob(pattern)] == [saved]
 
-    monkeypatch.setitem(trainer_tasks.SIGTERM_AT, "epoch", None)
+    for key in KILLS[target]:
+        monkeypatch.setitem(trainer_tasks.SIGTERM_AT, key, None)
     monkeypatch.setitem(trainer_tasks.TRAINED, "micro_batches", 0)
     run_job(raw, in_sweep=True)
     assert trainer_tasks.TRAINED["micro_batches"] == 2 * 12  # epochs 2 and 3 only: resumed
@@ -307,46 +319,4 @@ def test_a_killed_lightning_point_resumes_its_epoch_and_its_mlflow_run(
         run.info.run_id, "loss")
     assert sorted(m.step for m in history) == list(range(1, 19))  # each step once
     assert again.data.metrics["optimizer_steps"] == 18
-    assert not list((out / "checkpoints").glob("last.pt")) + list(
-        (out / "checkpoints").glob("lightning-*"))
-
-
-def test_a_killed_hf_point_resumes_its_epoch_and_its_mlflow_run(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same for the HF Trainer: SIGTERM at the 17th training forward (epoch 2 of 3, two of
-    its steps written), then the same point again: one MLflow run, continued from the
-    Trainer's epoch-1 checkpoint; steps.csv and layer_norms.csv byte-identical to a train
-    never interrupted; no checkpoints left once it finished."""
-    pytest.importorskip("transformers")
-    import mlflow
-
-    from stability.core.signals import Terminated
-    from tests.helpers import trainer_tasks
-
-    args = ("train.epochs=3", "seed=5", "train.accum_steps=2", "telemetry.per_layer=true")
-    run_job(_raw(tmp_path / "whole", HF, *args, "tracking.enabled=false"))
-    raw = _raw(tmp_path / "run", HF, *args, *_tracked(tmp_path))
-    monkeypatch.setitem(trainer_tasks.SIGTERM_AT, "forwards", 17)  # 12 micro-batches an epoch
-    with pytest.raises(Terminated):
-        run_job(raw, in_sweep=True)
-    out = tmp_path / "run"
-    killed = _rows(out / "steps.csv")
-    assert [int(r["epoch"]) for r in killed] == [1] * 6 + [2] * 2
-    [run] = _runs(tmp_path)
-    assert run.info.status == "KILLED"
-    assert (out / "checkpoints" / "last.pt").exists()
-    assert [p.name for p in (out / "hf").iterdir()] == ["checkpoint-6"]
-
-    monkeypatch.setitem(trainer_tasks.SIGTERM_AT, "forwards", None)
-    monkeypatch.setitem(trainer_tasks.TRAINED, "micro_batches", 0)
-    run_job(raw, in_sweep=True)
-    assert trainer_tasks.TRAINED["micro_batches"] == 2 * 12  # epochs 2 and 3 only: resumed
-    for name in ("steps.csv", "layer_norms.csv"):
-        assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
-    [again] = _runs(tmp_path)
-    assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
-    history = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(
-        run.info.run_id, "loss")
-    assert sorted(m.step for m in history) == list(range(1, 19))  # each step once
-    assert again.data.metrics["optimizer_steps"] == 18
-    assert not (out / "checkpoints" / "last.pt").exists() and not (out / "hf").exists()
+    assert not list(out.glob("checkpoints/last.pt")) + list(out.glob(pattern))
