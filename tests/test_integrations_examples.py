@@ -36,6 +36,8 @@ def test_the_hf_example_study_registers_a_gpt2_that_predicts_logits(tmp_path: Pa
                  "task.num_samples=200", "tracking.experiment=gpt2-e2e",
                  f"hydra.sweep.dir={tmp_path / 'multirun'}")
     assert sweep.returncode == 0, sweep.stderr[-3000:]
+    # the Trainer's progress bars stay off the sweep's terminal (its status lines say enough)
+    assert "Writing model shards" not in sweep.stdout + sweep.stderr
     [sweep_id] = re.findall(r"\[sweep\] sweep (\S+): parent run", sweep.stdout + sweep.stderr)
     report = _run("report", tmp_path, "experiment=gpt2-e2e", f"sweep_id={sweep_id}",
                   "task_target=gpt2_task.GPT2Task", f"output_dir={tmp_path / 'reports'}")

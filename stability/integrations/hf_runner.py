@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging as hf_logging
 
 from stability.core import checkpoint
 from stability.core.config import ConfigError, RunConfig
@@ -66,6 +67,9 @@ HF_DIR = "hf"  # the Trainer's output_dir inside the run folder: its checkpoints
 def _quiet() -> None:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="transformers")
+    # its progress bars ("Writing model shards" at each epoch's checkpoint) on the sweep's
+    # terminal: the study's status area says what is running
+    hf_logging.disable_progress_bar()
 
 
 def check(task: Task, cfg: RunConfig, device: str) -> dict[str, Any]:
