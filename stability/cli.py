@@ -114,6 +114,9 @@ def report_job(cfg: DictConfig) -> None:
     from stability.report.pipeline import NothingToReport, build_report
 
     t0 = time.perf_counter()
+    # MLflow draws a progress bar for each artifact it downloads (a run's steps.csv, ...): dozens
+    # of them around the report's few lines. A user's own setting of the variable wins.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     try:
         out = build_report(to_report_config(OmegaConf.to_container(cfg, resolve=True)))
     except NothingToReport as err:  # not a mistake, an answer: one line, its own exit code

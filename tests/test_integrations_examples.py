@@ -42,6 +42,7 @@ def test_the_hf_example_study_registers_a_gpt2_that_predicts_logits(tmp_path: Pa
     report = _run("report", tmp_path, "experiment=gpt2-e2e", f"sweep_id={sweep_id}",
                   "task_target=gpt2_task.GPT2Task", f"output_dir={tmp_path / 'reports'}")
     assert report.returncode == 0, report.stderr[-3000:]
+    assert "Downloading artifacts" not in report.stdout + report.stderr  # MLflow's bars, off
     c = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = c.get_experiment_by_name("gpt2-e2e")
     runs = c.search_runs([exp.experiment_id], f"tags.`{Tag.KIND}` = 'train'")
