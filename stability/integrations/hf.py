@@ -205,7 +205,7 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
         assert self.trainer is not None
         skipped = bool(self.trainer.accelerator.optimizer_step_was_skipped)
         total, micro, samples = self.take_window()
-        self.recorder.finish_step(None, loss=float(total) if micro else math.nan,
+        self.recorder.finish_step(loss=float(total) if micro else math.nan,
                                   skipped=skipped, micro_batches=micro, samples=samples,
                                   post=self._post)
         self._post = None

@@ -41,13 +41,11 @@ from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArgu
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging as hf_logging
 
-from stability.core import checkpoint
 from stability.core.config import ConfigError, RunConfig
-from stability.core.rundir import RESUME_NAME
 from stability.core.sinks import StepSink
 from stability.core.task import SEALED_TEST, Task
 from stability.integrations.hf import StabilityCallback, training_arguments
-from stability.integrations.study import Fit, Steps
+from stability.integrations.study import Fit, save_resume_point, trainer_checkpoint
 
 REQUIRED = ("model", "train_val", SEALED_TEST)
 EXAMPLE_ROWS = 5
@@ -124,28 +122,11 @@ class EpochCheckpoint(TrainerCallback):
         saved = _checkpoint(self.folder, state.global_step)
         if rec is None or not saved.is_dir():
             return
-        parts = checkpoint.Parts(model=kwargs["model"], optimizer=kwargs["optimizer"],
-                                 trainer=Steps(state.global_step), shuffle=torch.Generator(),
-                                 sinks={})
-        checkpoint.save(self.folder, self.cfg, parts, rec.epochs,
-                        (rec.best_val_loss, rec.best_epoch, rec.best_val_acc), {})
+        save_resume_point(self.folder, self.cfg, kwargs["model"], kwargs["optimizer"],
+                          state.global_step, rec)
         for old in (self.folder / HF_DIR).glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
             if old != saved:
                 shutil.rmtree(old, ignore_errors=True)
-
-
-def resume_path(folder: Path, cfg: RunConfig) -> Path | None:
-    """The Trainer checkpoint our ``last.pt`` in ``folder`` names for ``cfg`` (None: no resume
-    point of this config and seed, or its Trainer checkpoint is gone)."""
-    resume = checkpoint.peek(folder, cfg)
-    if resume is None:
-        return None
-    path = _checkpoint(folder, int(resume.step))
-    if not path.is_dir():
-        log.warning("%s names step %d but %s is missing: the train starts over",
-                    folder / RESUME_NAME, resume.step, path)
-        return None
-    return path
 
 
 def _remove_checkpoints(folder: Path) -> None:
@@ -168,7 +149,8 @@ def prepare(task: Task, cfg: RunConfig, device: str, folder: Path,
                            underflow_every=cfg.monitor.underflow_every)
     cb.attach(trainer)
     trainer.add_callback(EpochCheckpoint(folder, cfg, cb))
-    ckpt = resume_path(folder, cfg)
+    ckpt = trainer_checkpoint(folder, cfg,
+                              lambda resume: _checkpoint(folder, int(resume.step)))
     if ckpt is not None:
         log.info("resuming the train from %s", ckpt)
     return Fit(model, cb,

@@ -176,7 +176,7 @@ class StabilityCallback(RecordingCallback, pl.Callback):
         total, micro = self._take_losses(trainer.accumulate_grad_batches)
         samples, self._samples = self._samples, 0
         # the measured params are before_step's (the same optimizer step)
-        self.recorder.finish_step(None, loss=total / micro,
+        self.recorder.finish_step(loss=total / micro,
                                   skipped=skipped, micro_batches=micro, samples=samples)
         self.recorder.emit(scheduler_stepped=scheduler_position(trainer) > self._sched_before,
                            epoch=trainer.current_epoch + 1)

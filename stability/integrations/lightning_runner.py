@@ -37,11 +37,10 @@ from torch.utils.data import DataLoader
 
 from stability.core import checkpoint
 from stability.core.config import RunConfig
-from stability.core.rundir import RESUME_NAME
 from stability.core.sinks import StepSink
 from stability.core.task import SEALED_TEST, Task
 from stability.integrations.lightning import StabilityCallback, trainer_settings
-from stability.integrations.study import Fit, Steps
+from stability.integrations.study import Fit, save_resume_point, trainer_checkpoint
 
 REQUIRED = ("module", "datamodule", SEALED_TEST)
 LIGHTNING_CKPT = "checkpoints/lightning-epoch{epoch}.ckpt"  # Lightning's, beside last.pt
@@ -103,28 +102,11 @@ class EpochCheckpoint(pl.Callback):
         tmp = path.with_suffix(".tmp")
         trainer.save_checkpoint(tmp)
         tmp.replace(path)
-        parts = checkpoint.Parts(model=pl_module, optimizer=trainer.optimizers[0],
-                                 trainer=Steps(rec.meter.step_count),
-                                 shuffle=torch.Generator(), sinks={})
-        checkpoint.save(self.folder, self.cfg, parts, rec.epochs,
-                        (rec.best_val_loss, rec.best_epoch, rec.best_val_acc), {})
+        save_resume_point(self.folder, self.cfg, pl_module, trainer.optimizers[0],
+                          rec.meter.step_count, rec)
         for old in self.folder.glob(LIGHTNING_CKPT.format(epoch="*")):
             if old != path:
                 old.unlink(missing_ok=True)
-
-
-def resume_path(folder: Path, cfg: RunConfig) -> Path | None:
-    """Lightning's checkpoint of the epoch our ``last.pt`` in ``folder`` names for ``cfg``
-    (None: no resume point of this config and seed, or its Lightning checkpoint is gone)."""
-    resume = checkpoint.peek(folder, cfg)
-    if resume is None:
-        return None
-    path = folder / LIGHTNING_CKPT.format(epoch=resume.epoch)
-    if not path.exists():
-        log.warning("%s names epoch %d but %s is missing: the fit starts over",
-                    folder / RESUME_NAME, resume.epoch, path)
-        return None
-    return path
 
 
 def prepare(task: Task, cfg: RunConfig, device: str, folder: Path,
@@ -138,7 +120,8 @@ def prepare(task: Task, cfg: RunConfig, device: str, folder: Path,
     data = task.datamodule()
     cb = StabilityCallback(folder, per_layer=cfg.telemetry.per_layer, sinks=sinks,
                            underflow_every=cfg.monitor.underflow_every)
-    ckpt = resume_path(folder, cfg)
+    ckpt = trainer_checkpoint(
+        folder, cfg, lambda resume: folder / LIGHTNING_CKPT.format(epoch=resume.epoch))
     saver = EpochCheckpoint(folder, cfg, cb, resuming=ckpt is not None)
     trainer = pl.Trainer(max_epochs=cfg.train.epochs, callbacks=[cb, saver], **QUIET, **settings)
     if ckpt is not None:

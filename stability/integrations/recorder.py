@@ -125,15 +125,14 @@ class StepRecorder:
         """Whether ``before_step`` ran and ``finish_step`` has not yet."""
         return self._pending is not None
 
-    def post_clip_norm(self, params: Iterable[nn.Parameter] | None = None) -> float:
+    def post_clip_norm(self) -> float:
         """The global norm of the gradients as the trainer clipped them (call after its clip,
-        between ``before_step`` and ``finish_step``; ``params``: those ``before_step``
-        measured unless given)."""
+        between ``before_step`` and ``finish_step``; of the parameters ``before_step``
+        measured: the same optimizer step)."""
         assert self._pending is not None, "post_clip_norm without before_step"
-        return self._post_clip_norm(self._pending.m,
-                                    self._pending.params if params is None else params)
+        return self._post_clip_norm(self._pending.m, self._pending.params)
 
-    def _post_clip_norm(self, m: Measurement, params: Iterable[nn.Parameter]) -> float:
+    def _post_clip_norm(self, m: Measurement, params: list[nn.Parameter]) -> float:
         # A standard norm clip (torch.nn.utils.clip_grad_norm_, which both trainers call)
         # scales every gradient by coef = max_norm / (norm + 1e-6) clamped to 1: the post-clip
         # norm is pre * coef, derived as our own loop derives it (clipping.clip_by_norm_), not
@@ -147,8 +146,8 @@ class StepRecorder:
         grads = [q.grad for q in params if q.grad is not None]
         return float(grad_global_norm(grads)) if grads else 0.0
 
-    def finish_step(self, params: Iterable[nn.Parameter] | None, *, loss: float, skipped: bool,
-                    micro_batches: int, samples: int, post: float | None = None) -> StepLog:
+    def finish_step(self, *, loss: float, skipped: bool, micro_batches: int, samples: int,
+                    post: float | None = None) -> StepLog:
         """The trainer stepped (or skipped): the post-clip norm, the step's ``StepLog``.
 
         Call while ``.grad`` still holds this step's gradients: the per-layer table reads
@@ -156,12 +155,12 @@ class StepRecorder:
         chance to advance its LR scheduler).
 
         Args:
-            params: the optimized parameters (None: those ``before_step`` measured).
             loss: the step's loss (the mean over its micro-batches, as the trainer defines it).
             skipped: the trainer did not apply the update (the GradScaler found inf/nan).
             micro_batches: micro-batches accumulated into the step.
             samples: samples in them.
-            post: the post-clip global norm when measured earlier (None: from ``params``).
+            post: the post-clip global norm when measured earlier (None: now, from the
+                parameters ``before_step`` measured).
         """
         assert self._pending is not None, "finish_step without before_step"
         p, self._pending = self._pending, None
@@ -169,7 +168,7 @@ class StepRecorder:
         if not m.finite or skipped:
             post = m.grad_l2_pre_clip
         elif post is None:
-            post = self._post_clip_norm(p.m, p.params if params is None else params)
+            post = self._post_clip_norm(p.m, p.params)
         reason = SkipReason.NONE
         if skipped:
             reason = (SkipReason.NONFINITE_LOSS if not math.isfinite(loss)

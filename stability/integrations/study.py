@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -39,11 +40,12 @@ from stability.core.faults import FaultInjector
 from stability.core.loop import RunResult, write_config
 from stability.core.monitor import DivergedError, SkipRateMonitor
 from stability.core.precision import check_precision_supported, resolve_device
-from stability.core.rundir import CHECKPOINT_NAME, CONFIG_NAME
+from stability.core.rundir import CHECKPOINT_NAME, CONFIG_NAME, RESUME_NAME
 from stability.core.sinks import StepSink
 from stability.core.steplog import EpochLog, StepLog
 from stability.core.task import Task, build_task, trainer_of
 
+log = logging.getLogger(__name__)
 RUNNERS = {"lightning": "stability.integrations.lightning_runner",
            "hf": "stability.integrations.hf_runner"}
 
@@ -58,16 +60,54 @@ class Fit:
     ended: Callable[[], None] = lambda: None  # the fit ended: remove its resume checkpoints
 
 
-class Steps:
-    """The ``trainer`` part of our resume point for a trainer run: the optimizer steps taken
-    (``checkpoint.Resume.step``; the HF runner finds its checkpoint by it)."""
+class _Steps:
+    """The ``trainer`` part of our resume point for a trainer run: the optimizer steps taken."""
 
     def __init__(self, steps: int) -> None:
         self.steps = steps
 
     def state_dict(self) -> dict[str, int]:
-        """``{"step": steps}``, what ``checkpoint.save`` stores."""
         return {"step": self.steps}
+
+
+def save_resume_point(folder: Path, cfg: RunConfig, model: nn.Module,
+                      optimizer: torch.optim.Optimizer, steps: int, recorder: Any) -> None:
+    """Our ``checkpoints/last.pt`` once the trainer has saved its own epoch checkpoint: the
+    run's identity, its epochs, optimizer steps (``Resume.step``) and best epoch, so the job
+    treats the killed point as one of our loop's; the trainer's checkpoint holds the rest.
+
+    Args:
+        folder: the run folder.
+        cfg: the run's config (its identity).
+        model: the trained module.
+        optimizer: its optimizer.
+        steps: optimizer steps taken (the HF runner finds its checkpoint by them).
+        recorder: the callback's ``StepRecorder`` (epochs and best so far).
+    """
+    parts = checkpoint.Parts(model=model, optimizer=optimizer, trainer=_Steps(steps),
+                             shuffle=torch.Generator(), sinks={})
+    checkpoint.save(folder, cfg, parts, recorder.epochs,
+                    (recorder.best_val_loss, recorder.best_epoch, recorder.best_val_acc), {})
+
+
+def trainer_checkpoint(folder: Path, cfg: RunConfig,
+                       path_of: Callable[[checkpoint.Resume], Path]) -> Path | None:
+    """The trainer's own checkpoint that our ``last.pt`` in ``folder`` names for ``cfg``
+    (``path_of`` maps the resume point to it).
+
+    Returns:
+        Its path; None when there is no resume point of this config and seed, or when that
+        checkpoint is gone (logged): the fit starts over.
+    """
+    resume = checkpoint.peek(folder, cfg)
+    if resume is None:
+        return None
+    path = path_of(resume)
+    if not path.exists():
+        log.warning("%s names epoch %d (step %d) but %s is missing: the fit starts over",
+                    folder / RESUME_NAME, resume.epoch, resume.step, path)
+        return None
+    return path
 
 
 def runner(cfg: RunConfig) -> ModuleType:
