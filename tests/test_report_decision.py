@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stability.report import decision, factors
+from stability.report import decision, factors, winner
 from stability.report.compare import versus_winner
 from stability.report.options import ReportError, to_report_config
 from stability.report.select import aggregate
@@ -58,42 +58,66 @@ def test_every_factor_sentence_opens_its_verdict_with_one_of_four_words():
     assert "6.00× the training time of fp32" in text
 
 
-def test_the_cheapest_equivalent_config_is_recommended_and_named_as_equivalent():
-    """fp16 wins by a real but negligible 0.0005: fp32 is equivalent to it and 6x cheaper."""
+def _decide(runs: pd.DataFrame, margin: float, tolerance: float = 0.1) -> winner.Decision:
+    configs = aggregate(runs)
+    return winner.decide(runs, configs, factors.analyse(runs, configs, margin), margin,
+                         cost_tolerance=tolerance)
+
+
+def _chosen(dec: winner.Decision, factor: str) -> str:
+    c = next(c for c in dec.choices if factor in c.factors)
+    return c.levels[c.chosen][c.factors.index(factor)]
+
+
+def test_the_cheaper_level_within_the_margin_is_chosen_over_the_lowest_mean():
+    """fp16 is lower by a negligible 0.0005; fp32 is shown within the margin and 6x cheaper."""
     runs = study({"fp16-None": -0.0005, "fp16-5.0": -0.0005}, {"fp32": 0.01, "fp16": 0.06},
                  noise=0.0002)
-    configs, _ = analysed(runs, 0.005)
-    assert configs.iloc[0]["precision"] == "fp16"
-    row, kind = decision.cheapest(configs)
-    assert kind == fx.EQUIVALENT and row["precision"] == "fp32"
-    text = decision.cost_sentence(configs, 0.005, "cpu")
-    assert "6.00× faster on cpu" in text
-    assert "**equivalent** to the winner within ±0.0050" in text
+    assert aggregate(runs).iloc[0]["precision"] == "fp16"  # the lowest mean
+    dec = _decide(runs, 0.005)
+    assert _chosen(dec, factors.PRECISION) == "fp32" and dec.guaranteed
+    assert dec.fingerprint == "fp32-None"  # clip off: equally cheap, simpler
+    _, an = analysed(runs, 0.005)
+    lines = decision.choice_lines(dec, an)
+    assert lines[1].startswith("- **Precision → fp32**, within ±0.0050 of the best")
+    assert "6.00× the time" in lines[1]
+    assert "with probability ≥ 95%" in decision.guarantee(dec)
 
 
-def test_without_equivalence_the_recommendation_says_not_distinguishable():
-    """fp16 a little lower, seeds too noisy to tell, margin too tight to show equivalence."""
-    runs = study({"fp16-None": -0.01, "fp16-5.0": -0.01}, {"fp32": 0.01, "fp16": 0.06},
-                 noise=0.01)
-    configs, _ = analysed(runs, 0.012)
-    assert configs.iloc[0]["precision"] == "fp16"
-    row, kind = decision.cheapest(configs, 0.012)
-    assert kind == fx.UNDECIDED and row["precision"] == "fp32"
-    assert abs(row["diff_vs_winner"]) <= 0.012
-    assert "**not distinguishable** from the winner" in decision.cost_sentence(
-        configs, 0.012, "cpu")
+def test_a_level_shown_worse_than_the_best_is_never_chosen_however_cheap():
+    """fp16 is 6x dearer but 0.02 lower with tight seeds: fp32 is shown worse, fp16 is chosen."""
+    runs = study({"fp16-None": -0.02, "fp16-5.0": -0.02}, {"fp32": 0.01, "fp16": 0.06},
+                 noise=0.001)
+    dec = _decide(runs, 0.005)
+    c = next(c for c in dec.choices if c.factors == (factors.PRECISION,))
+    assert c.status == ("worse", "within") and _chosen(dec, factors.PRECISION) == "fp16"
 
 
-def test_an_undecided_config_far_from_the_winner_is_not_recommended():
-    """Two seeds cannot tell a config 0.05 worse apart; its estimate is outside the margin."""
-    runs = study({"fp32-None": 0.05, "fp32-5.0": 0.05}, {"fp32": 0.01, "fp16": 0.06},
-                 noise=0.05, seeds=2)
-    configs, _ = analysed(runs, 0.005)
-    assert configs.iloc[0]["precision"] == "fp16"
-    assert (configs.loc[configs["precision"] == "fp32", "verdict_vs_winner"] == "undecided").all()
-    row, _ = decision.cheapest(configs, 0.005)
-    assert row is None
-    assert "no cheaper config is shown equivalent" in decision.cost_sentence(configs, 0.005, "cpu")
+def test_without_evidence_the_cheapest_not_shown_worse_is_chosen_and_the_guarantee_says_so():
+    """Seeds too noisy to show anything within the margin: fp32 (cheapest) is taken, and the
+    guarantee names no factor as within the margin."""
+    runs = study({}, {"fp32": 0.01, "fp16": 0.06}, noise=0.01)
+    dec = _decide(runs, 0.0005)
+    assert all(set(c.status) == {"open"} for c in dec.choices)
+    assert _chosen(dec, factors.PRECISION) == "fp32" and not dec.guaranteed
+    assert "none of the 2 choices is shown within" in decision.guarantee(dec)
+
+
+def test_costs_within_the_tolerance_are_equal_and_the_simplest_wins():
+    """Clip on is 5% dearer than off here and both are within the margin: off is simpler."""
+    runs = study({}, {"fp32": 0.01, "fp16": 0.06}, noise=0.0002)
+    runs.loc[runs["clip.enabled"], "step_time_median_s"] *= 0.95  # clip on 5% cheaper
+    assert _chosen(_decide(runs, 0.005), factors.CLIP) == "off"
+    assert _chosen(_decide(runs, 0.005, tolerance=0.0), factors.CLIP) == "max_norm 5"
+
+
+def test_a_config_with_an_unfinished_seed_is_never_the_winner():
+    """The rule's choice lost a seed: the next combination in order is the winner, and says why."""
+    runs = study({"fp16-None": -0.0005, "fp16-5.0": -0.0005}, {"fp32": 0.01, "fp16": 0.06},
+                 noise=0.0002)
+    runs.loc[(runs["fingerprint"] == "fp32-None") & (runs["seed"] == 3), "outcome"] = "diverged"
+    dec = _decide(runs, 0.005)
+    assert dec.fingerprint != "fp32-None" and "unfinished seed" in dec.note
 
 
 def test_old_runs_without_cost_metrics_fall_back_to_wall_time():

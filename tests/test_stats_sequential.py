@@ -7,8 +7,6 @@ studies through ``sequential.run``, the rule the sweep's strategy runs on one st
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from scipy import stats
@@ -52,19 +50,21 @@ def test_the_plan_spends_alpha_over_its_looks_and_rejects_bad_values_at_once() -
     assert "allowed values" in str(err.value)
 
 
-@pytest.mark.parametrize(("label", "kwargs"), [
-    ("measured noise", {}),
-    ("seed x clip interaction 0.5 x run noise", {"seed_by_clip": 0.5 * NOISE["run"]}),
+@pytest.mark.parametrize(("label", "kwargs", "runs"), [
+    ("measured noise", {}, 263),
+    ("seed x clip interaction 0.5 x run noise", {"seed_by_clip": 0.5 * NOISE["run"]}, 251),
 ])
-def test_no_effect_means_at_most_alpha_false_helps_or_hurts_over_all_looks(label, kwargs):
+def test_no_effect_means_at_most_alpha_false_helps_or_hurts_over_all_looks(label, kwargs, runs):
+    """Error held over the looks, and the runs the rule costs pinned (measured 2026-12-02,
+    seed 11): futility removed costs 431 runs instead of 263 and fails here."""
     y = studies(np.random.default_rng(11), SIMS, PLAN.max_seeds, **kwargs)
     state, seeds = sq.run(y, PLAN, MARGIN, LEVELS)
     claims = np.isin(state.verdict, [sq.HELPS, sq.HURTS]).any(axis=-1)
     rate, low, high = rate_ci(int(claims.sum()), SIMS)
     print(f"{label}: false helps/hurts in {rate:.4f} of adaptive studies "
           f"(95% CI {low:.4f}-{high:.4f}); runs {seeds.sum(axis=(1, 2, 3)).mean():.0f}")
-    assert low <= ALPHA
-    assert rate <= ALPHA + 2 * math.sqrt(ALPHA * (1 - ALPHA) / SIMS)
+    assert high <= ALPHA  # the Clopper-Pearson upper bound
+    assert seeds.sum(axis=(1, 2, 3)).mean() == pytest.approx(runs, rel=0.02)
 
 
 @pytest.mark.parametrize("sign", [1, -1])
@@ -77,8 +77,7 @@ def test_effects_at_the_margin_are_called_equivalent_at_most_alpha(sign: int) ->
     rate, low, high = rate_ci(int((state.verdict == sq.EQUIVALENT).any(axis=-1).sum()), SIMS)
     print(f"every contrast at {sign:+d} margin: false 'equivalent' in {rate:.4f} "
           f"(95% CI {low:.4f}-{high:.4f})")
-    assert low <= ALPHA
-    assert rate <= ALPHA + 2 * math.sqrt(ALPHA * (1 - ALPHA) / SIMS)
+    assert high <= ALPHA  # the Clopper-Pearson upper bound
 
 
 def test_a_level_that_hurts_leaves_the_study_and_its_cells_stop_getting_seeds() -> None:

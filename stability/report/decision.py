@@ -12,10 +12,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import pandas as pd
-
 from stability.report.factors import ACCUM, CLIP, PRECISION, Effect, FactorAnalysis
-from stability.stats.effects import EQUIVALENT, HELPS, HURTS, UNDECIDED
+from stability.report.winner import CHOSEN_WITHIN, Choice, Decision
+from stability.stats.effects import EQUIVALENT, HELPS, HURTS
 
 TITLES = {CLIP: "Clipping", ACCUM: "Accumulation", PRECISION: "Precision",
           "train.lr": "Learning rate"}
@@ -225,47 +224,62 @@ INTERACTION_HEADER = ["contrast", "at (vs its reference)", "difference of effect
                       "Holm p", "reading"]
 
 
-def cheapest(configs: pd.DataFrame, margin: float = math.inf) -> tuple[pd.Series | None, str]:
-    """The cheapest config equivalent to the winner, else not distinguishable from it.
-
-    "Not distinguishable" is an undecided comparison whose estimate is inside the margin: a
-    config 0.5 worse that two seeds cannot tell apart is no recommendation. ``configs``
-    carries ``verdict_vs_winner``, ``diff_vs_winner`` and ``train_seconds``
-    (``compare.versus_winner``). Returns the row (None if no candidate is cheaper than the
-    winner) and which kind.
-    """
-    w = configs.iloc[0]
-    close = configs["diff_vs_winner"].abs() <= margin if math.isfinite(margin) \
-        else pd.Series(True, index=configs.index)
-    for kind in (EQUIVALENT, UNDECIDED):
-        pool = configs[(configs["verdict_vs_winner"] == kind) & configs["train_seconds"].notna()
-                       & (close if kind == UNDECIDED else True)]
-        if len(pool):
-            best = pool.sort_values(["train_seconds", "rank"]).iloc[0]
-            if best["train_seconds"] < w["train_seconds"]:
-                return best, kind
-    return None, ""
+def _level_word(choice: Choice, i: int) -> str:
+    return ", ".join(level_name(f, lv) for f, lv in zip(choice.factors, choice.levels[i],
+                                                          strict=True))
 
 
-def cost_sentence(configs: pd.DataFrame, margin: float, device: str) -> str:
-    """Recommend the cheapest config that the data cannot tell from (or show equal to) the best."""
-    w = configs.iloc[0]
-    if not math.isfinite(w.get("train_seconds", math.nan)):
-        return ("Cost: this study's runs did not record their training time; no cost-aware "
-                "recommendation.")
-    row, kind = cheapest(configs, margin)
-    own = (f"the winner trains in {w['train_seconds']:.1f} s a run on {device}"
-           + (f", peak memory {w['peak_memory_mb']:.0f} MiB"
-              if math.isfinite(w.get("peak_memory_mb", math.nan)) else ""))
-    if row is None:
-        return (f"Cost: {own}; no cheaper config is shown equivalent, or undecided with its "
-                f"estimate inside ±{size(margin)}.")
-    how = (f"**equivalent** to the winner within ±{size(margin)} (TOST, Holm over the configs)"
-           if kind == EQUIVALENT else "**not distinguishable** from the winner (undecided: "
-           f"neither shown different nor shown equivalent; its estimate is inside ±{size(margin)})")
-    return (f"Cost: {own}. The cheapest config {how} is `{row['label']}`: "
-            f"{row['train_seconds']:.1f} s a run ({w['train_seconds'] / row['train_seconds']:.2f}× "
-            f"faster on {device}), best val loss {num(row['diff_vs_winner'])} vs the winner.")
+def _basis(choice: Choice, margin: float) -> str:
+    if choice.basis == CHOSEN_WITHIN:
+        return f"within ±{size(margin)} of the best"
+    return (f"no level is shown within ±{size(margin)} of the best: the cheapest, then "
+            "simplest, not shown worse")
+
+
+def _effects_of(an: FactorAnalysis, factor: str, seq: Sequential | None) -> str:
+    """``max_norm 5 −0.0098 [−0.017, −0.003] helps, 1.01×``, for each level vs the reference."""
+    parts = []
+    for e in an.main:
+        if e.factor != factor:
+            continue
+        word = e.verdict if seq is None else seq.word(e)
+        cost = "" if not math.isfinite(e.cost_ratio) else f", {e.cost_ratio:.2f}× the time"
+        parts.append(f"{level_name(factor, e.level)} {num(e.mean)} [{num(e.low)}, "
+                     f"{num(e.high)}] {word}{cost}")
+    ref = next((f.reference for f in an.factors if f.name == factor), "")
+    return f"vs {level_name(factor, ref)}: " + "; ".join(parts) if parts else "no paired effect"
+
+
+def choice_lines(dec: Decision, an: FactorAnalysis, seq: Sequential | None = None) -> list[str]:
+    """One line per decided factor (or interacting group): the level, why, what each does."""
+    lines = []
+    for c in dec.choices:
+        title = " × ".join(TITLES.get(f, f) for f in c.factors)
+        joint = " (decided jointly: they interact)" if len(c.factors) > 1 else ""
+        effects = "; ".join(_effects_of(an, f, seq) for f in c.factors)
+        lines.append(f"- **{title} → {_level_word(c, c.chosen)}**{joint}, "
+                     f"{_basis(c, dec.margin)}; {effects}.")
+    return lines
+
+
+def guarantee(dec: Decision, confidence_of: float | None = None) -> str:
+    """The decision's guarantee in one sentence."""
+    level = 1 - dec.alpha if confidence_of is None else confidence_of
+    within = [c for c in dec.choices if c.basis == CHOSEN_WITHIN]
+    groups = len(dec.choices)
+    if not dec.choices:
+        return "Guarantee: one config, nothing to choose."
+    named = ", ".join(" × ".join(TITLES.get(f, f) for f in c.factors) for c in within)
+    if not within:
+        return (f"Guarantee: none of the {groups} choices is shown within ±{size(dec.margin)} "
+                f"of its best level; with probability ≥ {level:.0%} no chosen level is one the "
+                "data show worse than the best by more than the margin. More seeds would tell.")
+    rest = "" if len(within) == groups else (
+        "; the other choices only are not shown worse than their best by more than the margin")
+    return (f"Guarantee: with probability ≥ {level:.0%}, each chosen level of {named} is within "
+            f"±{size(dec.margin)} of the best level of its factor (effects pooled over the other "
+            f"settings and seeds; multiple comparisons with the best, α split over {groups} "
+            f"choices){rest}.")
 
 
 def margin_of(spec: str | float, winner_loss: float) -> float:

@@ -182,11 +182,16 @@ class Cube:
         return Cube(*(np.take(x, i, axis=axis) for x in (self.loss, self.unfinished, self.ran)))
 
     def cells_by_seeds(self) -> tuple[np.ndarray, int]:
-        """The complete rows of the cells x seeds table, and how many rows were incomplete."""
+        """The cells x seeds table (NaN where a run is missing on either side) and how many of
+        its cells lack a seed that others have.
+
+        Cells that never ran are left out; a missing point drops only itself
+        (``effects.estimate``), so one extra or missing seed never costs a whole cell.
+        """
         d = self.loss.reshape(-1, self.loss.shape[-1])
         ran = np.isfinite(d).any(axis=1)
         complete = np.isfinite(d).all(axis=1)
-        return d[complete], int((ran & ~complete).sum())
+        return d[ran], int((ran & ~complete).sum())
 
 
 def _effect(c: Cube, factor: str, level: str, ref: str, margin: float, confidence: float,
@@ -195,6 +200,8 @@ def _effect(c: Cube, factor: str, level: str, ref: str, margin: float, confidenc
     if d.size == 0 or d.shape[1] < 2:
         return None, lost
     e = fx.estimate(d)
+    if e.seeds < 2 or not np.isfinite(e.mean):
+        return None, lost
     low, high = fx.interval(e, confidence)
     return Effect(factor, level, ref, float(e.mean), float(low), float(high),
                   float(fx.p_two_sided(e)), float(fx.p_equivalent(e, margin)), float(e.df),

@@ -43,6 +43,8 @@ class ReportConfig:
         margin: the equivalence margin: ``"5%"`` of the winner's mean best validation loss,
             or a number in loss units. Differences inside it are "equivalent" when TOST shows
             it.
+        cost_tolerance: training times within this share of the cheapest candidate level's
+            count as equally cheap (the decision then takes the simplest).
         register: register the winning checkpoint in the Model Registry.
         model_name: registered model name; None: ``<experiment>-winner``, one registered
             model per study (``registered_model``).
@@ -65,6 +67,7 @@ class ReportConfig:
     min_effect: float | None = None
     min_effect_sd: float = 1.0
     margin: str | float = "5%"
+    cost_tolerance: float = 0.1
     register: bool = True
     model_name: str | None = None
     plots: bool = True
@@ -95,6 +98,8 @@ class ReportConfig:
                   "min_effect_sd", self.min_effect_sd, "a number > 0")
         e.require(_margin_ok(self.margin), "margin", self.margin,
                   "a share of the winner's loss such as '5%' (0-100%), or a number > 0")
+        e.require(isinstance(self.cost_tolerance, float) and 0 <= self.cost_tolerance < 1,
+                  "cost_tolerance", self.cost_tolerance, "a share in [0, 1), e.g. 0.1")
         e.require(isinstance(self.register, bool), "registry.enabled", self.register,
                   "true | false")
         e.require(self.model_name is None or is_safe_name(self.model_name),
@@ -165,6 +170,7 @@ _KEYS = {
     "min_effect": "min_effect",
     "min_effect_sd": "min_effect_sd",
     "margin": "margin",
+    "cost_tolerance": "cost_tolerance",
     "registry.enabled": "register",
     "registry.model_name": "model_name",
     "plots": "plots",
@@ -209,7 +215,7 @@ def to_report_config(cfg: Mapping[str, Any]) -> ReportConfig:
                 given[f.name] = float(given[f.name])
         values[name] = kind(**given)
     # YAML writes 0.95 as a float but a user may type confidence=1 on the command line.
-    for key in ("confidence", "alpha", "power", "min_effect", "min_effect_sd"):
+    for key in ("confidence", "alpha", "power", "min_effect", "min_effect_sd", "cost_tolerance"):
         if isinstance(values.get(key), int) and not isinstance(values[key], bool):
             values[key] = float(values[key])
     if values.get("sweep_id") is not None:

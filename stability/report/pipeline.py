@@ -40,6 +40,7 @@ from stability.report.evaluate import evaluate_winner, load_winner
 from stability.report.html import to_html
 from stability.report.options import ReportConfig, ReportError
 from stability.report.trust import allowed_tasks
+from stability.report.winner import decide as decide_winner
 from stability.report.write import ReportContext, answer_markdown, render, write_summary
 from stability.tracking.contract import Artifact
 from stability.tracking.uri import (
@@ -186,11 +187,14 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
         raise NothingToReport(
             f"nothing to recommend: none of the {len(runs)} training runs of sweep "
             f"{sweep.sweep_id!r} finished ({_outcomes(runs)})")
+    # The margin scales with the lowest config mean, before anything is chosen from it.
     margin = margin_of(cfg.margin, float(configs.iloc[0]["loss_mean"]))
+    analysis = factors.analyse(runs, configs, margin, cfg.alpha, cfg.confidence, cfg.power)
+    decided = decide_winner(runs, configs, analysis, margin, cfg.alpha, cfg.cost_tolerance)
+    configs = select.put_first(configs, decided.fingerprint)  # row 0 is the winner from here on
     configs = compare.versus_winner(runs, configs, cfg.confidence, cfg.alpha, cfg.power, margin)
     comparisons = compare.comparisons(runs, configs, cfg.confidence, cfg.alpha, cfg.power,
                                       cfg.min_effect, cfg.min_effect_sd, margin)
-    analysis = factors.analyse(runs, configs, margin, cfg.alpha, cfg.confidence, cfg.power)
     winner = configs.iloc[0]
     log.info("winner %s (%s) of %d configs", winner["label"], winner["fingerprint"], len(configs))
 
@@ -239,7 +243,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                                 elapsed, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                                 commit, recs, remarks, analysis,
                                 _model_uri(cfg, version), fetch.loss_name(runs), lr_found,
-                                lr_text, spent, sequential)
+                                lr_text, spent, sequential, decided)
             markdown = render(ctx)
             (staging / Artifact.REPORT_MD).write_text(markdown)
             (staging / Artifact.REPORT_HTML).write_text(

@@ -168,6 +168,17 @@ def rank(configs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def put_first(configs: pd.DataFrame, fingerprint: str | None) -> pd.DataFrame:
+    """``configs`` with the decided winner as row 0, the others in rank order (by mean).
+
+    ``rank`` keeps the lowest-mean order; None (nothing decided) leaves the ranking as it is.
+    """
+    if fingerprint is None or fingerprint not in set(configs["fingerprint"]):
+        return configs
+    first = configs["fingerprint"] == fingerprint
+    return pd.concat([configs[first], configs[~first]]).reset_index(drop=True)
+
+
 def best_of(configs: pd.DataFrame, mask: pd.Series) -> str | None:
     """Fingerprint of the best-ranked config where ``mask`` holds (``configs`` is ranked)."""
     hit = configs[mask]

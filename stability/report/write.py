@@ -18,7 +18,7 @@ from stability.core.precision import Precision
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.report import decision, lr
 from stability.report.advice import Recommendation, nearest_swept
-from stability.report.compare import Comparison, abs_num, signed, simpler_within_noise
+from stability.report.compare import Comparison, abs_num, signed
 from stability.report.evaluate import WinnerTestResult
 from stability.report.factors import FactorAnalysis
 from stability.report.fetch import Sweep
@@ -26,6 +26,7 @@ from stability.report.health import summary_sentence
 from stability.report.plots import Figure
 from stability.report.select import SELECTION_RULE
 from stability.report.spending import Spending, section
+from stability.report.winner import Decision
 from stability.stats.paired import wilcoxon_min_p
 
 SUMMARY_COLUMNS = [
@@ -68,6 +69,7 @@ class ReportContext:
     lr_sentences: Sequence[str] = ()  # how each other factor moves the stable LR range
     spending: Spending | None = None  # an adaptive sweep's rounds (report/spending.py)
     sequential: decision.Sequential | None = None  # an adaptive sweep's verdicts (the same)
+    decision: Decision | None = None  # the factor-by-factor choice (report/winner.py)
 
 
 def fmt(x: float, digits: int = 4) -> str:
@@ -109,13 +111,35 @@ def write_summary(configs: pd.DataFrame, path: Path) -> None:
 
 
 def _answer(ctx: ReportContext) -> list[str]:
+    """The first screen (the decision, at most 10 lines), then everything behind it."""
     w, t, level = ctx.configs.iloc[0], ctx.test, f"{ctx.confidence:.0%}"
     others = len(ctx.configs) - 1
     tested = [s for s in t.seeds if math.isfinite(s.test_loss)]
-    lines = []
-    an = ctx.analysis
+    an, dec = ctx.analysis, ctx.decision
+    how = (f"chosen factor by factor from all {len(ctx.runs)} runs (seeds as blocks; best "
+           "validation loss; the cheapest level near the best, then the simplest)"
+           if dec is not None and dec.choices else "the study's only finished config"
+           if dec is not None else "the lowest mean best validation loss")
+    lines = [f"**Train with `{w['label']}`** (config fingerprint `{w['fingerprint']}`), {how}.",
+             ""]
+    if dec is not None and an is not None and dec.choices:
+        lines += [*decision.choice_lines(dec, an, ctx.sequential),
+                  f"- {decision.guarantee(dec)}"]
+    lines.append(
+        f"- Sealed test (split of {t.test_size} sequences, opened once, for this config only): "
+        f"loss {_pm(t.loss.mean, t.loss.std)}, accuracy {_pm(t.acc.mean, t.acc.std, 3)} over "
+        f"{len(tested)} seeds (mean ± std).")
+    lines += _lowest_line(ctx)
+    if dec is not None and dec.note:
+        lines.append(f"- **Note: {dec.note}.**")
+    lines += ["", "Behind the decision:", ""]
+    lines.append(
+        f"- Validation (the only selection criterion): best validation loss "
+        f"{_pm(w['loss_mean'], w['loss_std'])} "
+        f"({level} CI {_ci(w['loss_ci_low'], w['loss_ci_high'])}) over {int(w['seeds'])} "
+        f"seeds; validation accuracy at the best epoch {_pm(w['acc_mean'], w['acc_std'], 3)}.")
     if an is not None and an.main:
-        lines += ["What each setting does, from all "
+        lines += ["", "What each setting does, from all "
                   f"{len(ctx.runs)} runs (seeds as blocks; effects on best validation loss, "
                   f"margin ±{decision.size(an.margin)}):", "",
                   *_adaptive_line(ctx.sequential),
@@ -125,28 +149,13 @@ def _answer(ctx: ReportContext) -> list[str]:
                   "stable LR range from the stability verdicts; section \"Learning rate\"):", "",
                   *[f"- {t}" for t in ctx.lr_sentences or
                     ["no other factor was swept beside the learning rate."]], ""]
-    if "train_seconds" in ctx.configs:
-        margin = an.margin if an else math.nan
-        lines += [f"- {decision.cost_sentence(ctx.configs, margin, _device(ctx.runs))}", ""]
-    lines += [
-        f"**Train with `{w['label']}`** (config fingerprint `{w['fingerprint']}`).", "",
-        f"- Validation (the only selection criterion): best validation loss "
-        f"{_pm(w['loss_mean'], w['loss_std'])} "
-        f"({level} CI {_ci(w['loss_ci_low'], w['loss_ci_high'])}) over {int(w['seeds'])} "
-        f"seeds; validation accuracy at the best epoch "
-        f"{_pm(w['acc_mean'], w['acc_std'], 3)}.",
-        f"- Test (sealed split of {t.test_size} sequences, opened once, for this config only): "
-        f"loss {_pm(t.loss.mean, t.loss.std)}, accuracy {_pm(t.acc.mean, t.acc.std, 3)} over "
-        f"{len(tested)} seeds (mean ± std).",
-    ]
     if math.isinf(w["loss_mean"]):
         lines.append("- **Warning: every config lost at least one seed**; the winner was chosen by "
                      "the tie-breaks (fewest unfinished seeds, then simplest).")
     if w["flag"]:
         lines.append(f"- **Warning: the winner is flagged: {w['flag']}.**")
     if w["precision"] == Precision.FP32 and not w["clip_enabled"] and w["accum_steps"] == 1:
-        lines.append("- The winner is the baseline itself (fp32, clip off, accum 1): no setting "
-                     "beat plain training on validation loss.")
+        lines.append("- The winner is the baseline itself (fp32, clip off, accum 1).")
     if "stability" in ctx.configs:
         lines.append(f"- Stability: {summary_sentence(ctx.configs)}")
     lines += [f"- {c.question}: {c.verdict}" for c in ctx.comparisons]
@@ -155,18 +164,27 @@ def _answer(ctx: ReportContext) -> list[str]:
         lines.append(f"- Recommended clipping threshold (from the clip-off runs' pre-clip norms), "
                      f"{r.sentence()}" + (f"; nearest swept value {near:g}"
                                           if near == near else "") + ".")
-    simpler = simpler_within_noise(ctx.configs)
-    if simpler is not None:
-        lines.append(
-            f"- Simpler alternative: `{simpler['label']}` is "
-            f"**{simpler.get('verdict_vs_winner', 'undecided')}** against the winner (mean "
-            f"difference {signed(simpler['diff_vs_winner'])}, paired t "
-            f"p={_p(simpler['p_vs_winner'])}, unadjusted); the rule picks the lowest mean, "
-            "but these seeds do not show the winner better.")
     lines.append(f"- Against the winner: {_verdict_counts(ctx.configs)}; "
                  f"{int(ctx.configs['within_ci'].sum())} of {others} other configs have a mean "
                  f"inside the winner's {level} CI.")
     return lines
+
+
+def _lowest_line(ctx: ReportContext) -> list[str]:
+    """The config with the lowest validation mean, against the decision, selection-adjusted."""
+    lowest = ctx.configs.sort_values("rank", kind="stable").iloc[0]
+    w = ctx.configs.iloc[0]
+    if lowest["fingerprint"] == w["fingerprint"]:
+        return ["- Lowest validation mean: the winner itself."]
+    c = next((c for c in ctx.comparisons if c.other_fp == lowest["fingerprint"]), None)
+    if c is None:
+        return []
+    r = c.result
+    return [f"- Lowest validation mean: `{lowest['label']}` ({fmt(lowest['loss_mean'])} vs "
+            f"{fmt(w['loss_mean'])}); it − the winner {signed(r.mean_diff)} "
+            f"({ctx.confidence:.0%} CI {signed(r.low)} to {signed(r.high)}, {r.n} seeds, "
+            f"selection-adjusted p {_p(c.p_adj)}): **{c.word}** for the winner; the lowest of "
+            f"{len(ctx.configs)} means is biased low by its own selection."]
 
 
 def _verdict_counts(configs: pd.DataFrame) -> str:
@@ -178,8 +196,8 @@ def _verdict_counts(configs: pd.DataFrame) -> str:
              "helps)", "hurts": "lower on the seeds both finished"}
     parts = [f"{int(counts.get(k, 0))} {v}" for k, v in words.items() if counts.get(k, 0)
              or k in ("equivalent", "undecided")]
-    return (", ".join(parts) + " (paired by seed; t-test and TOST each Holm-adjusted over the "
-            "configs)")
+    return (", ".join(parts) + " (paired by seed; t-test and TOST each selection-adjusted: "
+            "Bonferroni over every pair of configs)")
 
 
 def _device(runs: pd.DataFrame) -> str:
@@ -209,8 +227,9 @@ def _factor_section(ctx: ReportContext) -> list[str]:
              "called equivalent. `training time ×`: the level's mean training seconds per run "
              "(median step time × optimizer steps) over the reference's."]
     if an.dropped_cells:
-        parts += ["", f"{an.dropped_cells} cell(s) without every seed on both sides were left "
-                  "out of their contrast (a complete cells × seeds table is required)."]
+        parts += ["", f"{an.dropped_cells} cell(s) of a contrast lacked a seed on one side: only "
+                  "those points were left out (each seed's difference is the mean over the cells "
+                  "it has; a seed with none is not counted)."]
     if an.interactions:
         parts += ["", "Two-way interactions (the effect's difference between a level of the "
                   "other factor and its reference; Holm over this table):", "",
@@ -264,14 +283,14 @@ def _load_line(ctx: ReportContext) -> list[str]:
 
 def _comparison_table(ctx: ReportContext) -> str:
     rows = [[c.question, c.reference, c.other, str(c.result.n), signed(c.result.mean_diff),
-             _signed_ci(c.result.low, c.result.high), _p(c.result.p_t), _p(c.p_holm),
+             _signed_ci(c.result.low, c.result.high), _p(c.result.p_t), _p(c.p_adj),
              _p(c.result.p_wilcoxon), _size(c.power.mdd), _seeds(c.power.seeds_for_effect),
              str(c.other_unfinished)] for c in ctx.comparisons]
     power = ctx.comparisons[0].power if ctx.comparisons else None
     effect = _size(power.effect) if power else "—"
     level = f"{power.power:.0%}" if power else ""
     return _table(["question", "reference", "other", "paired seeds", "mean diff (other − ref)",
-                   f"{ctx.confidence:.0%} CI", "paired t p", "Holm p", "Wilcoxon p",
+                   f"{ctx.confidence:.0%} CI", "paired t p", "selection-adjusted p", "Wilcoxon p",
                    f"detectable at {level} power", f"seeds to detect {effect}",
                    "other's unfinished seeds"], rows)
 
@@ -294,13 +313,15 @@ def _config_table(configs: pd.DataFrame, loss_name: str = DEFAULT_LOSS_NAME) -> 
             _ci(c["loss_ci_low"], c["loss_ci_high"]), _pm(c["acc_mean"], c["acc_std"], 3),
             fmt(c["clip_fraction_mean"], 3), fmt(c["skip_count_mean"], 1),
             fmt(c["underflow_mean"], 4), _wall(c),
-            signed(c["diff_vs_winner"]), _p(c["p_vs_winner"]), _size(c["mdd_vs_winner"]),
+            signed(c["diff_vs_winner"]), _p(c.get("p_adj_vs_winner", c["p_vs_winner"])),
+            _size(c["mdd_vs_winner"]),
             c["flag"] or "",
         ])
     return _table(["rank", "config", "stability", "finished", "unfinished",
                    f"best val loss ({loss_name})", "CI",
                    "val acc", "clip frac", "skips", "fp16 underflow", "wall s (median, max)",
-                   "diff vs winner", "p vs winner", "detectable vs winner", "flag"], rows)
+                   "diff vs winner", "p vs winner (selection-adjusted)", "detectable vs winner",
+                   "flag"], rows)
 
 
 def _wall(c: pd.Series) -> str:

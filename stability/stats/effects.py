@@ -32,6 +32,7 @@ rule the report uses on thousands of synthetic studies at once.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,8 +67,13 @@ class Estimate:
 def estimate(d: np.ndarray) -> Estimate:
     """The effect and its standard error from paired differences ``d[..., cell, seed]``.
 
+    A missing point (NaN: a run absent on either side) drops only itself: each seed's mean is
+    over the cells it has, a seed with none is left out, and the seeds that remain are the
+    replicates (at least 2, else the mean and its error are NaN). Complete data gives the plain
+    mean of the per-seed means.
+
     Args:
-        d: finite paired differences, shape ``(..., C, S)`` with ``S >= 2``.
+        d: paired differences, shape ``(..., C, S)``.
 
     Returns:
         The ``Estimate``: the mean of the per-seed means, their SD over ``sqrt(S)``.
@@ -76,18 +82,29 @@ def estimate(d: np.ndarray) -> Estimate:
     c, s = d.shape[-2:]
     if s < 2:
         raise ValueError(f"an effect needs at least 2 seeds, got {s}")
-    seed_means = d.mean(axis=-2)
-    sd = seed_means.std(axis=-1, ddof=1)
-    df = np.full(np.shape(sd), s - 1, dtype=float)
-    return Estimate(seed_means.mean(axis=-1), sd / np.sqrt(s), df, sd, c, s)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN seeds and pairs: NaN below
+        seed_means = np.nanmean(d, axis=-2)
+        n = np.sum(np.isfinite(seed_means), axis=-1)
+        mean = np.nanmean(seed_means, axis=-1)
+        sd = np.nanstd(seed_means, axis=-1, ddof=1)
+    few = n < 2
+    sd = np.where(few, np.nan, sd)
+    mean = np.where(n < 1, np.nan, mean)
+    df = np.where(few, np.nan, n - 1).astype(float)
+    return Estimate(mean, sd / np.sqrt(np.maximum(n, 1)), df, sd, c, int(np.max(n)))
 
 
 def p_two_sided(e: Estimate) -> np.ndarray:
-    """p-value of ``theta = 0`` (two-sided t). Zero spread with a non-zero mean gives 0."""
+    """p-value of ``theta = 0`` (two-sided t).
+
+    Zero spread is no evidence: identical differences from a few seeds say nothing about a new
+    seed's noise, so without spread p is 1 (undecided), never 0.
+    """
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.abs(e.mean) / e.se
-    p = 2 * stats.t.sf(t, e.df)
-    return np.where(e.se > 0, p, np.where(e.mean == 0, 1.0, 0.0))
+        p = 2 * stats.t.sf(t, e.df)
+    return np.where(e.se > 0, p, 1.0)
 
 
 def p_equivalent(e: Estimate, margin: float | np.ndarray) -> np.ndarray:
@@ -96,8 +113,8 @@ def p_equivalent(e: Estimate, margin: float | np.ndarray) -> np.ndarray:
         lower = stats.t.sf((e.mean + margin) / e.se, e.df)  # H0: theta <= -margin
         upper = stats.t.cdf((e.mean - margin) / e.se, e.df)  # H0: theta >= +margin
     p = np.maximum(lower, upper)
-    inside = np.abs(e.mean) < margin
-    return np.where(e.se > 0, p, np.where(inside, 0.0, 1.0))
+    # Without spread only identical runs (every difference exactly 0) are equivalent.
+    return np.where(e.se > 0, p, np.where(e.mean == 0, 0.0, 1.0))
 
 
 def interval(e: Estimate, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray]:

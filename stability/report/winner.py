@@ -1,0 +1,229 @@
+"""The decision: a level per factor from the factor effects, by cost, then the config it makes.
+
+For each factor (factors whose interaction is detected are one group, decided on their joint
+levels) the levels are compared with the best one by multiple comparisons with the best
+(``stability.stats.best``), every run a paired piece of evidence with seeds as blocks. Among the
+levels shown within the margin of the best, the cheapest on the measured device is taken (costs
+within ``cost_tolerance`` count as equal), then the simplest, then the lowest mean. The
+winner is the config those choices make; a config with an unfinished seed is never the winner
+(the next choice in order is taken instead). It is the one config the sealed test is opened
+for. docs/report.md ("The decision") gives the method and why.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from stability.report.factors import ACCUM, CLIP, PRECISION, Cube, Factor, FactorAnalysis, design
+from stability.stats import best as mcb
+
+CHOSEN_WITHIN, CHOSEN_NOT_WORSE = "within", "not worse"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One decided group: a factor, or factors decided jointly because they interact.
+
+    Levels are tuples of one level name per factor of the group.
+    """
+
+    factors: tuple[str, ...]
+    levels: tuple[tuple[str, ...], ...]
+    status: tuple[str, ...]  # mcb.WITHIN / WORSE / OPEN per level
+    upper: tuple[float, ...]  # simultaneous upper bound of (level - best level)
+    mean: tuple[float, ...]  # mean loss of the level's runs (unfinished at the worst loss)
+    seconds: tuple[float, ...]  # mean training seconds per run at the level
+    chosen: int  # index into ``levels`` of the winner's level
+    preferred: int  # the rule's choice before the unfinished-seed check (usually ``chosen``)
+
+    @property
+    def basis(self) -> str:
+        """``within``: the chosen level is shown within the margin of the best."""
+        return CHOSEN_WITHIN if self.status[self.chosen] == mcb.WITHIN else CHOSEN_NOT_WORSE
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The winner and how each factor was decided.
+
+    ``fingerprint`` is None when no config of the grid is fully finished.
+    """
+
+    choices: tuple[Choice, ...]
+    fingerprint: str | None
+    margin: float
+    alpha: float
+    cost_tolerance: float
+    note: str = ""  # why the winner is not the rule's first choice, if it is not
+
+    @property
+    def guaranteed(self) -> bool:
+        """Every chosen level is shown within the margin of its factor's best."""
+        return all(c.basis == CHOSEN_WITHIN for c in self.choices)
+
+
+def simplicity(factor: str, level: str, position: int) -> int:
+    """0 for the simplest level: clip off, accum 1 (then smaller), fp32 before bf16 before fp16."""
+    if factor == CLIP:
+        return 0 if level == "off" else 1
+    if factor in (ACCUM, PRECISION):
+        return position
+    return 0  # no level of another factor (e.g. train.lr) is simpler than another
+
+
+def groups(an: FactorAnalysis | None, factors: list[Factor]) -> list[list[int]]:
+    """Factor indices grouped by detected interaction (Holm p < alpha): connected components."""
+    parent = list(range(len(factors)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    index = {f.name: i for i, f in enumerate(factors)}
+    for e in (an.interactions if an is not None else ()):
+        if not e.p_holm < an.alpha or e.factor not in index:
+            continue
+        other = next((f.name for f in factors if e.at.startswith(f"{f.name} ")), None)
+        if other is not None:
+            parent[root(index[e.factor])] = root(index[other])
+    out: dict[int, list[int]] = {}
+    for i in range(len(factors)):
+        out.setdefault(root(i), []).append(i)
+    return list(out.values())
+
+
+def joint(y: np.ndarray, axes: list[int], k: int) -> np.ndarray:
+    """``y[..., joint level, cell of the other factors, seed]`` from ``y[..., f_1..f_k, seed]``.
+
+    ``axes`` are the group's factor indices among the ``k`` factors; leading axes are batch
+    axes.
+    """
+    lead = y.ndim - 1 - k
+    rest = [a for a in range(k) if a not in axes]
+    order = [*range(lead), *(lead + a for a in axes), *(lead + a for a in rest), y.ndim - 1]
+    levels = int(np.prod([y.shape[lead + a] for a in axes]))
+    return np.transpose(y, order).reshape(y.shape[:lead] + (levels, -1, y.shape[-1]))
+
+
+def level_choice(y: np.ndarray, k: int, axes: list[int], delta: float | np.ndarray,
+                 alpha: float, cost: np.ndarray, simple: np.ndarray,
+                 tolerance: float) -> tuple[mcb.Best, np.ndarray, np.ndarray]:
+    """MCB bounds, level means and the rule's pick for one group (any leading batch axes).
+
+    Args:
+        y: losses ``[..., level of factor 1, ..., level of factor k, seed]`` (NaN: not run).
+        k: the number of factors.
+        axes: the group's factor indices.
+        delta: the margin (a scalar, or one per batch element).
+        alpha: the error this group may spend.
+        cost: training seconds per run of each joint level (``[L]``, NaN unknown).
+        simple: simplicity rank of each joint level (``[L]``).
+        tolerance: the cost tie share.
+
+    Returns:
+        ``(bounds, mean[..., L], pick[...])``.
+    """
+    yj = joint(y, axes, k)
+    b = mcb.mcb(mcb.pairwise(yj), delta, alpha)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a level never run: NaN mean
+        mean = np.nanmean(yj.reshape(yj.shape[:-2] + (-1,)), axis=-1)
+    return b, mean, mcb.pick_level(b.status, cost, simple, mean, tolerance)
+
+
+def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
+           margin: float, alpha: float = 0.05, cost_tolerance: float = 0.1) -> Decision:
+    """The winner of the study, factor by factor.
+
+    Args:
+        runs: one row per training run (``fetch.fetch_runs``).
+        configs: ``select.aggregate(runs)``.
+        an: the factor analysis (its interactions group the factors); None: no grouping.
+        margin: the margin of "within the best" (loss units).
+        alpha: the error the whole decision may spend (split over the groups).
+        cost_tolerance: costs within this share of the cheapest candidate's are equal.
+    """
+    table, factors = design(runs, configs)
+    if not factors:  # one config: nothing to decide
+        fp = _finished(configs)
+        return Decision((), fp[0] if fp else None, margin, alpha, cost_tolerance)
+    cube = Cube.of(table, factors)
+    # A grid that is not fully crossed (some combination never ran) cannot be read factor by
+    # factor: its configs are compared with each other, all factors as one group.
+    crossed = bool(np.isfinite(cube.loss).any(axis=-1).all())
+    parts = groups(an, factors) if crossed else [list(range(len(factors)))]
+    delta = margin if math.isfinite(margin) else -math.inf  # no margin: nothing is "within"
+    choices = []
+    for axes in parts:
+        names = tuple(factors[a].name for a in axes)
+        levels = list(itertools.product(*(factors[a].levels for a in axes)))
+        seconds = table.groupby(list(names))["seconds"].mean()
+        cost = np.array([seconds.get(lv if len(lv) > 1 else lv[0], math.nan) for lv in levels],
+                        dtype=float)
+        simple = np.array([sum(simplicity(factors[a].name, lv[i], factors[a].levels.index(lv[i]))
+                               for i, a in enumerate(axes)) for lv in levels])
+        b, mean, pick = level_choice(cube.loss, len(factors), axes, delta, alpha / len(parts),
+                                     cost, simple, cost_tolerance)
+        choices.append(Choice(names, tuple(levels), tuple(str(s) for s in b.status),
+                              tuple(float(u) for u in b.upper), tuple(float(m) for m in mean),
+                              tuple(float(c) for c in cost), int(pick), int(pick)))
+    return _settle(table, configs, choices, factors, margin, alpha, cost_tolerance)
+
+
+def _order(c: Choice, tolerance: float) -> list[int]:
+    """The group's levels from the rule's first choice down: candidates first, then the rest."""
+    out = [c.chosen]
+    status = np.array(c.status)
+    left = np.ones(len(c.levels), dtype=bool)
+    left[c.chosen] = False
+    while left.any():
+        masked = np.where(left, status, mcb.WORSE)
+        if np.isin(masked, [mcb.WORSE, mcb.ABSENT]).all():  # only levels shown worse remain
+            rest = [i for i in np.argsort(c.upper, kind="stable")
+                    if left[i] and status[i] != mcb.ABSENT]
+            return out + [int(i) for i in rest]
+        i = int(mcb.pick_level(masked, np.array(c.seconds), np.zeros(len(c.levels)),
+                               np.array(c.mean), tolerance))
+        out.append(i)
+        left[i] = False
+    return out
+
+
+def _finished(configs: pd.DataFrame) -> list[str]:
+    done = configs[(configs["seeds_diverged"] + configs["seeds_failed"] == 0)
+                   & (configs["seeds_finished"] > 0)]
+    return [str(fp) for fp in done["fingerprint"]]
+
+
+def _settle(table: pd.DataFrame, configs: pd.DataFrame, choices: list[Choice],
+            factors: list[Factor], margin: float, alpha: float,
+            tolerance: float) -> Decision:
+    """The config the choices make; if it has an unfinished seed, the next combination."""
+    ok = set(_finished(configs))
+    names = [f.name for f in factors]
+    at = table.drop_duplicates("fingerprint").set_index(names)["fingerprint"]
+    orders = [_order(c, tolerance) for c in choices]
+    combos = sorted(itertools.product(*(range(len(o)) for o in orders)),
+                    key=lambda r: (sum(r), r))
+    for ranks in combos:
+        picked = {n: c.levels[o[r]][i] for c, o, r in zip(choices, orders, ranks, strict=True)
+                  for i, n in enumerate(c.factors)}
+        key = tuple(picked[n] for n in names)
+        fp = at.get(key if len(key) > 1 else key[0])
+        if fp is None or fp not in ok:
+            continue
+        final = [Choice(**{**c.__dict__, "chosen": o[r]})
+                 for c, o, r in zip(choices, orders, ranks, strict=True)]
+        note = "" if not any(ranks) else (
+            "the rule's first choice is not a fully finished config of the grid (a config with "
+            "an unfinished seed is never recommended): the next choice in order was taken")
+        return Decision(tuple(final), str(fp), margin, alpha, tolerance, note)
+    return Decision(tuple(choices), None, margin, alpha, tolerance,
+                    "no config of the grid finished every seed: nothing is recommended")
