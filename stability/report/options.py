@@ -151,10 +151,14 @@ def _check_thresholds(t: Thresholds, e: Errors) -> None:
         e.require(isinstance(value, float) and value > 0, f"verdict.{key}", value, "a number > 0")
     e.require(isinstance(t.settle_steps, int) and not isinstance(t.settle_steps, bool)
               and t.settle_steps >= 0, "verdict.settle_steps", t.settle_steps, "an integer >= 0")
-    for key in ("net_backoffs_unstable", "spike_window", "spike_min_history", "spikes_unstable"):
+    for key in ("net_backoffs_unstable", "spike_window", "spike_min_history", "spikes_unstable",
+                "zspikes_marginal", "zspikes_unstable"):
         value = getattr(t, key)
         e.require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
                   f"verdict.{key}", value, "an integer >= 1")
+    counts = (t.zspikes_marginal, t.zspikes_unstable)
+    e.require(not all(isinstance(c, int) for c in counts) or counts[0] <= counts[1],
+              "verdict.zspikes_marginal", counts[0], "an integer <= verdict.zspikes_unstable")
 
 
 # Hydra keys (conf/report.yaml) -> ReportConfig fields; nested sections use dotted keys.
