@@ -79,7 +79,7 @@ def test_the_cheaper_level_within_the_margin_is_chosen_over_the_lowest_mean():
     assert dec.fingerprint == "fp32-None"  # clip off: equally cheap, simpler
     _, an = analysed(runs, 0.005)
     lines = decision.choice_lines(dec, an)
-    assert lines[1].startswith("- **Precision → fp32**, within ±0.0050 of the best")
+    assert lines[1].startswith("- **Precision → fp32** (shown within ±0.0050 of the best level)")
     assert "6.00× the time" in lines[1]
     assert "with probability ≥ 95%" in decision.guarantee(dec)
 

@@ -51,12 +51,12 @@ def test_the_plan_spends_alpha_over_its_looks_and_rejects_bad_values_at_once() -
 
 
 @pytest.mark.parametrize(("label", "kwargs", "runs"), [
-    ("measured noise", {}, 263),
-    ("seed x clip interaction 0.5 x run noise", {"seed_by_clip": 0.5 * NOISE["run"]}, 251),
+    ("measured noise", {}, 272),
+    ("seed x clip interaction 0.5 x run noise", {"seed_by_clip": 0.5 * NOISE["run"]}, 259),
 ])
 def test_no_effect_means_at_most_alpha_false_helps_or_hurts_over_all_looks(label, kwargs, runs):
     """Error held over the looks, and the runs the rule costs pinned (measured 2026-12-02,
-    seed 11): futility removed costs 431 runs instead of 263 and fails here."""
+    seed 11): futility removed costs about 430 runs instead of 272 and fails here."""
     y = studies(np.random.default_rng(11), SIMS, PLAN.max_seeds, **kwargs)
     state, seeds = sq.run(y, PLAN, MARGIN, LEVELS)
     claims = np.isin(state.verdict, [sq.HELPS, sq.HURTS]).any(axis=-1)

@@ -204,7 +204,7 @@ def unseen(c: Comparison) -> str:
         return (f"the {n} per-seed differences are all equal (e.g. identical runs), so the "
                 "smallest detectable difference cannot be estimated")
     text = (f"with {n} seeds a difference smaller than {abs_num(s.mdd)} would go unseen "
-            f"({s.power:.0%} power, α = {s.alpha:g})")
+            f"({s.power:.0%} power, α = {s.alpha:.2g})")
     if math.isfinite(s.seeds_for_effect):
         text += f"; detecting {abs_num(s.effect)} would take {int(s.seeds_for_effect)} seeds"
     elif s.seeds_for_effect == math.inf:

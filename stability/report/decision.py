@@ -231,9 +231,9 @@ def _level_word(choice: Choice, i: int) -> str:
 
 def _basis(choice: Choice, margin: float) -> str:
     if choice.basis == CHOSEN_WITHIN:
-        return f"within ±{size(margin)} of the best"
-    return (f"no level is shown within ±{size(margin)} of the best: the cheapest, then "
-            "simplest, not shown worse")
+        return f"shown within ±{size(margin)} of the best level"
+    return (f"not shown worse than the best; no level is shown within ±{size(margin)} of it, "
+            "so the cheapest, then simplest")
 
 
 def _effects_of(an: FactorAnalysis, factor: str, seq: Sequential | None) -> str:
@@ -257,8 +257,8 @@ def choice_lines(dec: Decision, an: FactorAnalysis, seq: Sequential | None = Non
         title = " × ".join(TITLES.get(f, f) for f in c.factors)
         joint = " (decided jointly: they interact)" if len(c.factors) > 1 else ""
         effects = "; ".join(_effects_of(an, f, seq) for f in c.factors)
-        lines.append(f"- **{title} → {_level_word(c, c.chosen)}**{joint}, "
-                     f"{_basis(c, dec.margin)}; {effects}.")
+        lines.append(f"- **{title} → {_level_word(c, c.chosen)}**{joint} "
+                     f"({_basis(c, dec.margin)}): {effects}.")
     return lines
 
 

@@ -235,11 +235,14 @@ def _seeds_to_decide(mean: np.ndarray, sd: np.ndarray, margin: np.ndarray, plan:
     looks use, so this errs towards seeding on, never towards giving up early.
     """
     m = np.maximum(still.sum(axis=-1, keepdims=True), 1)
-    z = stats.norm.isf(plan.spend[-1] / m / 2) + stats.norm.ppf(plan.power)
+    level = plan.spend[-1] / m
+    # The difference test is two-sided; each of TOST's two tests is one-sided at the level.
+    z_diff = stats.norm.isf(level / 2) + stats.norm.ppf(plan.power)
+    z_equiv = stats.norm.isf(level) + stats.norm.ppf(plan.power)
     gap = (margin[..., None] if np.ndim(margin) else margin) - np.abs(mean)
     with np.errstate(divide="ignore", invalid="ignore"):
-        n_diff = (z * sd / np.abs(mean)) ** 2
-        n_equiv = np.where(gap > 0, (z * sd / gap) ** 2, np.inf)
+        n_diff = (z_diff * sd / np.abs(mean)) ** 2
+        n_equiv = np.where(gap > 0, (z_equiv * sd / gap) ** 2, np.inf)
     return np.nan_to_num(np.minimum(n_diff, n_equiv), nan=np.inf)
 
 
