@@ -209,3 +209,11 @@ def test_planted_instabilities_are_found_in_at_least_95_percent_of_configs(kind,
     rate, low, high = rate_ci(int(found), n)
     print(f"{kind}: found {rate:.4f} (95% CI {low:.4f}-{high:.4f})")
     assert low >= bound
+
+
+def test_a_spike_does_not_hide_the_spike_after_it():
+    """Left in the window, a 30-std spike inflates the next 128 steps' std; a second spike of
+    8 std of the quiet loss would then pass unseen. Left out, both are found."""
+    loss = pd.Series(0.5 + 0.01 * np.random.default_rng(3).standard_normal(400))
+    loss[200], loss[230] = 0.8, 0.58
+    assert loss_zspikes(loss, T) == 2

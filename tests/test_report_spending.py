@@ -119,12 +119,17 @@ def test_an_adaptive_sweeps_factor_table_and_answer_give_the_replayed_verdicts()
     assert sorted(r[1] for r in rows) == sorted(replay)
     for r in rows:
         d = replay[r[1]]
-        assert r[7] == (f"{d.verdict} (look {d.look})" if d.look
-                        else f"{d.verdict} (after the last look)")
+        without = f", averaged without {d.left}" if d.left else ""
+        assert r[7] == (f"{d.verdict} (look {d.look}{without})" if d.look
+                        else f"{d.verdict} (after the last look{without})")
+        # a verdict reached after accum 8 left is about the design without it, and says so
+        late = (d.look or len(PLAN.looks)) > 2 and d.factor != factors.ACCUM
+        assert ("accum 8" in d.left) == late
     assert "accum 8 **hurts (look 2)**" in " ".join(decision.factor_sentences(an, seq))
     assert [r[7] for r in decision.factor_table(an)] == list(fixed.values())  # grid: unchanged
     clipping = next(s for s in decision.factor_sentences(an, seq) if "**Clipping**" in s)
-    assert "max_norm 5 **undecided (after the last look)**" in clipping
+    assert "max_norm 5 **undecided (after the last look, averaged without accum 4, accum 8)**" \
+        in clipping
     assert "max_norm 5 **helps**" in "".join(decision.factor_sentences(an))
 
 

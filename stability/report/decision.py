@@ -58,12 +58,14 @@ class Replayed:
     mean: float
     low: float  # plain 95% t interval at that look
     high: float
+    left: str = ""  # the other factors' levels that had left by that look (not averaged over)
 
     @property
     def word(self) -> str:
-        """``hurts (look 1)``, ``undecided (after the last look)``."""
-        return (f"{self.verdict} (look {self.look})" if self.look
-                else f"{self.verdict} (after the last look)")
+        """``hurts (look 1)``, ``helps (look 2, averaged without accum 8)``."""
+        without = f", averaged without {self.left}" if self.left else ""
+        return (f"{self.verdict} (look {self.look}{without})" if self.look
+                else f"{self.verdict} (after the last look{without})")
 
 
 @dataclass(frozen=True)
@@ -174,8 +176,11 @@ def factor_sentences(an: FactorAnalysis, seq: Sequential | None = None) -> list[
                 else _adaptive_phrase(e, seq, an.confidence) for e in effects]
         parts = "; ".join([f"{level_name(f.name, e.level)} {s}{_cost(e)}"
                            for e, s in zip(effects, said, strict=True)] + extra)
+        pooled = ("pooled over every other setting and seed" if seq is None else
+                  "pooled over the other settings still in play at the deciding look (named "
+                  "where a level had left)")
         text = (f"- **{TITLES.get(f.name, f.name)}** vs {level_name(f.name, f.reference)}, "
-                f"pooled over every other setting and seed: {parts}.")
+                f"{pooled}: {parts}.")
         lost = [e for e in effects if e.unfinished != (0, 0)]
         for e in lost:
             text += (f" {level_name(f.name, e.level)}: {e.unfinished[0]} unfinished run(s), "

@@ -51,6 +51,7 @@ class Decision:
     high: float
     futile_at: int = 0  # the look that gave it up (0: never)
     factor: str = ""
+    left: str = ""  # levels of the other factors no longer averaged over at that look
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def analyse(runs: pd.DataFrame, configs: pd.DataFrame, plan: sq.Plan, margin: st
     names = [(f"{level_name(factors[i].name, factors[i].levels[a])} vs "
               f"{level_name(factors[i].name, factors[i].reference)}", factors[i].name)
              for i, a in pairs]
-    decisions = _decisions(rep, plan, names)
+    decisions = _decisions(rep, plan, names, factors)
     bounds = (0, *plan.looks)
     rounds, added = [], {}
     labels = configs.set_index("fingerprint")["label"]
@@ -150,8 +151,22 @@ def analyse(runs: pd.DataFrame, configs: pd.DataFrame, plan: sq.Plan, margin: st
                     float(np.nansum(per_config) * width), outside, seeds)
 
 
-def _decisions(rep: looks.Replay, plan: sq.Plan, names: list[tuple[str, str]]
-               ) -> list[Decision]:
+def _left(rep: looks.Replay, at: int, factors: list[fa.Factor], own: str) -> str:
+    """``accum 8, fp16``: the other factors' levels that had left the study before look ``at``.
+
+    A look averages each contrast over the levels still in play, so once a level has left, the
+    verdict is about the design without it, and says so.
+    """
+    if at < 2:
+        return ""
+    alive = rep.states[at - 2].alive
+    gone = [level_name(f.name, f.levels[i]) for f, mask in zip(factors, alive, strict=True)
+            if f.name != own for i in range(len(f.levels)) if not bool(np.asarray(mask)[i])]
+    return ", ".join(gone)
+
+
+def _decisions(rep: looks.Replay, plan: sq.Plan, names: list[tuple[str, str]],
+               factors: list[fa.Factor]) -> list[Decision]:
     if not rep.states:
         return []
     last = rep.states[-1]
@@ -163,7 +178,8 @@ def _decisions(rep: looks.Replay, plan: sq.Plan, names: list[tuple[str, str]]
         futile = next((k + 1 for k, s in enumerate(rep.states) if s.futile[j]), 0)
         out.append(Decision(name, sq.VERDICTS[last.verdict[j]], int(last.decided_at[j]), n,
                             float(last.mean[j]), float(last.mean[j] - half),
-                            float(last.mean[j] + half), futile, factor))
+                            float(last.mean[j] + half), futile, factor,
+                            _left(rep, at, factors, factor)))
     return out
 
 
@@ -271,4 +287,4 @@ def replayed(c: object, parent_run_id: str | None, runs: pd.DataFrame, configs: 
     if sp is None:
         return None, None
     return sp, Sequential({d.contrast: Replayed(d.factor, d.verdict, d.look, d.mean, d.low,
-                                                d.high) for d in sp.decisions})
+                                                d.high, d.left) for d in sp.decisions})
