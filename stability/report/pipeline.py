@@ -214,6 +214,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                       for rid, why in sorted(unreadable.items())]
             notes += [f"run {r.run_id} is unreadable, counted as not finished: {r.reason}"
                       for r in runs[runs["outcome"] == fetch.UNREADABLE].itertuples()]
+            notes += select.missing_costs(runs)
             configs = health.judge(runs, configs, steps, cfg.verdict)
             lr_found = lr.curves(runs, configs)
             lr_text = lr.sentences(lr_found, {f.name: f.reference for f in analysis.factors
