@@ -159,7 +159,9 @@ def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.
         try:
             fig = job()
         except Exception as err:  # one broken figure must not cost the whole report
-            log.exception("figure %s failed", name)
+            # one line on the terminal (the report's Problems say it too); the traceback at debug
+            log.warning("figure %s could not be drawn: %s: %s", name, type(err).__name__, err)
+            log.debug("figure %s failed", name, exc_info=True)
             notes.append(f"figure '{name}' could not be drawn: {type(err).__name__}: {err}")
             continue
         if fig is not None:
