@@ -70,3 +70,19 @@ def test_two_seeds_tracked_by_hand_with_only_the_contract_are_reported(tmp_path:
     assert "Traceback" not in done.stdout + done.stderr
     report = (tmp_path / "reports" / "minimal" / "report.md").read_text()
     assert "2 finished run(s) lack `step_time_median_s`" in report  # named, not silent
+
+
+def test_only_torch_exports_note_on_rnn_flat_weights_is_silenced():
+    """The report's terminal: torch.export's note on a GRU's flat weights (any module path) is
+    not the user's business; any other tensor attribute assigned during export still is."""
+    import re
+
+    from stability.report.publish import RNN_FLAT_WEIGHTS
+
+    note = ("The tensor attributes self.module.gru._flat_weights[0], self.module.gru."
+            "_flat_weights[1] were assigned during export. Such attributes must be registered")
+    assert re.match(RNN_FLAT_WEIGHTS, note)
+    assert re.match(RNN_FLAT_WEIGHTS, "The tensor attribute self.rnn._flat_weights[0] was "
+                    "assigned during export.")
+    assert not re.match(RNN_FLAT_WEIGHTS, "The tensor attributes self.gru._flat_weights[0], "
+                        "self.scale were assigned during export.")

@@ -60,14 +60,18 @@ def _runs(tmp: Path) -> list[Any]:
 
 
 @pytest.mark.parametrize("target", [LIGHTNING, HF])
-def test_a_trainer_task_leaves_our_run_folder_and_mlflow_run(tmp_path: Path,
-                                                             target: str) -> None:
+def test_a_trainer_task_leaves_our_run_folder_and_mlflow_run(tmp_path: Path, target: str,
+                                                             caplog: Any) -> None:
     """steps.csv (+ scheduler_stepped), layer_norms.csv, config.yaml, checkpoint; the MLflow
     run carries our loop's fingerprint, params and summary metrics."""
     pytest.importorskip("lightning.pytorch" if target == LIGHTNING else "transformers")
     raw = _raw(tmp_path / "run", target, "clip.enabled=true", "clip.max_norm=0.3",
                "train.accum_steps=2", "seed=3", "train.lr=0.01", *_tracked(tmp_path))
-    best = run_job(raw)
+    with caplog.at_level("INFO", logger="stability.core.loop"):
+        best = run_job(raw)
+    # our loop's per-epoch line (in a sweep: the run's sweep.log)
+    assert [r.getMessage().split()[:2] for r in caplog.records
+            if r.getMessage().startswith("epoch ")] == [["epoch", "1/2"], ["epoch", "2/2"]]
     out = tmp_path / "run"
     rows = _rows(out / "steps.csv")
     # 192 training samples, batch 16, accumulation 2: 6 optimizer steps an epoch, 2 epochs.

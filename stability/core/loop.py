@@ -110,6 +110,13 @@ def write_config(cfg: RunConfig, path: Path) -> None:
     path.write_text(yaml.safe_dump(to_yaml_dict(cfg), sort_keys=False))
 
 
+def log_epoch(record: EpochLog, epochs: int, level: int = logging.INFO) -> None:
+    """The run's per-epoch line (in a sweep: in the run's log), for our loop and trainers."""
+    log.log(level, "epoch %2d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  clip %.2f  "
+            "skips %d", record.epoch, epochs, record.train_loss, record.val_loss,
+            record.val_acc, record.clip_fraction, record.skip_count)
+
+
 def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -> RunResult:
     """Train one configuration.
 
@@ -222,11 +229,7 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
             if csv_writer is not None and not ddp:  # the resume point of this epoch
                 checkpoint.save(out, cfg, parts, epochs, (best_val, best_epoch, best_acc),
                                 best_metrics)
-            log.log(logging.INFO if main else logging.DEBUG,
-                "epoch %2d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  clip %.2f  "
-                "skips %d", epoch, cfg.train.epochs, record.train_loss, val_loss, val_acc,
-                record.clip_fraction, record.skip_count,
-            )
+            log_epoch(record, cfg.train.epochs, logging.INFO if main else logging.DEBUG)
     except DivergedError as err:
         status, reason = "diverged", str(err)
         log.error("run diverged: %s", err)
