@@ -282,6 +282,7 @@ def _register(c: Any, uri: str, cfg: ReportConfig, sweep: fetch.Sweep, runs: pd.
         return publish.register_winner(c, uri, cfg.registered_model, sweep, winner, best, test,
                                        report_run, loadable, notes)
     except Exception as err:  # the report stands without a registry entry
-        log.exception("model registration failed")
+        log.warning("model not registered: %s: %s", type(err).__name__, err)  # one line
+        log.debug("model registration failed", exc_info=True)
         notes.append(f"Model Registry: {type(err).__name__}: {err}")
         return "", False
