@@ -100,8 +100,8 @@ def test_a_sweep_says_its_axes_and_which_come_from_the_default_study_before_any_
     lines = done.stdout.splitlines()
     assert lines[:4] == [
         "[sweep] axes given: clip.enabled=false,true, precision=fp32,bf16, seed=0,1",
-        "[sweep] axes from the default study (not given on the command line; give key=value "
-        "to fix one): clip.max_norm=1.0,5.0,10.0, train.accum_steps=1,2,4,8",
+        "[sweep] axes from the study config (hydra.sweeper.params, not given on the command "
+        "line; give key=value to fix one): clip.max_norm=1.0,5.0,10.0, train.accum_steps=1,2,4,8",
         "[sweep] planned: 96 grid points (2 clip.enabled x 3 clip.max_norm x 4 "
         "train.accum_steps x 2 precision x 2 seed)",
         "[sweep] grid: 96 points, 64 after de-duplication (32 duplicates: settings that cannot "

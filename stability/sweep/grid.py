@@ -105,8 +105,8 @@ def axes_lines(axes: Sequence[Axis]) -> list[str]:
     study = [a for a in axes if a.from_study]
     lines = [f"axes given: {listed(given)}"] if given else []
     if study:
-        lines.append(f"axes from the default study (not given on the command line; give "
-                     f"key=value to fix one): {listed(study)}")
+        lines.append(f"axes from the study config (hydra.sweeper.params, not given on the "
+                     f"command line; give key=value to fix one): {listed(study)}")
     planned = 1
     for a in axes:
         planned *= a.count
