@@ -11,6 +11,15 @@ from stability.core.steplog import EpochLog, StepLog
 from stability.core.task import Task
 from stability.tasks.sign_sum import SequenceClassifier, SignSumTask
 
+
+def track(*args: object, **kwargs: object) -> object:
+    """Record a loop of your own as a study run: ``stability.integrations.track.track``
+    (docs/integrations.md, "Any loop"); imported on first use, with MLflow."""
+    from stability.integrations.track import track as track_loop
+
+    return track_loop(*args, **kwargs)
+
+
 __all__ = [
     "ClipConfig",
     "ConfigError",
@@ -32,5 +41,6 @@ __all__ = [
     "has_non_finite_grad",
     "measure",
     "to_run_config",
+    "track",
     "train",
 ]

@@ -105,7 +105,8 @@ def report_job(cfg: DictConfig) -> None:
     """The Hydra task of ``stability report`` and ``experiments/report.py``.
 
     Exit statuses: 0 report written; 2 a user mistake (bad key or value, unknown experiment or
-    sweep, an experiment with no sweep, tracking server unreachable); 3 the sweep exists but no
+    sweep, an experiment with no sweep, tracking server unreachable) or any other failure (one
+    line naming it); 3 the sweep exists but no
     training run finished (every seed diverged or failed): nothing to recommend, nothing written.
     """
     from omegaconf import OmegaConf
@@ -123,6 +124,12 @@ def report_job(cfg: DictConfig) -> None:
         fail(f"answer: {err}", 3)
     except (ConfigError, TrackingError) as err:  # a user mistake: one line, no traceback
         fail(f"error: {err}", 2)
+    except Exception as err:  # anything else the runs hold: one line too (the log has the rest)
+        import logging
+
+        logging.getLogger(__name__).debug("the report failed", exc_info=True)
+        fail(f"error: the report failed: {type(err).__name__}: {err} (docs/TRACKING.md lists "
+             "what a training run must record: contract.Rebuild)", 2)
     created = "new" if out.model_created else "existing"
     print(f"winner {out.winner_label} ({out.winner}) of sweep {out.sweep_id}\n"
           f"report: {out.folder / 'report.md'}  MLflow report run: {out.report_run_id}"

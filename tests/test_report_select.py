@@ -15,6 +15,7 @@ from stability.report.select import (
     aggregate,
     baseline,
     effective_loss,
+    missing_costs,
     representative_seed,
 )
 from stability.stats.paired import min_detectable, seeds_needed
@@ -224,3 +225,16 @@ def test_wall_time_is_the_median_over_seeds_so_a_cold_start_does_not_skew_it():
     row = aggregate(runs).iloc[0]
     assert row["wall_time_s_median"] == pytest.approx(0.3)
     assert row["wall_time_s_max"] == pytest.approx(22.9)
+
+
+def test_finished_runs_without_a_cost_metric_are_named_not_silently_timed_by_wall_time():
+    runs = runs_table([("a", "fp32", False, 1.0, 1, {0: 0.3, 1: 0.3, 2: "failed"})])
+    runs["run_name"] = ["a s=0", "a s=1", "a s=2"]
+    runs["step_time_median_s"] = [0.01, math.nan, math.nan]  # s=1: an old or hand-tracked run
+    runs["effective_batch"], runs["grad_syncs"], runs["final_scaler_scale"] = 32, 10, 1.0
+    assert missing_costs(runs) == ["1 finished run(s) lack `step_time_median_s`: their "
+                                   "training time is their wall_time_s (cold start included): "
+                                   "`a s=1`"]
+    runs["step_time_median_s"] = 0.01
+    assert missing_costs(runs.drop(columns=["grad_syncs"])) == [
+        "2 finished run(s) lack `grad_syncs`: `a s=0`, `a s=1`"]

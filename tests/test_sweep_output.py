@@ -85,3 +85,25 @@ def test_dash_v_is_the_verbose_override_for_both_entry_points() -> None:
     assert verbose_argv(["-m", "-v", "seed=1"]) == ["-m", "hydra.sweeper.verbose=true", "seed=1"]
     assert verbose_argv(["--verbose"]) == ["hydra.sweeper.verbose=true"]
     assert verbose_argv(["-m", "seed=-v"]) == ["-m", "seed=-v"]  # only the flag itself
+
+
+def test_a_sweep_says_its_axes_and_which_come_from_the_default_study_before_any_job(
+        tmp_path: Path) -> None:
+    """Narrowing three axes keeps the default study's accum and max_norm: the sweep says so."""
+    cmd = [sys.executable, str(PROJECT / "experiments" / "sweep.py"), "-m", "device=cpu",
+           "precision=fp32,bf16", "clip.enabled=false,true", "seed=0,1",
+           "hydra.sweeper.dry_run=true", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+           f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=os.environ | {"MLFLOW_TRACKING_URI": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[:4] == [
+        "[sweep] axes given: clip.enabled=false,true, precision=fp32,bf16, seed=0,1",
+        "[sweep] axes from the study config (hydra.sweeper.params, not given on the command "
+        "line; give key=value to fix one): clip.max_norm=1.0,5.0,10.0, train.accum_steps=1,2,4,8",
+        "[sweep] planned: 96 grid points (2 clip.enabled x 3 clip.max_norm x 4 "
+        "train.accum_steps x 2 precision x 2 seed)",
+        "[sweep] grid: 96 points, 64 after de-duplication (32 duplicates: settings that cannot "
+        "matter, e.g. clip.max_norm with clipping off)"]
+    assert sum(line.startswith("[sweep] would run: ") for line in lines) == 64

@@ -93,7 +93,7 @@ def test_finished_run_follows_the_contract(mlflow_server, tmp_path: Path) -> Non
     assert len(tags["stability.git_commit"]) == 40
     expected = {k: str(v) for k, v in flatten(cfg).items()
                 if k != "output_dir" and not k.startswith("tracking.")}  # URIs: no credentials
-    assert run.data.params == expected
+    assert run.data.params == expected | {"trainer": "ours"}
 
     rows = _csv_rows(result.csv_path)
     n = len(rows)

@@ -60,14 +60,18 @@ def _runs(tmp: Path) -> list[Any]:
 
 
 @pytest.mark.parametrize("target", [LIGHTNING, HF])
-def test_a_trainer_task_leaves_our_run_folder_and_mlflow_run(tmp_path: Path,
-                                                             target: str) -> None:
+def test_a_trainer_task_leaves_our_run_folder_and_mlflow_run(tmp_path: Path, target: str,
+                                                             caplog: Any) -> None:
     """steps.csv (+ scheduler_stepped), layer_norms.csv, config.yaml, checkpoint; the MLflow
     run carries our loop's fingerprint, params and summary metrics."""
     pytest.importorskip("lightning.pytorch" if target == LIGHTNING else "transformers")
     raw = _raw(tmp_path / "run", target, "clip.enabled=true", "clip.max_norm=0.3",
                "train.accum_steps=2", "seed=3", "train.lr=0.01", *_tracked(tmp_path))
-    best = run_job(raw)
+    with caplog.at_level("INFO", logger="stability.core.loop"):
+        best = run_job(raw)
+    # our loop's per-epoch line (in a sweep: the run's sweep.log)
+    assert [r.getMessage().split()[:2] for r in caplog.records
+            if r.getMessage().startswith("epoch ")] == [["epoch", "1/2"], ["epoch", "2/2"]]
     out = tmp_path / "run"
     rows = _rows(out / "steps.csv")
     # 192 training samples, batch 16, accumulation 2: 6 optimizer steps an epoch, 2 epochs.
@@ -85,6 +89,22 @@ def test_a_trainer_task_leaves_our_run_folder_and_mlflow_run(tmp_path: Path,
     assert run.data.params["task._target_"] == target
     assert run.data.metrics["best_val_loss"] == pytest.approx(best)
     assert run.data.metrics["optimizer_steps"] == 12
+    # The cost metrics of our loop, measured the same way (core.cost.run_costs).
+    m, p = run.data.metrics, run.data.params
+    assert m["step_time_median_s"] > 0 and m["peak_memory_mb"] > 0
+    assert (m["effective_batch"], m["grad_syncs"], m["final_scaler_scale"]) == (32, 12, 1.0)
+    # Params are what ran: the trainer's optimizer, schedule and batch, not our loop's defaults.
+    lightning = target == LIGHTNING
+    assert p["trainer"] == ("lightning" if lightning else "hf")
+    assert p["optim._target_"] == "torch.optim.AdamW" and float(p["optim.lr"]) == 0.01
+    assert p["optim.betas"] == "(0.9, 0.999)" and p["train.batch_size"] == "16"
+    assert p["train.weight_decay"] == ("0.01" if lightning else "0.0")  # not our 0.001
+    assert p["schedule._target_"] == ("torch.optim.lr_scheduler.StepLR" if lightning
+                                      else "torch.optim.lr_scheduler.LambdaLR")
+    assert p["precision.plugin"] == ("Precision(32-true)" if lightning else "accelerate(no)")
+    assert "train.num_workers" not in p and "telemetry.update_ratio" not in p
+    # Both tasks are classifiers: validation accuracy (HF: from the task's metrics()).
+    assert 0.4 <= m["best_val_acc"] <= 1.0
     # The report rebuilds the winner through the task from its checkpoint: the trainer's own
     # evaluation of the rebuilt model gives the validation loss it was selected on.
     from stability.integrations import study
@@ -97,6 +117,7 @@ def test_a_trainer_task_leaves_our_run_folder_and_mlflow_run(tmp_path: Path,
            else task.train_val()[1])
     got = study.evaluate(cfg, task, model, val, "cpu")
     assert got["loss"] == pytest.approx(best, abs=1e-6)
+    assert got["acc"] == pytest.approx(m["best_val_acc"])  # the test's accuracy comes the same way
 
 
 def test_the_same_seed_trains_the_same_lightning_steps(tmp_path: Path) -> None:

@@ -29,6 +29,9 @@ import torch
 log = logging.getLogger(__name__)
 
 COST_METRICS = ("step_time_median_s", "peak_memory_mb")  # summary metrics (contract.py)
+# What every run records about its steps, whichever loop trains it (``run_costs``): the report
+# names a run that lacks one instead of reading something else in its place.
+RUN_COST_METRICS = (*COST_METRICS, "effective_batch", "grad_syncs", "final_scaler_scale")
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
@@ -66,3 +69,24 @@ class CostMeter:
         else:
             peak = _vm_hwm_mb() if self._cpu_peak else math.nan
         return {"step_time_median_s": median, "peak_memory_mb": peak}
+
+
+def final_scale(scaler: torch.amp.GradScaler | None) -> float:
+    """The loss scale a run ends with: the GradScaler's, 1.0 without one (fp32, bf16)."""
+    return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
+
+
+def run_costs(meter: CostMeter, scaler: torch.amp.GradScaler | None, effective_batch: float,
+              grad_syncs: int) -> dict[str, float]:
+    """The run's ``RUN_COST_METRICS``, one computation for our loop and for every trainer.
+
+    Args:
+        meter: the run's step timer and memory peak.
+        scaler: its GradScaler (None or disabled: no loss scaling, scale 1.0).
+        effective_batch: samples per optimizer step (batch x accumulation x ranks; NaN when
+            the trainer's loader does not say).
+        grad_syncs: backward passes that synchronise gradients (one per optimizer step in one
+            process; outside ``no_sync`` under DDP).
+    """
+    return meter.summary() | {"final_scaler_scale": final_scale(scaler),
+                              "effective_batch": effective_batch, "grad_syncs": grad_syncs}

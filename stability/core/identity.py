@@ -101,7 +101,9 @@ def config_label(flat: Mapping[str, Any]) -> str:
     One function for the MLflow run name (``flatten`` of a ``RunConfig``) and the report's
     labels (a row of typed params): the two always read the same.
     """
-    if not flat.get("clip.enabled", False):
+    if "clip.enabled" not in flat:  # a run that does not record it (clipping not swept)
+        clip = "clip=?"
+    elif not flat.get("clip.enabled", False):
         clip = "noclip"
     elif flat.get("clip.method", "norm") == "value":
         clip = f"clipv={flat['clip.clip_value']:g}"

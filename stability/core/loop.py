@@ -31,7 +31,7 @@ import yaml
 from stability.core import checkpoint, distributed
 from stability.core.batches import evaluate_task, task_of, windows
 from stability.core.config import RunConfig, to_yaml_dict
-from stability.core.cost import CostMeter
+from stability.core.cost import CostMeter, run_costs
 from stability.core.faults import FaultInjector
 from stability.core.layers import LayerNormRecorder
 from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
@@ -108,6 +108,13 @@ class InitialLoss:
 def write_config(cfg: RunConfig, path: Path) -> None:
     """Write the resolved config as YAML (``to_run_config`` reads it back)."""
     path.write_text(yaml.safe_dump(to_yaml_dict(cfg), sort_keys=False))
+
+
+def log_epoch(record: EpochLog, epochs: int, level: int = logging.INFO) -> None:
+    """The run's per-epoch line (in a sweep: in the run's log), for our loop and trainers."""
+    log.log(level, "epoch %2d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  clip %.2f  "
+            "skips %d", record.epoch, epochs, record.train_loss, record.val_loss,
+            record.val_acc, record.clip_fraction, record.skip_count)
 
 
 def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -> RunResult:
@@ -222,11 +229,7 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
             if csv_writer is not None and not ddp:  # the resume point of this epoch
                 checkpoint.save(out, cfg, parts, epochs, (best_val, best_epoch, best_acc),
                                 best_metrics)
-            log.log(logging.INFO if main else logging.DEBUG,
-                "epoch %2d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  clip %.2f  "
-                "skips %d", epoch, cfg.train.epochs, record.train_loss, val_loss, val_acc,
-                record.clip_fraction, record.skip_count,
-            )
+            log_epoch(record, cfg.train.epochs, logging.INFO if main else logging.DEBUG)
     except DivergedError as err:
         status, reason = "diverged", str(err)
         log.error("run diverged: %s", err)
@@ -238,7 +241,9 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     if main:
         checkpoint.discard(out)  # the run ended (finished or diverged): nothing to resume
 
-    summary: dict[str, Any] = diag.summary() | cost.summary() | (
+    costs = run_costs(cost, trainer.scaler,
+                      cfg.train.batch_size * cfg.train.accum_steps * world_size, trainer.grad_syncs)
+    summary: dict[str, Any] = diag.summary() | costs | (
         layers.summary() if layers is not None else {}) | {
         "best_val_loss": best_val,
         "best_epoch": best_epoch,
@@ -246,11 +251,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
         "best_val_acc": best_acc,
         # The task's own metrics at the best epoch (val_mse, val_perplexity...).
         **{f"best_val_{k}": v for k, v in best_metrics.items() if k not in ("loss", "acc")},
-        "final_scaler_scale": trainer.scaler.get_scale() if trainer.scaler.is_enabled() else 1.0,
         "diverged": int(status == "diverged"),
-        "effective_batch": cfg.train.batch_size * cfg.train.accum_steps * world_size,
         "optimizer_steps": trainer.step_count,
-        "grad_syncs": trainer.grad_syncs,
         "skip_alerts": monitor.alerts,
     }
     wall = time.perf_counter() - t0

@@ -46,6 +46,16 @@ class StepSink(Stateful, Protocol):
         ...
 
 
+@runtime_checkable
+class ParamSink(Protocol):
+    """A sink that also takes params learnt once training has started: a trainer we do not
+    own builds its optimizer and schedule itself, so what ran is known only then."""
+
+    def on_params(self, params: Mapping[str, str]) -> None:
+        """Record ``params`` as the run's (logged once; the same value again is harmless)."""
+        ...
+
+
 def state_of(sinks: Mapping[str, object]) -> dict[str, dict[str, Any]]:
     """``{name: state_dict()}`` of the sinks that have state (a plain callback may not)."""
     return {name: s.state_dict() for name, s in sinks.items() if isinstance(s, Stateful)}

@@ -47,7 +47,11 @@ from stability.core.config import ClipConfig, PrecisionConfig
 from stability.core.precision import Precision
 from stability.core.sinks import StepSink
 from stability.core.validation import ConfigError
-from stability.integrations.recorder import RecordingCallback
+from stability.integrations.recorder import (
+    RecordingCallback,
+    optimizer_params,
+    schedule_params,
+)
 
 
 def clip_of(trainer: Trainer) -> ClipConfig:
@@ -84,6 +88,18 @@ def training_arguments(clip: ClipConfig, precision: PrecisionConfig, accum_steps
     return {"max_grad_norm": clip.max_norm if clip.enabled else 0.0,
             "gradient_accumulation_steps": accum_steps, "fp16": name is Precision.FP16,
             "bf16": name is Precision.BF16, "use_cpu": device == "cpu"}
+
+
+def ran_params(trainer: Trainer, max_steps: int) -> dict[str, str]:
+    """What the train trains with, as params: the optimizer's class and hyperparameters, the
+    LR scheduler's class, name and warmup, the batch size and accelerate's mixed precision."""
+    args = trainer.args
+    kind = args.lr_scheduler_type
+    return (optimizer_params(trainer.optimizer) | schedule_params(trainer.lr_scheduler) | {
+        "schedule.name": str(getattr(kind, "value", kind)),
+        "schedule.warmup_steps": str(args.get_warmup_steps(max_steps)),
+        "train.batch_size": str(args.train_batch_size),
+        "precision.plugin": f"accelerate({trainer.accelerator.mixed_precision})"})
 
 
 STATE_NAME = "stability_callback.pt"  # the recorder's state in each Trainer checkpoint
@@ -173,6 +189,8 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
             raise RuntimeError("StabilityCallback needs the trainer: "
                                "use StabilityCallback(folder).attach(trainer)")
         recorder = self.start_recorder(clip_of(self.trainer), kwargs["model"])
+        recorder.set_batch(args.train_batch_size, args.gradient_accumulation_steps)
+        recorder.log_params(ran_params(self.trainer, state.max_steps))
         if state.global_step > 0:  # resumed from a checkpoint: continue its records
             saved = checkpoint_folder(args, state) / STATE_NAME
             if saved.exists():
@@ -191,6 +209,11 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
         """Count and time the epoch."""
         self._epoch += 1
         self._epoch_t0 = time.perf_counter()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The step's first micro-batch: its clock starts (the batch already fetched)."""
+        if self.recorder is not None:
+            self.recorder.window_started()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The gradients are clipped: the post-clip norm (``StepRecorder.post_clip_norm``, of

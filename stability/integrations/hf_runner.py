@@ -31,6 +31,7 @@ import math
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,30 @@ def arguments(task: Task, cfg: RunConfig, device: str, folder: Path) -> Training
                              **(QUIET | own), **mapped)
 
 
+def compute_metrics(task: Task) -> Callable[[Any], dict[str, float]] | None:
+    """The Trainer's ``compute_metrics`` for the task: its own ``compute_metrics`` (the HF
+    signature), else its ``metrics(output, target)`` (per-batch sums, as our loop takes them)
+    turned into means over the evaluated samples, ``acc`` named ``accuracy`` (the Trainer's
+    ``eval_accuracy``, our ``val_acc``; ``loss`` is the Trainer's ``eval_loss``). None: the
+    task has neither, so the Trainer keeps no predictions."""
+    own = getattr(task, "compute_metrics", None)
+    if callable(own):
+        return own
+    metrics = getattr(task, "metrics", None)
+    if not callable(metrics):
+        return None
+
+    def means(pred: Any) -> dict[str, float]:
+        out = pred.predictions[0] if isinstance(pred.predictions, tuple) else pred.predictions
+        target = torch.as_tensor(pred.label_ids)
+        sums = metrics(torch.as_tensor(out), target)
+        n = max(int(target.shape[0]), 1)
+        return {("accuracy" if k == "acc" else k): float(v) / n
+                for k, v in sums.items() if k != "loss"}
+
+    return means
+
+
 def _checkpoint(folder: Path, step: int) -> Path:
     return folder / HF_DIR / f"{PREFIX_CHECKPOINT_DIR}-{step}"
 
@@ -143,7 +168,8 @@ def prepare(task: Task, cfg: RunConfig, device: str, folder: Path,
     train_set, val_set = task.train_val()
     torch.manual_seed(cfg.seed)  # the initialisation; the Trainer seeds its shuffling itself
     model = task.model()
-    trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set)
+    trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set,
+                      compute_metrics=compute_metrics(task))
     trainer.remove_callback(PrinterCallback)  # its log lines: steps.csv and MLflow have them
     cb = StabilityCallback(folder, per_layer=cfg.telemetry.per_layer, sinks=sinks,
                            underflow_every=cfg.monitor.underflow_every)
@@ -165,7 +191,8 @@ def rebuild(task: Task, cfg: RunConfig) -> nn.Module:
 
 def evaluate(task: Task, cfg: RunConfig, model: nn.Module, dataset: Any,
              device: str) -> dict[str, float]:
-    """``Trainer.evaluate`` on ``dataset`` under the run's precision: ``eval_loss``."""
+    """``Trainer.evaluate`` on ``dataset`` under the run's precision: ``eval_loss`` and, with
+    the task's metrics (``compute_metrics``), ``eval_accuracy``."""
     _quiet()
     mapped = training_arguments(cfg.clip, cfg.precision, 1, device)
     own = dict(getattr(task, "training_arguments", dict)())
@@ -174,7 +201,7 @@ def evaluate(task: Task, cfg: RunConfig, model: nn.Module, dataset: Any,
         args = TrainingArguments(output_dir=tmp, per_device_eval_batch_size=batch,
                                  bf16=mapped["bf16"], fp16=mapped["fp16"],
                                  use_cpu=mapped["use_cpu"], **QUIET)
-        trainer = Trainer(model=model, args=args)
+        trainer = Trainer(model=model, args=args, compute_metrics=compute_metrics(task))
         trainer.remove_callback(PrinterCallback)
         got = trainer.evaluate(dataset)
     return {"loss": float(got["eval_loss"]), "acc": float(got.get("eval_accuracy", math.nan))}

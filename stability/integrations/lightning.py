@@ -46,7 +46,12 @@ import torch
 from stability.core.config import ClipConfig, PrecisionConfig
 from stability.core.precision import Precision
 from stability.core.sinks import StepSink
-from stability.integrations.recorder import RecordingCallback, batch_samples
+from stability.integrations.recorder import (
+    RecordingCallback,
+    batch_samples,
+    optimizer_params,
+    schedule_params,
+)
 
 
 def clip_of(trainer: pl.Trainer) -> ClipConfig:
@@ -147,6 +152,20 @@ class StabilityCallback(RecordingCallback, pl.Callback):
         if self.recorder is not None:
             self.recorder.close()
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The loaders and optimizers exist: the effective batch (the loader's batch x
+        accumulation) and what the trainer built as the run's params (``ran_params``)."""
+        if self.recorder is not None:
+            self.recorder.set_batch(loader_batch_size(trainer.train_dataloader),
+                                    trainer.accumulate_grad_batches)
+            self.recorder.log_params(ran_params(trainer))
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        """The step's clock starts at its first micro-batch (the batch already fetched)."""
+        if self.recorder is not None:
+            self.recorder.window_started()
+
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Time the epoch."""
         self._epoch_t0 = time.perf_counter()
@@ -204,6 +223,29 @@ class StabilityCallback(RecordingCallback, pl.Callback):
                                 _metric(metrics, self.val_acc_key),
                                 time.perf_counter() - self._epoch_t0)
 
+
+
+def ran_params(trainer: pl.Trainer) -> dict[str, str]:
+    """What the fit trains with, as params: its (first) optimizer's class and hyperparameters,
+    its LR scheduler's class and interval, the loader's batch size and the precision plugin."""
+    configs = trainer.lr_scheduler_configs
+    plugin = trainer.precision_plugin
+    params = (optimizer_params(trainer.optimizers[0]) if trainer.optimizers else {})
+    params |= schedule_params(configs[0].scheduler if configs else None)
+    if configs:
+        params["schedule.interval"] = str(configs[0].interval)
+    params["train.batch_size"] = str(loader_batch_size(trainer.train_dataloader))
+    params["precision.plugin"] = f"{type(plugin).__name__}({plugin.precision})"
+    return params
+
+
+def loader_batch_size(loader: Any) -> int | None:
+    """A training loader's batch size (its ``batch_sampler``'s when it has one), None when it
+    does not say."""
+    size = getattr(loader, "batch_size", None)
+    if size is None:
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return int(size) if isinstance(size, int) else None
 
 
 def _params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:

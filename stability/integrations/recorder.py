@@ -17,6 +17,7 @@ step, so its ``steps.csv`` keeps its columns (and bytes). A skipped step with
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -27,11 +28,12 @@ from torch import nn
 
 from stability.core.clipping import CLIP_EPS, grad_global_norm
 from stability.core.config import ClipConfig
+from stability.core.cost import CostMeter, run_costs
 from stability.core.layers import LayerNormRecorder
 from stability.core.measure import Measurement, StepMeter, measure
 from stability.core.monitor import Diagnostics
 from stability.core.rundir import CSV_NAME, LAYER_NORMS_NAME
-from stability.core.sinks import StepSink, load_states, state_of
+from stability.core.sinks import ParamSink, StepSink, load_states, state_of
 from stability.core.steplog import CSV_COLUMNS, CsvStepWriter, EpochLog, SkipReason, StepLog
 from stability.tracking.contract import SCHEDULER_STEPPED, SCHEDULER_STEPS_ON_SKIP
 
@@ -109,12 +111,37 @@ class StepRecorder:
         self.scheduler_steps_on_skip = 0
         self._pending: _Pending | None = None
         self._finished: StepLog | None = None
+        # The cost metrics, measured as our loop measures them (core.cost): the wall time
+        # from the step's first micro-batch (its batch already fetched) to its record.
+        first = next(iter(model.parameters()), None)
+        self.cost = CostMeter(first.device if first is not None else "cpu")
+        self.effective_batch = math.nan  # the trainer's batch x accumulation (set_batch)
+        self._scaler: torch.amp.GradScaler | None = None
+        self._window_t0: float | None = None
+
+    def set_batch(self, batch_size: int | None, accum_steps: int) -> None:
+        """The trainer's batch size and accumulation: ``effective_batch`` (NaN when unknown)."""
+        self.effective_batch = (batch_size * accum_steps if batch_size else math.nan)
+
+    def log_params(self, params: Mapping[str, object]) -> None:
+        """What the trainer built (``optimizer_params``, ``schedule_params``...) to every sink
+        that takes params (``core.sinks.ParamSink``: the MLflow run's buffer)."""
+        text = {k: str(v) for k, v in params.items()}
+        for sink in self.sinks:
+            if isinstance(sink, ParamSink):
+                sink.on_params(text)
+
+    def window_started(self) -> None:
+        """A micro-batch begins: the first of an optimizer step starts the step's clock."""
+        if self._window_t0 is None:
+            self._window_t0 = time.perf_counter()
 
     def before_step(self, params: Iterable[nn.Parameter], lr: float,
                     scaler: torch.amp.GradScaler | None) -> None:
         """The unscaled gradients, before the trainer clips them: pre-clip norm, finiteness,
         the loss scale of this step's backward (and the fp16 underflow share when sampled)."""
         step = self.meter.begin()
+        self._scaler = scaler
         params = list(params)
         m = measure(params, MEASURE_ONLY, scaler, model=self.model,
                     sample_underflow=self.meter.samples_underflow(step))
@@ -196,6 +223,9 @@ class StepRecorder:
         log = _with_scheduler_stepped(self._finished, int(scheduler_stepped))
         self._finished = None
         self.scheduler_steps_on_skip += int(log.skipped and scheduler_stepped)
+        if self._window_t0 is not None:
+            self.cost.on_step(time.perf_counter() - self._window_t0)
+            self._window_t0 = None
         for sink in self.sinks:
             sink.on_step(log, epoch)
         return log
@@ -242,13 +272,44 @@ class StepRecorder:
             self.layers.flush()
 
     def summary(self) -> dict[str, Any]:
-        """The run's summary (``TrackedRun.finish``): our loop's diagnostics and best epoch,
-        plus ``scheduler_steps_on_skip``."""
-        return self.diagnostics.summary() | {
+        """The run's summary (``TrackedRun.finish``): our loop's diagnostics, cost metrics
+        (``core.cost.run_costs``: one gradient sync per optimizer step in one process) and
+        best epoch, plus ``scheduler_steps_on_skip``."""
+        costs = run_costs(self.cost, self._scaler, self.effective_batch, self.meter.step_count)
+        return self.diagnostics.summary() | costs | {
             "best_val_loss": self.best_val_loss, "best_epoch": self.best_epoch,
             "best_val_acc": self.best_val_acc, "optimizer_steps": self.meter.step_count,
             SCHEDULER_STEPS_ON_SKIP: self.scheduler_steps_on_skip,
         }
+
+
+def class_path(cls: type) -> str:
+    """``torch.optim.AdamW`` rather than ``torch.optim.adamw.AdamW`` where torch exports it."""
+    if getattr(torch.optim, cls.__name__, None) is cls:
+        return f"torch.optim.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def optimizer_params(optimizer: torch.optim.Optimizer) -> dict[str, str]:
+    """The params of the optimizer a trainer built: ``optim._target_`` (its class),
+    ``optim.<name>`` for each hyperparameter it takes (from its first parameter group: what a
+    trainer passed per group, e.g. the HF Trainer's weight decay, is there), ``optim.lr`` (the
+    initial lr, before any schedule), and ``train.weight_decay``."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer
+    group = inner.param_groups[0]
+    params = {"optim._target_": class_path(type(inner)),
+              "optim.lr": str(group.get("initial_lr", group["lr"])),
+              "train.weight_decay": str(group.get("weight_decay", 0.0))}
+    for key in inner.defaults:
+        if key not in ("lr", "weight_decay", "params"):
+            params[f"optim.{key}"] = str(group.get(key, inner.defaults[key]))
+    return params
+
+
+def schedule_params(scheduler: Any) -> dict[str, str]:
+    """``schedule._target_``: the class of the LR scheduler a trainer built (``None``: none)."""
+    inner = getattr(scheduler, "scheduler", scheduler)  # accelerate's AcceleratedScheduler
+    return {"schedule._target_": "None" if inner is None else class_path(type(inner))}
 
 
 class RecordingCallback:

@@ -37,7 +37,7 @@ from torch import nn
 from stability.core import checkpoint
 from stability.core.config import ConfigError, RunConfig
 from stability.core.faults import FaultInjector
-from stability.core.loop import RunResult, write_config
+from stability.core.loop import RunResult, log_epoch, write_config
 from stability.core.monitor import DivergedError, SkipRateMonitor
 from stability.core.precision import check_precision_supported, resolve_device
 from stability.core.rundir import CHECKPOINT_NAME, CONFIG_NAME, RESUME_NAME
@@ -198,6 +198,21 @@ class BestCheckpoint:
             checkpoint.save_atomic(self.model.state_dict(), self.path)
 
 
+class EpochLines:
+    """A step sink that writes our loop's per-epoch line (``core.loop.log_epoch``): in a sweep
+    it goes to the run's log (``<n>/sweep.log``), as our loop's does."""
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs = epochs
+
+    def on_step(self, log: StepLog, epoch: int) -> None:
+        """Nothing per step."""
+
+    def on_epoch(self, log: EpochLog) -> None:
+        """The epoch's line."""
+        log_epoch(log, self.epochs)
+
+
 def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -> RunResult:
     """Train one point with its task's trainer; ``core.loop.train``'s signature and result.
 
@@ -224,7 +239,8 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     if resume is not None:
         best.best = resume.best[0]  # best.pt holds that epoch's weights already
     monitor = SkipRateMonitor(cfg.monitor)
-    fit = module.prepare(task, cfg, device, out, [*sinks, best, monitor])
+    fit = module.prepare(task, cfg, device, out,
+                         [*sinks, best, EpochLines(cfg.train.epochs), monitor])
     best.model = fit.model
     status, reason = "finished", ""
     try:

@@ -69,6 +69,8 @@ def recommend(runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.Dat
         steps: ``{run_id: steps table}`` (runs without one are left out).
         cfg: the target share of clipped steps.
     """
+    if "clip.enabled" not in runs or "train.accum_steps" not in runs:
+        return []  # clipping not swept (a run that does not record it): no clip-off runs known
     off = runs[(runs["outcome"] == "finished") & ~runs["clip.enabled"].astype(bool)]
     swept = sorted(float(m) for m in configs["max_norm"].dropna().unique())
     out = []

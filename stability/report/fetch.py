@@ -257,9 +257,9 @@ def val_acc_at_best(c: Any, runs: pd.DataFrame, workers: int = 8) -> pd.Series:
     when the best epoch is the last epoch; else the ``val_acc`` history (fetched in parallel).
     """
     out = pd.Series(math.nan, index=runs.index, dtype=float)
-    best = pd.to_numeric(runs.get("best_epoch"), errors="coerce")
-    if best is None:
+    if "best_epoch" not in runs:  # a hand-tracked run needs only best_val_loss (Rebuild)
         return out
+    best = pd.to_numeric(runs["best_epoch"], errors="coerce")
     logged = runs.get("best_val_acc")
     if logged is not None:
         out[logged.notna()] = logged[logged.notna()]

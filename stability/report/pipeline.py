@@ -160,7 +160,9 @@ def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.
         try:
             fig = job()
         except Exception as err:  # one broken figure must not cost the whole report
-            log.exception("figure %s failed", name)
+            # one line on the terminal (the report's Problems say it too); the traceback at debug
+            log.warning("figure %s could not be drawn: %s: %s", name, type(err).__name__, err)
+            log.debug("figure %s failed", name, exc_info=True)
             notes.append(f"figure '{name}' could not be drawn: {type(err).__name__}: {err}")
             continue
         if fig is not None:
@@ -218,6 +220,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                       for rid, why in sorted(unreadable.items())]
             notes += [f"run {r.run_id} is unreadable, counted as not finished: {r.reason}"
                       for r in runs[runs["outcome"] == fetch.UNREADABLE].itertuples()]
+            notes += select.missing_costs(runs)
             configs = health.judge(runs, configs, steps, cfg.verdict)
             lr_found = lr.curves(runs, configs)
             lr_text = lr.sentences(lr_found, {f.name: f.reference for f in analysis.factors
@@ -283,6 +286,7 @@ def _register(c: Any, uri: str, cfg: ReportConfig, sweep: fetch.Sweep, runs: pd.
         return publish.register_winner(c, uri, cfg.registered_model, sweep, winner, best, test,
                                        report_run, loadable, notes)
     except Exception as err:  # the report stands without a registry entry
-        log.exception("model registration failed")
+        log.warning("model not registered: %s: %s", type(err).__name__, err)  # one line
+        log.debug("model registration failed", exc_info=True)
         notes.append(f"Model Registry: {type(err).__name__}: {err}")
         return "", False

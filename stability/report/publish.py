@@ -250,6 +250,10 @@ def signature_warning(c: Any, name: str, signature: Any) -> str:
             "shared by two studies? (default: <experiment>-winner)")
 
 
+RNN_FLAT_WEIGHTS = (r"The tensor attributes? (self\.[\w.]*_flat_weights\[\d+\](, )?)+ "
+                    r"(was|were) assigned during export")
+
+
 def _log_model(uri: str, experiment_id: str, run_id: str, w: LoadableWinner) -> Any:
     import mlflow
     import torch
@@ -263,9 +267,11 @@ def _log_model(uri: str, experiment_id: str, run_id: str, w: LoadableWinner) -> 
         out = w.model(torch.from_numpy(w.example)).numpy()
     torch_version = torch.__version__.split("+")[0]  # the local build tag is not on PyPI
     with warnings.catch_warnings():
-        # torch.export notes that nn.RNN re-assigns its flat weight list while tracing; the
-        # exported graph still holds every weight (the pyfunc test predicts with it).
-        warnings.filterwarnings("ignore", message="The tensor attributes self.rnn._flat_weights")
+        # torch.export notes that an nn.RNN/GRU/LSTM (at any depth: a trainer's wrapper, a
+        # user's module) re-assigns its flat weight list while tracing; the exported graph
+        # still holds every weight (the pyfunc test predicts with it). Only when every
+        # attribute it names is such a list: any other assigned tensor is still reported.
+        warnings.filterwarnings("ignore", message=RNN_FLAT_WEIGHTS)
         return mlflow.pytorch.log_model(
             w.model, name=Artifact.MODEL, run_id=run_id,
             signature=infer_signature(w.example, out), input_example=w.example,

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from stability.core.cost import RUN_COST_METRICS
 from stability.core.identity import config_label
 from stability.core.precision import SIMPLEST_FIRST, Precision
 from stability.stats.paired import mean_ci
@@ -43,7 +44,7 @@ def train_seconds(runs: pd.DataFrame) -> pd.Series:
 
     The product leaves out what every config pays alike (imports, data, validation, a
     worker's cold start); runs from before the cost metrics existed fall back to
-    ``wall_time_s``.
+    ``wall_time_s``, and the report names them (``missing_costs``).
     """
     def col(name: str) -> pd.Series:
         return pd.to_numeric(runs[name], errors="coerce") if name in runs \
@@ -51,6 +52,30 @@ def train_seconds(runs: pd.DataFrame) -> pd.Series:
 
     steps = col("step_time_median_s") * col("optimizer_steps")
     return steps.where(np.isfinite(steps), col("wall_time_s"))
+
+
+NAMED_AT_MOST = 5  # runs named in a missing-metric line; the rest are counted
+
+
+def missing_costs(runs: pd.DataFrame) -> list[str]:
+    """One line per cost metric (``core.cost.RUN_COST_METRICS``) that finished runs lack,
+    naming them: every loop records them, so a run without one is older or hand-tracked, and
+    its training time is its ``wall_time_s`` (mostly cold start), not steps x step time."""
+    done = runs[runs["outcome"] == "finished"] if "outcome" in runs else runs
+    lines = []
+    for name in RUN_COST_METRICS:
+        values = (pd.to_numeric(done[name], errors="coerce") if name in done
+                  else pd.Series(math.nan, index=done.index))
+        lacking = done[~np.isfinite(values.astype(float))]
+        if name == "peak_memory_mb" or lacking.empty:
+            continue  # peak memory is absent where it cannot be measured (core/cost.py)
+        names = (lacking["run_name"] if "run_name" in lacking else lacking["run_id"]).astype(str)
+        shown = ", ".join(f"`{n}`" for n in names.iloc[:NAMED_AT_MOST])
+        more = f" and {len(names) - NAMED_AT_MOST} more" if len(names) > NAMED_AT_MOST else ""
+        why = (": their training time is their wall_time_s (cold start included)"
+               if name == "step_time_median_s" else "")
+        lines.append(f"{len(names)} finished run(s) lack `{name}`{why}: {shown}{more}")
+    return lines
 
 
 def base_label(row: pd.Series) -> str:

@@ -225,7 +225,8 @@ def _factor_section(ctx: ReportContext) -> list[str]:
              f"the effect found with α / m (Holm's first step) at the report's power. Unfinished "
              "runs count at the study's worst finished loss and a contrast with any is never "
              "called equivalent. `training time ×`: the level's mean training seconds per run "
-             "(median step time × optimizer steps) over the reference's."]
+             "(median step time × optimizer steps; a run without them counts its wall time and is "
+             "named under Problems) over the reference's."]
     if an.dropped_cells:
         parts += ["", f"{an.dropped_cells} cell(s) of a contrast lacked a seed on one side: only "
                   "those points were left out (each seed's difference is the mean over the cells "

@@ -72,3 +72,44 @@ def chunks(items: Sequence[T], size: int) -> list[list[T]]:
     if size < 1:
         return [list(items)] if items else []
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One swept key of the grid: its values as written, and where it comes from."""
+
+    key: str
+    values: str  # e.g. "1,2,4,8"
+    count: int
+    from_study: bool  # the default study's (hydra.sweeper.params), not given on the command line
+
+
+def grid_axes(study: Sequence, given: Sequence) -> list[Axis]:
+    """The swept keys of a grid (Hydra ``Override`` objects of the study, then of the command
+    line; a key given on the command line replaces the study's, as in ``split_arguments``)."""
+    merged = {o.get_key_element(): (o, False) for o in study}
+    merged |= {o.get_key_element(): (o, True) for o in given}
+    return [Axis(key.lstrip("+~"), o.input_line.partition("=")[2],
+                 len(list(o.sweep_string_iterator())), not on_line)
+            for key, (o, on_line) in merged.items()
+            if o.is_sweep_override() and o.is_discrete_sweep()]
+
+
+def axes_lines(axes: Sequence[Axis]) -> list[str]:
+    """What the sweep will run, before its first job: the axes given on the command line,
+    those kept from the default study (narrowing a grid keeps them), and the planned count."""
+    def listed(group: list[Axis]) -> str:
+        return ", ".join(f"{a.key}={a.values}" for a in group)
+
+    given = [a for a in axes if not a.from_study]
+    study = [a for a in axes if a.from_study]
+    lines = [f"axes given: {listed(given)}"] if given else []
+    if study:
+        lines.append(f"axes from the study config (hydra.sweeper.params, not given on the "
+                     f"command line; give key=value to fix one): {listed(study)}")
+    planned = 1
+    for a in axes:
+        planned *= a.count
+    product = " x ".join(f"{a.count} {a.key}" for a in axes) or "no swept key"
+    lines.append(f"planned: {planned} grid points ({product})")
+    return lines

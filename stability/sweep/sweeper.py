@@ -42,7 +42,7 @@ from stability.sweep import pool
 from stability.sweep.compose import CachedComposer
 from stability.sweep.display import check_mode
 from stability.sweep.errors import SweepError
-from stability.sweep.grid import SweepPoint, dedupe, make_point
+from stability.sweep.grid import Axis, SweepPoint, axes_lines, dedupe, grid_axes, make_point
 from stability.sweep.parent import next_job_index
 from stability.sweep.progress import format_duration
 from stability.sweep.rounds import Launching, RoundOutcome, run_round
@@ -111,6 +111,7 @@ class StabilitySweeper(BasicSweeper):
         self.strategy = strategy
         self.adaptive = dict(adaptive or {})
         self.grid: dict[str, str] = {}
+        self.axes: list[Axis] = []
         self.say: Callable[[str], None] = log.info
         self.stream: TextIO | None = None
         self._composer: CachedComposer | None = None
@@ -153,6 +154,8 @@ class StabilitySweeper(BasicSweeper):
         assert self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides(self._parse_config() + list(arguments))
+        self.axes = grid_axes(parser.parse_overrides(self._parse_config()),
+                              parser.parse_overrides(list(arguments)))
         self.grid = {o.get_key_element().lstrip("+~"): o.input_line.partition("=")[2]
                      for o in overrides
                      if not o.get_key_element().lstrip("+~").startswith("tracking.")}
@@ -208,6 +211,8 @@ class StabilitySweeper(BasicSweeper):
                 logging.getLogger(name).setLevel(logging.WARNING)
         grid_size, points = self.plan(arguments)
         dupes = grid_size - len(points)
+        for line in axes_lines(self.axes):
+            self.say(line)
         self.say(f"grid: {grid_size} points, {len(points)} after de-duplication ({dupes} "
                  "duplicates: settings that cannot matter, e.g. clip.max_norm with clipping off)")
         if self.dry_run:

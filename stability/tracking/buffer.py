@@ -220,12 +220,23 @@ class MetricBuffer:
     """
 
     def __init__(self, send: Callable[[list[Point]], None], journal: Journal | None = None,
-                 flush_every_s: float = FLUSH_EVERY_S) -> None:
+                 flush_every_s: float = FLUSH_EVERY_S,
+                 send_params: Callable[[dict[str, str]], None] | None = None) -> None:
         self._send = send
+        self._send_params = send_params
         self._journal = journal
         self._pending: list[Point] = []
         self._flush_every_s = flush_every_s
         self._last_flush = -math.inf  # the first epoch goes out at once: a new run shows curves
+
+    def on_params(self, params: Mapping[str, str]) -> None:
+        """``core.sinks.ParamSink``: params known once training started (a trainer's own
+        optimizer and schedule), journaled and sent after the run's creation."""
+        params = {k: str(v) for k, v in params.items()}
+        if self._journal is not None:
+            self._journal.write("params", params=params)
+        if self._send_params is not None:
+            self._send_params(params)
 
     def on_step(self, s: StepLog, epoch: int) -> None:
         """Buffer the step's metrics (no I/O on this thread)."""

@@ -102,7 +102,7 @@ RUN_METRICS = (LOSS_INIT, *UPDATE_RATIO_METRICS)
 # the summary metric counting the skipped steps on which it did (Lightning #5558).
 SCHEDULER_STEPPED = "scheduler_stepped"
 SCHEDULER_STEPS_ON_SKIP = "scheduler_steps_on_skip"
-TRAINER_PARAM = "trainer"  # such a run's param: which trainer trained it (lightning | hf)
+TRAINER_PARAM = "trainer"  # every run's param: what trained it (ours | lightning | hf | plain)
 WORLD_SIZE_PARAM = "world_size"  # logged only above 1 (data-parallel ranks)
 TASK_TARGET_PARAM = "task._target_"  # the task's import path; its options are ``task.<key>``
 

@@ -15,20 +15,30 @@ from pathlib import Path
 from stability.core import checkpoint
 from stability.core.config import RunConfig, TrackingConfig
 from stability.core.identity import fingerprint, flatten
-from stability.core.task import loss_name
-from stability.tracking.contract import WORLD_SIZE_PARAM, Kind, Outcome, Tag
+from stability.core.task import loss_name, trainer_of
+from stability.tracking.contract import TRAINER_PARAM, WORLD_SIZE_PARAM, Kind, Outcome, Tag
 from stability.tracking.journal import now_ms
 from stability.tracking.uri import git_commit, run_name
 
+# Settings only our loop uses: a trainer run's own optimizer, schedule, loaders and precision
+# plugin are logged once it has built them (integrations: ``ParamSink``), never our defaults.
+LOOP_ONLY = ("optim.", "schedule.", "train.batch_size", "train.weight_decay",
+             "train.num_workers", "telemetry.update_ratio")
+OUR_LOOP = "ours"  # the ``trainer`` param of a run our own loop trained
+
 
 def run_params(cfg: RunConfig, world_size: int = 1) -> dict[str, str]:
-    """The run's params: the flattened config (and ``world_size`` above 1).
+    """The run's params: the flattened config, ``trainer`` (and ``world_size`` above 1).
 
     ``tracking.*`` is left out: where the run went is not part of what was trained (its
-    fingerprint ignores it too), and a URI may carry credentials.
+    fingerprint ignores it too), and a URI may carry credentials. A run trained by a trainer
+    we do not own leaves out ``LOOP_ONLY`` too: it did not use them.
     """
+    trainer = trainer_of(cfg.task)
     params = {k: str(v) for k, v in flatten(cfg).items()
-              if k != "output_dir" and not k.startswith("tracking.")}
+              if k != "output_dir" and not k.startswith("tracking.")
+              and not (trainer is not None and k.startswith(LOOP_ONLY))}
+    params[TRAINER_PARAM] = trainer or OUR_LOOP
     if world_size > 1:
         params[WORLD_SIZE_PARAM] = str(world_size)
     return params

@@ -136,7 +136,7 @@ class TrackedRun:
                                 run_name=self.record.name, tags=tags)
             self._journal.write("params", params=params)
             self._sender.submit(lambda: self._create(tags, params), "creating the run")
-        self.sink = MetricBuffer(self._send_points, self._journal)
+        self.sink = MetricBuffer(self._send_points, self._journal, send_params=self._send_params)
         self._signals.enter_context(sigterm_as_exception())
         return self
 
@@ -153,6 +153,21 @@ class TrackedRun:
         for i in range(0, len(items), MAX_PARAMS):
             self._client.log_batch(self.run_id, params=items[i : i + MAX_PARAMS],
                                    synchronous=True)
+
+    def _send_params(self, params: dict[str, str]) -> None:
+        """Params learnt during the run (``MetricBuffer.on_params``), after its creation."""
+        from mlflow.entities import Param
+
+        def send() -> None:
+            if self.run_id is None:
+                raise NotCreated("the run was never created")  # the journal has them: sync
+            items = [Param(k, v) for k, v in params.items()]
+            for i in range(0, len(items), MAX_PARAMS):
+                self._client.log_batch(self.run_id, params=items[i : i + MAX_PARAMS],
+                                       synchronous=True)
+
+        assert self._sender is not None
+        self._sender.submit(send, "params")
 
     def _reopen(self, tags: dict[str, str]) -> None:
         """Sender thread: a resumed run continues its MLflow run (RUNNING again)."""

@@ -1,0 +1,144 @@
+"""``stability.track``: any training loop recorded as our loop records its runs.
+
+One context manager around a loop the user writes: it builds the run's ``RunRecord``
+(``record.trainer_record``, ``trainer=plain``), opens its ``TrackedRun`` (MLflow, durable),
+writes ``steps.csv`` (``CsvStepWriter``) and keeps our loop's diagnostics
+(``core.monitor.Diagnostics``) and cost metrics (``core.cost.run_costs``). ``run.step`` is
+``StepMeter.step`` (measure and clip the unscaled gradients, docs/integrations.md) plus the
+recording; ``run.epoch`` records the epoch's validation and keeps the best weights
+(``checkpoints/best.pt``). On leaving the block the summary goes to MLflow; an exception ends
+the run FAILED (KILLED on Ctrl-C), as for our loop's runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from stability.core import checkpoint
+from stability.core.config import ClipConfig, TrackingConfig
+from stability.core.cost import CostMeter, run_costs
+from stability.core.measure import StepMeter
+from stability.core.monitor import Diagnostics
+from stability.core.rundir import CHECKPOINT_NAME, CSV_NAME
+from stability.core.steplog import CsvStepWriter, EpochLog, StepLog
+from stability.integrations.record import trainer_record
+from stability.tracking.run import TrackedRun
+
+PLAIN = "plain"  # the ``trainer`` param of a run recorded through ``track``
+
+
+class LoopRun:
+    """The run inside ``with stability.track(...) as run``: ``step`` and ``epoch``.
+
+    Attributes:
+        meter: the ``StepMeter`` (the step index, the skips).
+        tracked: the MLflow run (``TrackedRun``; its ``run_id`` once created).
+        folder: the run folder (``steps.csv``, ``checkpoints/best.pt``, the journal).
+    """
+
+    def __init__(self, folder: Path, clip: ClipConfig, scaler: torch.amp.GradScaler | None,
+                 tracked: TrackedRun) -> None:
+        self.folder, self.tracked, self.scaler = folder, tracked, scaler
+        self.meter = StepMeter(clip, scaler)
+        self.diagnostics = Diagnostics()
+        self.csv = CsvStepWriter(folder / CSV_NAME)
+        (folder / CHECKPOINT_NAME).parent.mkdir(parents=True, exist_ok=True)
+        assert tracked.sink is not None
+        self.sinks = [self.diagnostics, self.csv, tracked.sink]
+        self.cost = CostMeter("cpu")
+        self.epochs: list[EpochLog] = []
+        self.best_val_loss, self.best_epoch, self.best_val_acc = math.inf, 0, math.nan
+        self._epoch = 1
+        self._samples = 0  # the largest step's samples: the effective batch
+        self._t0 = self._last = time.perf_counter()
+
+    def step(self, model: nn.Module, loss: torch.Tensor | float, *, lr: float,
+             samples: int = 0, micro_batches: int = 1,
+             params: Iterable[nn.Parameter] | None = None) -> StepLog:
+        """Measure and clip this step's unscaled gradients (``StepMeter.step``: call between
+        ``scaler.unscale_`` and ``scaler.step``; step only if not ``skipped``) and record it.
+
+        The step's time is the time since the previous step (or epoch) ended: the whole
+        iteration, batch included.
+        """
+        log = self.meter.step(model, loss, lr=lr, micro_batches=micro_batches,
+                              samples=samples, params=params)
+        for sink in self.sinks:
+            sink.on_step(log, self._epoch)
+        now = time.perf_counter()
+        self.cost.on_step(now - self._last)
+        self._last = now
+        self._samples = max(self._samples, samples)
+        return log
+
+    def epoch(self, val_loss: float, val_acc: float = math.nan,
+              model: nn.Module | None = None) -> EpochLog:
+        """The epoch's record with its validation; a better ``val_loss`` keeps ``model``'s
+        weights as ``checkpoints/best.pt`` (what the report rebuilds a winner from)."""
+        record = self.diagnostics.epoch_record(self._epoch, float(val_loss), float(val_acc),
+                                               time.perf_counter() - self._t0)
+        self.epochs.append(record)
+        for sink in self.sinks:
+            sink.on_epoch(record)
+        if val_loss < self.best_val_loss:
+            self.best_val_loss, self.best_epoch, self.best_val_acc = val_loss, self._epoch, val_acc
+            if model is not None:
+                checkpoint.save_atomic(model.state_dict(), self.folder / CHECKPOINT_NAME)
+        self._epoch += 1
+        self._t0 = self._last = time.perf_counter()
+        return record
+
+    def summary(self) -> dict[str, Any]:
+        """Our loop's summary metrics for this run (docs/TRACKING.md)."""
+        costs = run_costs(self.cost, self.scaler, self._samples or math.nan,
+                          self.meter.step_count)
+        return self.diagnostics.summary() | costs | {
+            "best_val_loss": self.best_val_loss, "best_epoch": self.best_epoch,
+            "best_val_acc": self.best_val_acc, "optimizer_steps": self.meter.step_count,
+            "diverged": 0}
+
+
+@contextmanager
+def track(folder: str | Path, *, task: str, sweep_id: str, seed: int = 0,
+          settings: Mapping[str, object] | None = None, clip: ClipConfig | None = None,
+          scaler: torch.amp.GradScaler | None = None, loss_name: str = "loss",
+          tracking: TrackingConfig | None = None) -> Iterator[LoopRun]:
+    """Record a training loop of your own as one of the study's runs.
+
+    Args:
+        folder: the run folder (created).
+        task: what is trained, an import path (``task._target_``).
+        sweep_id: the study the run belongs to (the report's ``sweep_id``).
+        seed: the training seed (seeds of one config share its fingerprint).
+        settings: the config's settings (``precision.name``, ``clip.max_norm``...), logged as
+            params and hashed into the fingerprint.
+        clip: how ``run.step`` clips (default: off; it still measures).
+        scaler: the GradScaler (fp16), or None.
+        loss_name: what the loss is (axis labels).
+        tracking: where the run goes (default: ``./mlflow.db``, experiment ``stability``).
+
+    Yields:
+        The ``LoopRun``: ``run.step(model, loss, lr=...)`` per optimizer step,
+        ``run.epoch(val_loss, val_acc, model)`` per epoch.
+    """
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    record = trainer_record(out, target=task, trainer=PLAIN, settings=dict(settings or {}),
+                            seed=seed, sweep_id=sweep_id, loss_name=loss_name,
+                            tracking=tracking)
+    t0 = time.perf_counter()
+    with TrackedRun(record) as tracked:
+        run = LoopRun(out, clip or ClipConfig(enabled=False), scaler, tracked)
+        try:
+            yield run
+        finally:
+            run.csv.close()
+        tracked.finish(run.summary() | {"wall_time_s": time.perf_counter() - t0}, "finished")
