@@ -144,7 +144,11 @@ def log_run(c: MlflowClient, exp_id: str, spec: Spec, seed: int, root: Path, swe
                    "clip_fraction": clip_count / len(logs), "skip_count": spec.skips,
                    "fp16_underflow_fraction": 0.01 if spec.precision == "fp16" else math.nan,
                    "diverged": 0, "wall_time_s": 1.0 + seed, "optimizer_steps": len(logs),
-                   "loss_init": LOSS_INIT}
+                   "loss_init": LOSS_INIT,
+                   # the cost metrics every loop records (core.cost.RUN_COST_METRICS)
+                   "step_time_median_s": 0.01, "peak_memory_mb": 300.0,
+                   "effective_batch": 64.0 * spec.accum, "grad_syncs": len(logs),
+                   "final_scaler_scale": 65536.0 if spec.precision == "fp16" else 1.0}
         metrics += [Metric(k, float(v), ts, 0) for k, v in summary.items()]
     elif outcome == "diverged":
         metrics += [Metric(k, float(v), ts, 0) for k, v in
