@@ -1,1 +1,1 @@
-"""``stability check``: one-minute probes of a training loop's stability mechanics (docs/check.md)."""
+"""``stability check``: probes of a training loop's stability mechanics (docs/check.md)."""

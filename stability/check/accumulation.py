@@ -5,11 +5,11 @@ reference is one backward of the task's loss over the concatenated samples. Meas
 relative error of the gradient the optimizer saw, and of the one-step parameter change. Done for
 a full window and for a short last window (fewer micro-batches than configured).
 
-Tolerance: floating point, measured on the spot. The reference's gradient is also summed in a
-different order (the mean of per-micro-batch means, which equals the full-batch mean for equal
-micro-batches); that fp32 summation-order error times ``ORDER_FACTOR`` (floor ``FLOOR``) is the
-pass bound for the gradient; the one-step parameter change is held to it plus the fp32
-rounding of ``theta + delta`` (an ulp of each parameter, relative to the update). A normalisation bug is an O(1) error (a short window divided by the configured size
+Tolerance: floating point, measured on the spot. The reference gradient is computed in fp32
+and again in float64; that fp32 rounding (summation-order) error times ``ORDER_FACTOR`` (floor
+``FLOOR``) bounds the gradient's error. The one-step parameter change is held to the same bound
+plus the fp32 rounding of ``theta + delta`` (half an ulp of each parameter, relative to the
+update). A normalisation bug is an O(1) error (a short window divided by the configured size
 gives j/k of the gradient; a per-micro-batch mean over varying valid counts weights items
 unequally), orders of magnitude above it.
 """
@@ -29,21 +29,29 @@ FLOOR = 1e-5  # fp32 has ~7 digits; a bound below 1e-5 would flag reordering alo
 LR = 0.05
 
 
-def reference_gradient(template: Template, window: Sequence[MicroBatch]) -> list[torch.Tensor]:
-    """The gradient of the task's loss over the window's samples as one batch (fp32)."""
-    model = template.rig().model
+def reference_gradient(template: Template, window: Sequence[MicroBatch],
+                       dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """The gradient of the task's loss over the window's samples as one batch."""
+    model = template.rig().model.to(dtype)
     x = torch.cat([m[0] for m in window])
     y = torch.cat([m[1] for m in window])
+    x, y = (t.to(dtype) if t.is_floating_point() else t for t in (x, y))
     template.loss_fn(model(x), y).backward()
     return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
             for p in model.parameters()]
 
 
 def summation_order_error(template: Template, window: Sequence[MicroBatch]) -> float:
-    """The fp32 error of summing the same gradient in another order (per micro-batch)."""
+    """The fp32 rounding error of the reference gradient itself (against float64).
+
+    0 (the floor applies) when the model or loss cannot run in float64.
+    """
     full = flat(reference_gradient(template, window))
-    parts = [flat(reference_gradient(template, [m])) for m in window]
-    return rel(sum(parts) / len(parts), full)
+    try:
+        exact = flat(reference_gradient(template, window, torch.float64))
+    except (RuntimeError, TypeError):
+        return 0.0
+    return rel(full, exact)
 
 
 def _one(template: Template, step: StepFn, window: Sequence[MicroBatch], k: int,

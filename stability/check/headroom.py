@@ -55,12 +55,12 @@ def probe_range(template: Template, batch: MicroBatch, scale: float) -> list[Pro
     small = sum(int(((g != 0) & ((g * scale).abs() < FP16_MIN_NORMAL)).sum())
                 for g in grads.values())
     share = lost / nonzero if nonzero else 0.0
-    ratio = max(top_act[1], top_grad[1] * scale) / FP16_MAX
+    ratio = max(top_act[1], top_grad[1]) / FP16_MAX
     status = verdict(ratio, HEADROOM_WARN, 1.0)
     return [
         ProbeResult("headroom.fp16_range", status, ratio, HEADROOM_WARN,
-                    f"largest |activation| {top_act[1]:.3g} ({top_act[0]}), |grad|*scale "
-                    f"{top_grad[1] * scale:.3g} ({top_grad[0]}) vs fp16 max 65504"
+                    f"largest |activation| {top_act[1]:.3g} ({top_act[0]}), |grad| "
+                    f"{top_grad[1]:.3g} ({top_grad[0]}) vs fp16 max 65504"
                     + ("; FAIL: overflows fp16" if status is Status.FAIL else "")),
         ProbeResult("headroom.fp16_underflow", verdict(share, UNDERFLOW_WARN, 1.0), share,
                     UNDERFLOW_WARN,
@@ -78,7 +78,8 @@ def _loss_and_grad(template: Template, batch: MicroBatch,
     loss = template.loss_fn(out.float(), batch[1])
     scale = 2.0**16 if precision == "fp16" else 1.0
     (loss * scale).backward()
-    return float(loss.detach()), flat([p.grad for p in model.parameters() if p.grad is not None]) / scale
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return float(loss.detach()), flat(grads) / scale
 
 
 def probe_low_precision(template: Template, batch: MicroBatch,
