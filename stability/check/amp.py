@@ -1,9 +1,10 @@
 """Probes 2 and 3: clipping sees unscaled gradients; a skip is a skip.
 
-Both run under a GradScaler with a large scale (2**16). On CPU the scaler is
-``torch.amp.GradScaler("cpu")``, which scales, unscales, finds infs and backs off exactly as on
-CUDA; the forward runs under the rig's precision (fp16 autocast on CPU where the task supports
-it: the default task's RNN does).
+Both run under a GradScaler with a large scale (2**16; the clip probe halves it, as the scaler
+backs off, until a correct step on the task's gradients at init does not overflow). On CPU the
+scaler is ``torch.amp.GradScaler("cpu")``, which scales, unscales, finds infs and backs off
+exactly as on CUDA; the forward runs under the rig's precision (fp16 autocast on CPU where the
+task supports it: the default task's RNN does).
 """
 
 from __future__ import annotations
@@ -22,14 +23,20 @@ SCALE = 2.0**16
 CLIP_TOL = 1e-2  # fp16 forward: the seen norm vs max_norm within 1% (a scaled clip is 1/SCALE)
 
 
-def unscaled_norm(template: Template, window: Sequence[MicroBatch], precision: str) -> float:
-    """The global gradient norm of a correct fp16/scaled step (unscaled), no clipping."""
+def unscaled_norm(template: Template, window: Sequence[MicroBatch],
+                  precision: str) -> tuple[float, float]:
+    """The global gradient norm of a correct fp16/scaled step (unscaled), no clipping, and the
+    largest scale from 2**16 down (halving, as the scaler backs off) whose step is taken."""
     from stability.check.rig import ours
 
-    rig = template.rig(precision=precision, accum_steps=len(window), init_scale=SCALE)
-    seen = gradients_at_step(rig)
-    ours(rig, window)
-    return float(flat(seen[-1]).norm()) if seen else math.nan
+    scale = SCALE
+    while scale >= 1.0:
+        rig = template.rig(precision=precision, accum_steps=len(window), init_scale=scale)
+        seen = gradients_at_step(rig)
+        if ours(rig, window) and seen:
+            return float(flat(seen[-1]).norm()), scale
+        scale /= 2
+    return math.nan, SCALE
 
 
 def probe_clip(template: Template, step: StepFn, window: Sequence[MicroBatch],
@@ -40,19 +47,20 @@ def probe_clip(template: Template, step: StepFn, window: Sequence[MicroBatch],
     leaves about ``max_norm / scale``: a measured value near 1; no clipping gives 1 (2x).
     """
     name = "clip.unscaled"
-    norm = unscaled_norm(template, window, precision)
+    norm, scale = unscaled_norm(template, window, precision)
     if not math.isfinite(norm) or norm == 0:
         return ProbeResult(name, Status.WARN, norm, CLIP_TOL,
                            "no finite gradient at init under fp16: clipping not probed")
     max_norm = norm / 2
     rig = template.rig(precision=precision, max_norm=max_norm, accum_steps=len(window),
-                       init_scale=SCALE)
+                       init_scale=scale)
     seen = gradients_at_step(rig)
     step(rig, window)
     got = float(flat(seen[-1]).norm()) if seen else math.nan
     measured = abs(got / max_norm - 1)
     status = verdict(measured, CLIP_TOL)
-    meaning = (f"fp16, scale 2^16: post-clip norm {got:.4g} vs max_norm {max_norm:.4g}"
+    meaning = (f"fp16, scale 2^{int(math.log2(scale))}: post-clip norm {got:.4g} vs "
+               f"max_norm {max_norm:.4g}"
                + ("" if status is Status.PASS else
                   "; FAIL: clipping did not act on unscaled gradients (clip before "
                   "scaler.unscale_, or no clip)"))

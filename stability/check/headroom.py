@@ -71,15 +71,20 @@ def probe_range(template: Template, batch: MicroBatch, scale: float) -> list[Pro
 
 def _loss_and_grad(template: Template, batch: MicroBatch,
                    precision: str) -> tuple[float, torch.Tensor]:
-    model = template.rig().model
-    with autocast(precision, "cpu"):
-        out = model(batch[0])
-    # The loss itself in fp32 (as autocast does for losses): the forward is what is compared
-    loss = template.loss_fn(out.float(), batch[1])
+    # fp16: the scale backs off from 2**16 while the gradients overflow, as the GradScaler
+    # does on its first steps (a large gradient at init is not an fp16 failure)
     scale = 2.0**16 if precision == "fp16" else 1.0
-    (loss * scale).backward()
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    return float(loss.detach()), flat(grads) / scale
+    while True:
+        model = template.rig().model
+        with autocast(precision, "cpu"):
+            out = model(batch[0])
+        # The loss itself in fp32 (as autocast does for losses): the forward is compared
+        loss = template.loss_fn(out.float(), batch[1])
+        (loss * scale).backward()
+        grad = flat([p.grad for p in model.parameters() if p.grad is not None]) / scale
+        if bool(torch.isfinite(grad).all()) or scale <= 1.0:
+            return float(loss.detach()), grad
+        scale /= 2
 
 
 def probe_low_precision(template: Template, batch: MicroBatch,
