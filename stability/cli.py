@@ -2,6 +2,7 @@
 
     stability sweep [-m] [-v] [key=value ...]  one configuration, or the grid with -m (-v: epochs)
     stability report [key=value ...]         review report of the latest sweep
+    stability check [key=value ...]          one-minute probes of the training mechanics
     stability ui [--port 5000]               the MLflow UI on this folder's store
     stability sync [DIR ...] [--uri URI]     upload run folders kept while the server was away
 
@@ -39,7 +40,7 @@ from stability.sweep.sweeper import StabilitySweeper
 from stability.tracking.uri import TrackingError
 
 CONFIGS = "pkg://stability.conf"
-COMMANDS = ("sweep", "report", "ui", "sync")
+COMMANDS = ("sweep", "report", "check", "ui", "sync")
 VERBOSE_FLAGS = ("-v", "--verbose")  # on the command line: hydra.sweeper.verbose=true
 
 
@@ -137,6 +138,38 @@ def report_job(cfg: DictConfig) -> None:
     print(f"report finished in {time.perf_counter() - t0:.1f} s")
 
 
+def check_job(cfg: DictConfig) -> None:
+    """The Hydra task of ``stability check`` and ``experiments/check.py`` (docs/check.md).
+
+    Prints the table and the JSON path; exits 0 when every probe passed or warned, 1 on a
+    fail, 2 on bad input (one line).
+    """
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from stability.check.result import exit_status, table, write_json
+    from stability.check.run import CheckConfig, run_check
+    from stability.core.config import to_run_config
+
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    with exits():
+        section = dict(raw.pop("check", None) or {})
+        try:
+            check = CheckConfig(**section)
+        except TypeError:
+            fail(f"error: check has unknown keys {sorted(section)}: allowed keys are loop | "
+                 "accum_steps | output", 2)
+        results, seconds = run_check(to_run_config(raw), check)
+    print(table(results))
+    path = write_json(results, Path(check.output), task=raw["task"]["_target_"],
+                      loop=check.loop, seconds=round(seconds, 2))
+    status = exit_status(results)
+    print(f"check: {'FAIL' if status else 'ok'} ({sum(r.status.value == 'fail' for r in results)}"
+          f" failed of {len(results)}) in {seconds:.1f} s; results: {path}")
+    raise SystemExit(status)
+
+
 def run_script(main: Callable[[], Any]) -> None:
     """Run an ``experiments/`` script's Hydra ``main`` (``-v`` understood, as by ``stability``)."""
     sys.argv = verbose_argv(sys.argv)
@@ -153,6 +186,12 @@ def sweep(cfg: DictConfig) -> float:
 def report(cfg: DictConfig) -> None:
     """``stability report``: the review report, logged to MLflow (as experiments/report.py)."""
     report_job(cfg)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIGS, config_name="check")
+def check(cfg: DictConfig) -> None:
+    """``stability check``: probes of the training mechanics (as experiments/check.py)."""
+    check_job(cfg)
 
 
 def ui(args: Sequence[str]) -> None:
@@ -245,6 +284,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             rest = verbose_argv(rest)
         sys.argv = [f"stability-{command}", *rest]  # Hydra parses sys.argv
         (sweep if command == "sweep" else report)()
+    elif command == "check":
+        sys.argv = ["stability-check", "hydra.output_subdir=null", "hydra.run.dir=.",
+                    "hydra/job_logging=none", "hydra/hydra_logging=none", *rest]
+        check()
     elif command == "ui":
         ui(rest)
     else:

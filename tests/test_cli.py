@@ -62,7 +62,7 @@ def test_unknown_command_names_the_allowed_ones(tmp_path: Path) -> None:
     proc = _run([str(SCRIPT), "train"], tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("error: unknown command 'train': allowed values are "
-                                   "sweep | report | ui | sync")
+                                   "sweep | report | check | ui | sync")
 
 
 @pytest.mark.slow

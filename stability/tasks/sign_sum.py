@@ -193,6 +193,8 @@ class SignSumTask:
     """
 
     loss_name: ClassVar[str] = "BCE"
+    # Logits near zero at init on balanced classes: BCE = log 2 (``stability check``).
+    expected_init_loss: ClassVar[float] = 0.6931471805599453
     # Typed sections: the run config validates them with the rest, all mistakes at once.
     section_types: ClassVar[dict[str, type]] = {"data": DataConfig, "model": ModelConfig}
     # Runs of this task were fingerprinted before ``task._target_`` existed: leaving it out of

@@ -1,0 +1,100 @@
+"""Probe 1: accumulation over k micro-batches of b is one step over the same k*b samples.
+
+From the same weights, the loop steps once over a window (plain SGD, fp32, no clipping); the
+reference is one backward of the task's loss over the concatenated samples. Measured: the
+relative error of the gradient the optimizer saw, and of the one-step parameter change. Done for
+a full window and for a short last window (fewer micro-batches than configured).
+
+Tolerance: floating point, measured on the spot. The reference gradient is computed in fp32
+and again in float64; that fp32 rounding (summation-order) error times ``ORDER_FACTOR`` (floor
+``FLOOR``) bounds the gradient's error. The one-step parameter change is held to the same bound
+plus the fp32 rounding of ``theta + delta`` (half an ulp of each parameter, relative to the
+update). A normalisation bug is an O(1) error (a short window divided by the configured size
+gives j/k of the gradient; a per-micro-batch mean over varying valid counts weights items
+unequally), orders of magnitude above it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from stability.check.result import ProbeResult, verdict
+from stability.check.rig import StepFn, Template, flat, gradients_at_step, params_of, rel
+from stability.core.step import MicroBatch
+
+ORDER_FACTOR = 100.0  # headroom over the measured summation-order error
+FLOOR = 1e-5  # fp32 has ~7 digits; a bound below 1e-5 would flag reordering alone
+LR = 0.05
+
+
+def reference_gradient(template: Template, window: Sequence[MicroBatch],
+                       dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """The gradient of the task's loss over the window's samples as one batch."""
+    model = template.rig().model.to(dtype)
+    x = torch.cat([m[0] for m in window])
+    y = torch.cat([m[1] for m in window])
+    x, y = (t.to(dtype) if t.is_floating_point() else t for t in (x, y))
+    template.loss_fn(model(x), y).backward()
+    return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+            for p in model.parameters()]
+
+
+def summation_order_error(template: Template, window: Sequence[MicroBatch]) -> float:
+    """The fp32 rounding error of the reference gradient itself (against float64).
+
+    0 (the floor applies) when the model or loss cannot run in float64.
+    """
+    full = flat(reference_gradient(template, window))
+    try:
+        exact = flat(reference_gradient(template, window, torch.float64))
+    except (RuntimeError, TypeError):
+        return 0.0
+    return rel(full, exact)
+
+
+def _one(template: Template, step: StepFn, window: Sequence[MicroBatch], k: int,
+         name: str, tol: float, what: str) -> ProbeResult:
+    ref = flat(reference_gradient(template, window))
+    rig = template.rig(accum_steps=k, lr=LR)
+    seen = gradients_at_step(rig)
+    before = params_of(rig.model)
+    step(rig, window)
+    if not seen:
+        return ProbeResult(name, verdict(float("inf"), tol), float("inf"), tol,
+                           f"{what}: the loop took no optimizer step")
+    g_err = rel(flat(seen[-1]), ref)
+    update = LR * ref
+    p_err = rel(params_of(rig.model) - before, -update)
+    # theta + delta is rounded to fp32: up to half an ulp of each parameter, relative to the
+    # update; the parameter change is held to the gradient's bound plus that rounding.
+    rounding = float((before.abs() * torch.finfo(torch.float32).eps).norm() / update.norm())
+    measured = g_err
+    status = verdict(max(g_err, p_err - rounding), tol)
+    ratio = float(flat(seen[-1]).norm() / ref.norm()) if float(ref.norm()) > 0 else float("nan")
+    meaning = (f"{what}: grad rel err {g_err:.2e}, 1-step param rel diff {p_err:.2e}"
+               + ("" if status.value == "pass" else
+                  f"; FAIL: not a larger batch (|g|/|g_ref| = {ratio:.3f}): the loss is "
+                  "normalised per micro-batch or by the configured window size"))
+    return ProbeResult(name, status, measured, tol, meaning)
+
+
+def probe_accumulation(template: Template, step: StepFn, micro: Sequence[MicroBatch],
+                       k: int) -> list[ProbeResult]:
+    """A full window of ``k`` micro-batches and a short last window of ``max(1, k // 2)``.
+
+    Args:
+        template: the initial weights and the task's loss.
+        step: the loop under check.
+        micro: at least ``k`` micro-batches (their sizes are what the task's data gives).
+        k: the configured accumulation (micro-batches per optimizer step), >= 2.
+    """
+    full, short = list(micro[:k]), list(micro[: max(1, k // 2)])
+    tol = max(FLOOR, ORDER_FACTOR * summation_order_error(template, full))
+    return [
+        _one(template, step, full, k, "accumulation.full", tol,
+             f"accum {k} x {len(full[0][1])} vs one batch of {sum(len(m[1]) for m in full)}"),
+        _one(template, step, short, k, "accumulation.short_window", tol,
+             f"short last window of {len(short)}/{k} micro-batches vs one batch"),
+    ]

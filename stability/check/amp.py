@@ -1,0 +1,110 @@
+"""Probes 2 and 3: clipping sees unscaled gradients; a skip is a skip.
+
+Both run under a GradScaler with a large scale (2**16; the clip probe halves it, as the scaler
+backs off, until a correct step on the task's gradients at init does not overflow). On CPU the
+scaler is ``torch.amp.GradScaler("cpu")``, which scales, unscales, finds infs and backs off
+exactly as on CUDA; the forward runs under the rig's precision (fp16 autocast on CPU where the
+task supports it: the default task's RNN does).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+
+import torch
+
+from stability.check.result import ProbeResult, Status, verdict
+from stability.check.rig import StepFn, Template, flat, gradients_at_step, params_of
+from stability.core.step import MicroBatch
+
+SCALE = 2.0**16
+CLIP_TOL = 1e-2  # fp16 forward: the seen norm vs max_norm within 1% (a scaled clip is 1/SCALE)
+
+
+def unscaled_norm(template: Template, window: Sequence[MicroBatch],
+                  precision: str) -> tuple[float, float]:
+    """The global gradient norm of a correct fp16/scaled step (unscaled), no clipping, and the
+    largest scale from 2**16 down (halving, as the scaler backs off) whose step is taken."""
+    from stability.check.rig import ours
+
+    scale = SCALE
+    while scale >= 1.0:
+        rig = template.rig(precision=precision, accum_steps=len(window), init_scale=scale)
+        seen = gradients_at_step(rig)
+        if ours(rig, window) and seen:
+            return float(flat(seen[-1]).norm()), scale
+        scale /= 2
+    return math.nan, SCALE
+
+
+def probe_clip(template: Template, step: StepFn, window: Sequence[MicroBatch],
+               precision: str = "fp16") -> ProbeResult:
+    """Clip to half the true norm; the gradient the optimizer sees must have norm max_norm.
+
+    Measured: ``|seen / max_norm - 1|``. Clipping the scaled gradients (before ``unscale_``)
+    leaves about ``max_norm / scale``: a measured value near 1; no clipping gives 1 (2x).
+    """
+    name = "clip.unscaled"
+    norm, scale = unscaled_norm(template, window, precision)
+    if not math.isfinite(norm) or norm == 0:
+        return ProbeResult(name, Status.WARN, norm, CLIP_TOL,
+                           "no finite gradient at init under fp16: clipping not probed")
+    max_norm = norm / 2
+    rig = template.rig(precision=precision, max_norm=max_norm, accum_steps=len(window),
+                       init_scale=scale)
+    seen = gradients_at_step(rig)
+    step(rig, window)
+    got = float(flat(seen[-1]).norm()) if seen else math.nan
+    measured = abs(got / max_norm - 1)
+    status = verdict(measured, CLIP_TOL)
+    meaning = (f"fp16, scale 2^{int(math.log2(scale))}: post-clip norm {got:.4g} vs "
+               f"max_norm {max_norm:.4g}"
+               + ("" if status is Status.PASS else
+                  "; FAIL: clipping did not act on unscaled gradients (clip before "
+                  "scaler.unscale_, or no clip)"))
+    return ProbeResult(name, status, measured, CLIP_TOL, meaning)
+
+
+def _state(opt: torch.optim.Optimizer) -> torch.Tensor:
+    parts = [v.reshape(-1).double() for s in opt.state.values() for v in s.values()
+             if isinstance(v, torch.Tensor)]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def probe_skip(template: Template, step: StepFn, window: Sequence[MicroBatch],
+               precision: str = "fp16") -> ProbeResult:
+    """One healthy step (AdamW state, warmup schedule), then one with an inf gradient.
+
+    Measured: the number of broken invariants among: parameters unchanged, optimizer state
+    unchanged, LR schedule not advanced, scale halved, exactly one step counted skipped.
+    """
+    rig = template.rig(precision=precision, optimizer="adamw", scheduler=True,
+                       accum_steps=len(window), init_scale=SCALE)
+    step(rig, window)
+    params, state = params_of(rig.model), _state(rig.optimizer).clone()
+    lr, epoch = rig.optimizer.param_groups[0]["lr"], rig.scheduler.last_epoch
+    scale = rig.scaler.get_scale()
+    first = next(p for p in rig.model.parameters() if p.requires_grad)
+    handle = first.register_hook(lambda g: torch.full_like(g, math.inf))
+    try:
+        taken = step(rig, copy.deepcopy(list(window)))
+    finally:
+        handle.remove()
+    broken = []
+    if not torch.equal(params_of(rig.model), params):
+        broken.append("parameters changed")
+    new_state = _state(rig.optimizer)
+    if new_state.shape != state.shape or not torch.equal(new_state, state):
+        broken.append("optimizer state changed")
+    if rig.scheduler.last_epoch != epoch or rig.optimizer.param_groups[0]["lr"] != lr:
+        broken.append("LR schedule advanced")
+    if rig.scaler.get_scale() != scale * rig.scaler.get_backoff_factor():
+        broken.append(f"scale {scale:g} -> {rig.scaler.get_scale():g}, not halved")
+    if taken:
+        broken.append("the step was not counted skipped")
+    status = verdict(float(len(broken)), 0.0)
+    meaning = ("inf gradient: params, optimizer state, schedule unchanged; scale halved; "
+               "1 skip" if not broken else "FAIL: " + "; ".join(broken))
+    return ProbeResult("skip.is_skip", status, float(len(broken)), 0.0, meaning)

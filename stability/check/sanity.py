@@ -1,0 +1,69 @@
+"""Probe 5: the loss at initialisation against the task's declared value; determinism.
+
+A task declares ``expected_init_loss`` (a class attribute or a method returning a float), e.g.
+``log(2)`` for a balanced binary classifier on logits near zero, ``log(classes)`` for a uniform
+classifier. A loss far from it at init means a wrong loss, reduction or output layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from stability.check.result import ProbeResult, Status, verdict
+from stability.check.rig import StepFn, Template, params_of
+from stability.core.step import MicroBatch
+
+INIT_LOSS_TOL = 0.25  # relative: random init moves the loss by a few percent, not by 25%
+INIT_LOSS_WARN = 1.0
+
+
+def declared_init_loss(task: object) -> float | None:
+    """The task's ``expected_init_loss`` (attribute or method), or None."""
+    value = getattr(task, "expected_init_loss", None)
+    if callable(value):
+        value = value()
+    return float(value) if isinstance(value, int | float) else None
+
+
+def probe_init_loss(template: Template, batch: MicroBatch,
+                    expected: float | None) -> ProbeResult:
+    """Relative difference of the fp32 loss at init from ``expected``."""
+    with torch.no_grad():
+        loss = float(template.loss_fn(template.rig().model(batch[0]), batch[1]))
+    if expected is None:
+        return ProbeResult("sanity.init_loss", Status.PASS if math.isfinite(loss) else
+                           Status.FAIL, loss, math.nan,
+                           f"loss at init {loss:.4g} (the task declares no expected_init_loss)")
+    measured = abs(loss - expected) / abs(expected)
+    status = verdict(measured, INIT_LOSS_TOL, INIT_LOSS_WARN)
+    return ProbeResult("sanity.init_loss", status, measured, INIT_LOSS_TOL,
+                       f"loss at init {loss:.4g} vs expected {expected:.4g}"
+                       + ("" if status is Status.PASS else
+                          "; the loss, its reduction or the output layer is not what it says"))
+
+
+def probe_determinism(build: Callable[[], nn.Module], template: Template, step: StepFn,
+                      windows: Sequence[Sequence[MicroBatch]]) -> ProbeResult:
+    """Build the model twice under the same seed and take the same steps: bitwise equal.
+
+    ``build`` makes the task's model (the caller seeds torch before each call).
+    """
+    def run() -> torch.Tensor:
+        torch.manual_seed(template.seed)
+        rig = Template(build(), template.loss_fn, template.seed).rig(accum_steps=len(windows[0]))
+        for w in windows:
+            step(rig, w)
+        return params_of(rig.model)
+
+    with torch.random.fork_rng(devices=[]):
+        a, b = run(), run()
+    diff = float((a - b).abs().max())
+    status = verdict(diff, 0.0)
+    return ProbeResult("sanity.same_seed", status, diff, 0.0,
+                       f"same seed twice, {len(windows)} steps: max |param diff| {diff:.3g}"
+                       + ("" if status is Status.PASS else
+                          "; FAIL: runs are not reproducible (unseeded init or data order)"))
