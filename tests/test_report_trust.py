@@ -111,6 +111,49 @@ def test_a_recorded_config_is_rebuilt_only_through_an_allowed_task(tmp_path: Pat
     assert not marker.exists()
 
 
+def _own_yaml(**task_options: object) -> dict:
+    """The default run's config.yaml, as written, with ``task_options`` added to its task."""
+    from stability.core.config import to_yaml_dict
+    raw = yaml.safe_load(yaml.safe_dump(to_yaml_dict(to_run_config({}))))
+    raw["task"].update(task_options)
+    return raw
+
+
+def test_a_recorded_config_with_an_interpolation_is_refused_and_never_resolved(
+        tmp_path: Path) -> None:
+    """Issue 31 A: ``${oc.create:...}`` in a task option, with a matching fingerprint tag, made
+    ``build_task`` (Hydra's recursive instantiate) open a file. Now trust refuses it and
+    ``build_task`` alone resolves nothing."""
+    from stability.core.batches import task_of
+    marker = tmp_path / "opened"
+    evil = f"${{oc.create:'{{_target_: builtins.open, file: {marker}, mode: w}}'}}"
+    raw = _own_yaml(evil=evil)
+    fp = fingerprint(to_run_config(raw))  # the planter sets a matching tag
+    with pytest.raises(Untrusted, match=r"interpolation at 'task.evil'"):
+        trusted_config(raw, fp, BUILTIN_TASKS)
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'evil'"):
+        task_of(to_run_config(raw))  # even past the trust check: a string, not a build
+    assert not marker.exists()
+    for planted, where in (
+            ({"data": {"seed": "${oc.env:HOME}"}}, "data.seed"),
+            ({"model": {"cell": ["gru", {"x": "a${model.cell}"}]}}, r"model.cell\[1\].x"),
+            ({"train": {"${oc.create:x}": 1}}, r"train.\$\{oc.create:x\}"),
+            ({"task": {**_own_yaml()["task"], "data": "${model}"}}, "task.data")):
+        with pytest.raises(Untrusted, match=rf"interpolation at '{where}'"):
+            trusted_config({**_own_yaml(), **planted}, "x", BUILTIN_TASKS)
+    for key in ("_target_", "_partial_", "_args_", "_recursive_", "_convert_"):
+        for planted, where in (({"task": {**_own_yaml()["task"], key: False}}, f"task.{key}"),
+                               ({"model": {"cell": [{key: "os.system"}]}},
+                                rf"model.cell\[0\].{key}")):
+            if where == "task._target_":
+                continue  # the task's own target: allow-listed by value above
+            with pytest.raises(Untrusted, match=rf"config.yaml holds {where}"):
+                trusted_config({**_own_yaml(), **planted}, "x", BUILTIN_TASKS)
+    own = _own_yaml()
+    assert own["task"]["data"] == "${data}"  # our own interpolation stays readable
+    assert trusted_config(own, fingerprint(to_run_config(own)), BUILTIN_TASKS) is not None
+
+
 def test_existing_stores_keep_their_fingerprints() -> None:
     """config.yaml lost its tracking section; old files with one still match their tags."""
     old = {"precision": {"name": "fp16"}, "clip": {"enabled": True, "max_norm": 5.0},

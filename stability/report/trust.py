@@ -1,12 +1,16 @@
 """What the report may rebuild from a run: an allow-listed task, a config matching its tag.
 
 A run's ``config.yaml`` is data anyone with write access to the experiment could have written.
-Rebuilding the winner instantiates ``task._target_`` (Hydra), so before anything is imported
-or built the target must be one of the built-in tasks or the one the user named on the
-report's command line (``task_target=<import path>``), no other ``_target_`` may appear
-anywhere in the file but the optimizer's and the schedule's, which must name PyTorch's own
-(``torch.optim.*``, ``torch.optim.lr_scheduler.*``) or the built-in schedules, and the config
-must hash to the run's ``stability.fingerprint`` tag.
+Rebuilding the winner calls the class ``task._target_`` names, so before anything is imported
+or built: no interpolation (``${...}``: OmegaConf's resolvers, ``oc.create`` among them) may
+appear in any key or value but our own ``task.data: ${data}`` / ``task.model: ${model}``; the
+target must be one of the built-in tasks or the one the user named on the report's command
+line (``task_target=<import path>``); no other Hydra key (``_target_``, ``_partial_``,
+``_args_``, ``_recursive_``, ``_convert_``) may appear anywhere in the file but the
+optimizer's and the schedule's targets, which must name PyTorch's own (``torch.optim.*``,
+``torch.optim.lr_scheduler.*``) or the built-in schedules; and the config must hash to the
+run's ``stability.fingerprint`` tag. ``core.task.build_task`` then calls the class with the
+plain values: no recursive ``instantiate`` of recorded content.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from stability.core.config import DEFAULT_TASK, RunConfig, to_run_config
+from stability.core.config import DEFAULT_TASK, TASK_SECTIONS, RunConfig, to_run_config
 from stability.core.identity import fingerprint
 from stability.core.optim import LINEAR_WARMUP, WARMUP_COSINE
 
@@ -50,12 +54,33 @@ def _hydra_keys(value: Any, prefix: str = "") -> Iterator[str]:
     if isinstance(value, Mapping):
         for k, v in value.items():
             key = f"{prefix}.{k}" if prefix else str(k)
-            if k in HYDRA_KEYS:
+            if str(k) in HYDRA_KEYS:
                 yield key
             yield from _hydra_keys(v, key)
     elif isinstance(value, list | tuple):
         for i, v in enumerate(value):
             yield from _hydra_keys(v, f"{prefix}[{i}]")
+
+
+# The only interpolations a config.yaml of ours holds: a task's sections, ``task.data: ${data}``
+# (``TaskConfig.as_yaml``), compared as strings by ``to_run_config`` and never resolved.
+OWN_INTERPOLATIONS = {f"task.{k}": f"${{{k}}}" for k in TASK_SECTIONS}
+OWN_HYDRA_KEYS = ("task._target_", "optim._target_", "optim._partial_", "schedule._target_")
+
+
+def _interpolations(value: Any, prefix: str = "") -> Iterator[str]:
+    """Every key whose name or value holds ``${`` (an OmegaConf interpolation or resolver)."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if "${" in str(k):
+                yield key
+            yield from _interpolations(v, key)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from _interpolations(v, f"{prefix}[{i}]")
+    elif isinstance(value, str) and "${" in value and OWN_INTERPOLATIONS.get(prefix) != value:
+        yield prefix
 
 
 def trusted_config(raw: Any, expected: str, allowed: Sequence[str],
@@ -74,6 +99,13 @@ def trusted_config(raw: Any, expected: str, allowed: Sequence[str],
     """
     if not isinstance(raw, Mapping):
         raise Untrusted("config.yaml is not a mapping")
+    # First, before any key is read as more than text: OmegaConf would resolve ``${...}``
+    # (``oc.create`` builds a ``_target_`` that instantiate then imports and calls).
+    planted = next(_interpolations(raw), None)
+    if planted is not None:
+        raise Untrusted(f"config.yaml holds an interpolation at {planted!r}: a recorded config "
+                        "is plain data (allowed: no ${...} but task.data/task.model: "
+                        "${data}/${model})")
     task = raw.get("task")
     target = DEFAULT_TASK if task is None else (
         task.get("_target_") if isinstance(task, Mapping) else None)
@@ -92,8 +124,7 @@ def trusted_config(raw: Any, expected: str, allowed: Sequence[str],
                 key, section["_target_"]):
             raise Untrusted(f"{key}={section['_target_']!r} is not allow-listed: allowed values "
                             f"are {allowed_values}")
-    own = ("task._target_", "optim._target_", "optim._partial_", "schedule._target_")
-    extra = [k for k in _hydra_keys(raw) if k not in own]
+    extra = [k for k in _hydra_keys(raw) if k not in OWN_HYDRA_KEYS]
     if extra:
         raise Untrusted(f"config.yaml holds {extra[0]}: a recorded config may name no object "
                         "to build but its task")
