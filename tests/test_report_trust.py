@@ -8,10 +8,12 @@ Real SQLite stores and real runs (tests/helpers/report_fixtures.py); nothing is 
 from __future__ import annotations
 
 import html.parser
+import math
 import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
@@ -152,6 +154,54 @@ def test_a_recorded_config_with_an_interpolation_is_refused_and_never_resolved(
     own = _own_yaml()
     assert own["task"]["data"] == "${data}"  # our own interpolation stays readable
     assert trusted_config(own, fingerprint(to_run_config(own)), BUILTIN_TASKS) is not None
+
+
+def test_a_recorded_size_is_capped_and_the_model_is_sized_on_meta_first() -> None:
+    """Issue 31 J: ``model.hidden_size=200000`` or ``data.num_samples=2e9`` passed the trust
+    check and the report would have built them. Now a size over the cap refuses the seed with
+    one line, and a model whose checkpoint does not fit is refused before anything real is
+    allocated (built on ``meta`` only)."""
+    from stability.report.evaluate import rebuild_model
+    from stability.report.rebuild import CheckpointMismatch, fitted
+    from stability.report.trust import MAX_DATA_ELEMENTS, MAX_RECORDED_SIZE
+    from stability.tasks.sign_sum import ModelConfig, SequenceClassifier
+
+    for section, key, value in (("data", "num_samples", 2_000_000_000),
+                                ("model", "hidden_size", MAX_RECORDED_SIZE + 1),
+                                ("data", "seq_len", 2e9), ("model", "hidden_size", math.inf)):
+        raw = _own_yaml()
+        raw[section][key] = value
+        with pytest.raises(Untrusted, match=rf"^{section}.{key}={value!r} is over the report's "
+                                            rf"cap: allowed values are at most 1,000,000"):
+            trusted_config(raw, "x", BUILTIN_TASKS)
+    raw = _own_yaml()
+    raw["data"] |= {"num_samples": 200_000, "seq_len": 1_000, "seed": 10**12}  # a seed sizes
+    with pytest.raises(Untrusted, match=rf"at most {MAX_DATA_ELEMENTS:,} elements"):
+        trusted_config(raw, "x", BUILTIN_TASKS)
+    small = SequenceClassifier(ModelConfig(hidden_size=8)).state_dict()
+    built: list[str] = []
+
+    def make() -> torch.nn.Module:
+        built.append(str(torch.empty(()).device))  # where this build allocates
+        return SequenceClassifier(ModelConfig(hidden_size=200_000))  # 160 GB for real
+
+    with pytest.raises(CheckpointMismatch, match=r"best.pt does not fit the model its "
+                       r"config.yaml builds \(other shapes: head.weight \(1, 8\) for "
+                       r"\(1, 200000\)"):
+        fitted(make, small)
+    assert built == ["meta"]
+    raw = _own_yaml()
+    raw["model"]["hidden_size"] = 200_000
+    cfg = trusted_config(raw, fingerprint(to_run_config(raw)), BUILTIN_TASKS)  # under the cap
+    with pytest.raises(CheckpointMismatch, match="does not fit"):
+        rebuild_model(cfg, small)
+    with pytest.raises(CheckpointMismatch, match=r"missing: head.bias, head.weight, rnn.bias_hh"
+                       r"_l0 \(\+3 more\); unexpected: evil"):
+        fitted(lambda: SequenceClassifier(ModelConfig(hidden_size=8)), {"evil": torch.ones(1)})
+    with pytest.raises(CheckpointMismatch, match="best.pt is a list, not a state_dict"):
+        fitted(lambda: SequenceClassifier(ModelConfig(hidden_size=8)), [small])
+    model = fitted(lambda: SequenceClassifier(ModelConfig(hidden_size=8)), small)
+    assert torch.equal(model.head.weight, small["head.weight"])
 
 
 def test_existing_stores_keep_their_fingerprints() -> None:

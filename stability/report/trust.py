@@ -9,8 +9,11 @@ line (``task_target=<import path>``); no other Hydra key (``_target_``, ``_parti
 ``_args_``, ``_recursive_``, ``_convert_``) may appear anywhere in the file but the
 optimizer's and the schedule's targets, which must name PyTorch's own (``torch.optim.*``,
 ``torch.optim.lr_scheduler.*``) or the built-in schedules; and the config must hash to the
-run's ``stability.fingerprint`` tag. ``core.task.build_task`` then calls the class with the
-plain values: no recursive ``instantiate`` of recorded content.
+run's ``stability.fingerprint`` tag; and no size in ``data``, ``model`` or the task's
+options may exceed a documented cap (``MAX_RECORDED_SIZE``, ``MAX_DATA_ELEMENTS``).
+``core.task.build_task`` then calls the class with the plain values: no recursive
+``instantiate`` of recorded content. The model is built on the ``meta`` device and compared
+with the checkpoint before any memory is allocated (``report/evaluate.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,41 @@ def _trusted_target(key: str, value: Any) -> bool:
         return value.startswith(TRUSTED_OPTIM) and value.count(".") == 2
     return value in TRUSTED_SCHEDULES or (value.startswith(TRUSTED_SCHEDULE_PREFIX)
                                           and value.count(".") == 3)
+
+
+# What a recorded config may make the report allocate (docs/report.md): every number in the
+# sections a task is built from (data, model, the task's options) but a seed, and the data's
+# samples x sequence length. The default study's largest are 3000 samples and length 30.
+MAX_RECORDED_SIZE = 1_000_000
+MAX_DATA_ELEMENTS = 100_000_000
+SIZED_SECTIONS = ("data", "model", "task")
+
+
+def _sizes(value: Any, prefix: str) -> Iterator[tuple[str, float]]:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not str(k).endswith("seed"):  # a seed picks data, it sizes nothing
+                yield from _sizes(v, f"{prefix}.{k}")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from _sizes(v, f"{prefix}[{i}]")
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        yield prefix, value
+
+
+def _check_sizes(raw: Mapping[str, Any]) -> None:
+    for section in SIZED_SECTIONS:
+        for key, value in _sizes(raw.get(section), section):
+            if not abs(value) <= MAX_RECORDED_SIZE:  # nan fails too
+                raise Untrusted(f"{key}={value!r} is over the report's cap: allowed values are "
+                                f"at most {MAX_RECORDED_SIZE:,} (a recorded size is data; "
+                                "docs/report.md)")
+    data = raw.get("data")
+    if isinstance(data, Mapping):
+        n, length = data.get("num_samples"), data.get("seq_len")
+        if isinstance(n, int) and isinstance(length, int) and n * length > MAX_DATA_ELEMENTS:
+            raise Untrusted(f"data.num_samples={n} x data.seq_len={length} is over the report's "
+                            f"cap: allowed values are at most {MAX_DATA_ELEMENTS:,} elements")
 
 
 class Untrusted(ValueError):
@@ -94,8 +132,10 @@ def trusted_config(raw: Any, expected: str, allowed: Sequence[str],
         world_size: the run's data-parallel ranks (part of its fingerprint above 1).
 
     Raises:
-        Untrusted: the task is not allow-listed, another ``_target_`` (or Hydra key) is in the
-            file, or the config does not hash to ``expected``. Nothing is imported first.
+        Untrusted: an interpolation is in the file, the task is not allow-listed, another
+            ``_target_`` (or Hydra key) is in the file, a size is over ``MAX_RECORDED_SIZE`` /
+            ``MAX_DATA_ELEMENTS``, or the config does not hash to ``expected``. Nothing is
+            imported first.
     """
     if not isinstance(raw, Mapping):
         raise Untrusted("config.yaml is not a mapping")
@@ -128,6 +168,7 @@ def trusted_config(raw: Any, expected: str, allowed: Sequence[str],
     if extra:
         raise Untrusted(f"config.yaml holds {extra[0]}: a recorded config may name no object "
                         "to build but its task")
+    _check_sizes(raw)
     cfg = to_run_config(raw)
     if fingerprint(cfg, world_size) != expected:
         raise Untrusted("config.yaml does not match the run's fingerprint tag")

@@ -19,7 +19,7 @@ from stability.core.task import DEFAULT_LOSS_NAME
 from stability.report import decision, lr
 from stability.report.advice import Recommendation, nearest_swept
 from stability.report.compare import Comparison, abs_num, signed, simpler_within_noise
-from stability.report.evaluate import WinnerTestResult
+from stability.report.evaluate import SeedTestResult, WinnerTestResult
 from stability.report.factors import FactorAnalysis
 from stability.report.fetch import Sweep
 from stability.report.health import summary_sentence
@@ -308,9 +308,16 @@ def _wall(c: pd.Series) -> str:
     return "—" if math.isnan(median) else f"{median:.1f} ({top:.1f})"
 
 
+def _mlflow_state(s: SeedTestResult) -> str:
+    """What the report did with a seed's test metrics in MLflow."""
+    if s.logged:
+        return "logged now"
+    return "already logged" if math.isfinite(s.test_loss) else "not evaluated"
+
+
 def _test_table(t: WinnerTestResult, loss_name: str = DEFAULT_LOSS_NAME) -> str:
     rows = [[str(s.seed), f"`{s.run_id}`", fmt(s.test_loss), fmt(s.test_acc, 4),
-             "logged now" if s.logged else "already logged", s.note] for s in t.seeds]
+             _mlflow_state(s), s.note] for s in t.seeds]
     return _table(["seed", "run", f"test loss ({loss_name})", "test acc", "MLflow", "note"],
                   rows)
 
