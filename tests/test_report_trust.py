@@ -239,15 +239,15 @@ def test_names_read_back_are_checked(tmp_path: Path) -> None:
 
 
 def _hostile_run(c: MlflowClient, exp_id: str, sweep_id: str, parent: str, seed: int,
-                 root: Path) -> str:
+                 root: Path, hostile: str = HOSTILE) -> str:
     """A finished run whose name, tags and params carry markup (written by a teammate)."""
     cfg = run_config(Spec("fp32", None, 1, {seed: 0.1}), seed, root / f"h{seed}", sweep_id,
                      parent)
     params = {k: str(v) for k, v in flatten(cfg).items() if k != "output_dir"}
-    params["precision.name"] = HOSTILE
-    run = c.create_run(exp_id, run_name=HOSTILE, tags={
-        Tag.KIND: "train", Tag.SWEEP_ID: sweep_id, Tag.FINGERPRINT: HOSTILE,
-        Tag.SEED: str(seed), Tag.OUTCOME: "finished", Tag.REASON: HOSTILE,
+    params["precision.name"] = hostile
+    run = c.create_run(exp_id, run_name=hostile, tags={
+        Tag.KIND: "train", Tag.SWEEP_ID: sweep_id, Tag.FINGERPRINT: hostile,
+        Tag.SEED: str(seed), Tag.OUTCOME: "finished", Tag.REASON: hostile,
         Tag.PARENT_RUN_ID: parent})
     rid = run.info.run_id
     c.log_batch(rid, params=[Param(k, v[:6000]) for k, v in params.items()][:100])
@@ -345,3 +345,40 @@ def test_a_recorded_optimizer_or_schedule_must_be_pytorchs_own() -> None:
                           "schedule")):
         with pytest.raises(Untrusted, match=rf"{key}._target_=.* is not allow-listed"):
             trusted_config(planted, "x", BUILTIN_TASKS)
+
+
+BREAKOUT = "fp32` [x](/etc/passwd) ![i](http://evil/x.png) `"
+
+
+def test_inert_text_cannot_close_a_code_span_or_make_a_link_or_an_image() -> None:
+    from stability.report.html import inert
+    for rendered in (inline(f"`{inert(BREAKOUT)}`"), inline(inert(BREAKOUT))):
+        assert "<a " not in rendered and "<img" not in rendered, rendered
+    note = note_markdown(f"winner `{inert(BREAKOUT)}`")
+    assert "](" not in note and "![" not in note and note.count("`") == 2
+
+
+@pytest.mark.slow
+def test_a_backtick_in_a_value_makes_no_link_and_no_image(tmp_path: Path) -> None:
+    """Issue 31 K: a backtick in a param value closed the code span of its label; report.html
+    then held a link to /etc/passwd and MLflow's note a remote image. Now both are text."""
+    uri, sweep = f"sqlite:///{tmp_path / 'mlflow.db'}", "k"
+    make_sweep(uri, "k", sweep, [WINNER, BASELINE], tmp_path / "runs")
+    c = MlflowClient(uri)
+    exp_id = c.get_experiment_by_name("k").experiment_id
+    parent = c.search_runs([exp_id], "tags.`stability.kind` = 'sweep'")[0].info.run_id
+    for s in (0, 1):  # the winner: its label reaches the answer, the tables and the note
+        _hostile_run(c, exp_id, sweep, parent, s, tmp_path, BREAKOUT)
+    out = tmp_path / "reports"
+    build_report(ReportConfig(tracking_uri=uri, experiment="k", sweep_id=sweep,
+                              output_dir=str(out), device="cpu", register=False, plots=False))
+    md = (out / sweep / "report.md").read_text()
+    assert "/etc/passwd" in md and "](/etc/passwd)" not in md and "![i](" not in md
+    page = (out / sweep / "report.html").read_text()
+    p = Page()
+    p.feed(page)
+    assert [a for t, a in p.tags if t == "a" and "passwd" in (a.get("href") or "")] == []
+    assert [a for t, a in p.tags if t == "img"] == []  # plots=False: no image at all
+    assert_inert(page)
+    note = c.get_run(parent).data.tags[Tag.NOTE]
+    assert "/etc/passwd" in note and "](/etc/passwd)" not in note and "![i](" not in note

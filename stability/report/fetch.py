@@ -23,6 +23,7 @@ import pandas as pd
 
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
+from stability.report.html import inert
 from stability.report.options import ReportError
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
 from stability.tracking.queries import search_all
@@ -123,7 +124,7 @@ def find_sweep(c: Any, experiment: str, sweep_id: str | None) -> Sweep:
 
 
 def _one_line(value: str) -> str:
-    return "".join(ch if ch.isprintable() else " " for ch in value)
+    return inert("".join(ch if ch.isprintable() else " " for ch in value))
 
 
 def _typed(key: str, value: str) -> Any:
@@ -152,7 +153,8 @@ def _row(run: Any) -> dict[str, Any]:
     }
     row.update(run.data.metrics)
     # Text read from runs is data: control characters (newlines) would restructure the
-    # markdown report, so every string is kept to one line here, at the way in.
+    # markdown report, and a backtick or ``](`` would make markup of it, so every string is
+    # kept to one inert line here, at the way in (``html.inert``).
     row = {k: _one_line(v) if isinstance(v, str) else v for k, v in row.items()}
     params = {k: _one_line(v) for k, v in params.items()}
     # Tags and params are data a teammate wrote: a bad one marks this run, not the report.

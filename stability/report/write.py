@@ -23,6 +23,7 @@ from stability.report.evaluate import SeedTestResult, WinnerTestResult
 from stability.report.factors import FactorAnalysis
 from stability.report.fetch import Sweep
 from stability.report.health import summary_sentence
+from stability.report.html import inert
 from stability.report.plots import Figure
 from stability.report.select import SELECTION_RULE
 from stability.report.spending import Spending, section
@@ -317,7 +318,7 @@ def _mlflow_state(s: SeedTestResult) -> str:
 
 def _test_table(t: WinnerTestResult, loss_name: str = DEFAULT_LOSS_NAME) -> str:
     rows = [[str(s.seed), f"`{s.run_id}`", fmt(s.test_loss), fmt(s.test_acc, 4),
-             _mlflow_state(s), s.note] for s in t.seeds]
+             _mlflow_state(s), inert(s.note)] for s in t.seeds]
     return _table(["seed", "run", f"test loss ({loss_name})", "test acc", "MLflow", "note"],
                   rows)
 
@@ -373,7 +374,7 @@ def render(ctx: ReportContext) -> str:
     ]
     if ctx.notes:
         parts += ["## Problems while writing this report", "",
-                  *[f"- {note}" for note in ctx.notes], ""]
+                  *[f"- {inert(note)}" for note in ctx.notes], ""]
     parts += ["## Figures", ""]
     for remark in ctx.remarks:
         parts += [remark, ""]
