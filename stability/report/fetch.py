@@ -7,6 +7,7 @@ per-step histories are fetched only for what the report needs, in parallel.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
+from stability.core.config import ClipConfig, TrainConfig
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
 from stability.report.html import inert
@@ -157,6 +159,7 @@ def _row(run: Any) -> dict[str, Any]:
     # kept to one inert line here, at the way in (``html.inert``).
     row = {k: _one_line(v) if isinstance(v, str) else v for k, v in row.items()}
     params = {k: _one_line(v) for k, v in params.items()}
+    tags = {k: _one_line(v) for k, v in tags.items()}
     # Tags and params are data a teammate wrote: a bad one marks this run, not the report.
     # Every key is still filled (a value that does not parse: its neutral default, replaced
     # by a readable run's of the same config in ``fetch_runs``), so no table meets a hole.
@@ -189,11 +192,11 @@ def _parsed(errors: list[str], default: Any, parse: Callable[..., T], *args: Any
 
 @functools.cache
 def _neutral() -> dict[str, Any]:
-    """The default config's typed params: what an unreadable value is read as."""
-    from stability.core.config import RunConfig
-    from stability.core.identity import flatten
-
-    return {k: v for k, v in flatten(RunConfig()).items() if k in TYPED_PARAMS}
+    """The default config's typed params: what an unreadable value is read as (the sections'
+    field defaults, read without building a config: that would import its optimizer)."""
+    defaults = {f"{section}.{f.name}": f.default for section, cls in
+                (("clip", ClipConfig), ("train", TrainConfig)) for f in dataclasses.fields(cls)}
+    return {k: defaults[k] for k in TYPED_PARAMS}
 
 
 def _settle(df: pd.DataFrame) -> pd.DataFrame:
