@@ -73,11 +73,18 @@ def test_a_name_shared_by_two_studies_warns_that_the_signature_changed(two_studi
 def test_the_default_name_follows_the_experiment_and_a_bad_name_is_refused() -> None:
     assert ReportConfig().registered_model == "stability-winner"
     assert ReportConfig(experiment="adding").registered_model == "adding-winner"
-    assert ReportConfig(experiment="team/char:lm").registered_model == "team-char-lm-winner"
+    assert ReportConfig(experiment="team/char:lm").registered_model == \
+        "team-char-lm-43c7134ec6-winner"
+    # Issue 31 P: three experiments, three models; a plain name posing as a hashed one too
+    names = {ReportConfig(experiment=e).registered_model
+             for e in ("team study", "team/study", "team-study")}
+    assert len(names) == 3 and "team-study-winner" in names
+    posing = ReportConfig(experiment="team study").registered_model.removesuffix("-winner")
+    assert ReportConfig(experiment=posing).registered_model != f"{posing}-winner"
     assert ReportConfig(experiment="x", model_name="mine").registered_model == "mine"
     cfg = to_report_config({"experiment": "adding", "registry": {"model_name": None}})
     assert cfg.registered_model == "adding-winner"
-    assert ReportConfig(experiment="it's mine").registered_model == "it-s-mine-winner"
+    assert ReportConfig(experiment="it's mine").registered_model.startswith("it-s-mine-")
     with pytest.raises(ReportError, match=r"registry\.model_name='a/b' is invalid: allowed "
                                           r"values are null \(<experiment>-winner\) or a model "
                                           r"name of letters, digits"):
@@ -90,3 +97,30 @@ def test_the_shipped_report_config_leaves_the_name_to_the_experiment() -> None:
     conf = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "report.yaml")
                           .read_text())
     assert conf["registry"]["model_name"] is None
+
+
+@pytest.mark.slow
+def test_a_planted_version_tagged_with_the_sweep_and_winner_is_never_reused(tmp_path):
+    """Issue 31 E: a version an attacker registered in ``<experiment>-winner``, tagged with the
+    victim's sweep id and winner and naming its training run, made the report print
+    "(existing)" and move @champion to it. Now only the report's own version is reused."""
+    from stability.core.identity import fingerprint
+    from tests.helpers.report_fixtures import run_config
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ids = make_sweep(uri, "victim", "v1", LONG, tmp_path)
+    c = MlflowClient(uri)
+    fp = fingerprint(run_config(LONG[1], 0, Path(".")))
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    c.create_registered_model("victim-winner")
+    planted = c.create_model_version("victim-winner", source=evil.as_uri(),
+                                     run_id=ids[(fp, 0)], tags={"sweep_id": "v1", "winner": fp})
+    cfg = ReportConfig(tracking_uri=uri, experiment="victim", device="cpu", plots=False,
+                       output_dir=str(tmp_path / "reports"))
+    first = build_report(cfg)
+    assert first.winner == fp and first.model_created and first.model_version == "2"
+    champion = c.get_model_version_by_alias("victim-winner", "champion")
+    assert str(champion.version) == "2" and champion.source != planted.source
+    again = build_report(cfg)  # the report's own version is still reused
+    assert (again.model_version, again.model_created) == ("2", False)

@@ -8,10 +8,12 @@ Real SQLite stores and real runs (tests/helpers/report_fixtures.py); nothing is 
 from __future__ import annotations
 
 import html.parser
+import math
 import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
@@ -111,6 +113,97 @@ def test_a_recorded_config_is_rebuilt_only_through_an_allowed_task(tmp_path: Pat
     assert not marker.exists()
 
 
+def _own_yaml(**task_options: object) -> dict:
+    """The default run's config.yaml, as written, with ``task_options`` added to its task."""
+    from stability.core.config import to_yaml_dict
+    raw = yaml.safe_load(yaml.safe_dump(to_yaml_dict(to_run_config({}))))
+    raw["task"].update(task_options)
+    return raw
+
+
+def test_a_recorded_config_with_an_interpolation_is_refused_and_never_resolved(
+        tmp_path: Path) -> None:
+    """Issue 31 A: ``${oc.create:...}`` in a task option, with a matching fingerprint tag, made
+    ``build_task`` (Hydra's recursive instantiate) open a file. Now trust refuses it and
+    ``build_task`` alone resolves nothing."""
+    from stability.core.batches import task_of
+    marker = tmp_path / "opened"
+    evil = f"${{oc.create:'{{_target_: builtins.open, file: {marker}, mode: w}}'}}"
+    raw = _own_yaml(evil=evil)
+    fp = fingerprint(to_run_config(raw))  # the planter sets a matching tag
+    with pytest.raises(Untrusted, match=r"interpolation at 'task.evil'"):
+        trusted_config(raw, fp, BUILTIN_TASKS)
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'evil'"):
+        task_of(to_run_config(raw))  # even past the trust check: a string, not a build
+    assert not marker.exists()
+    for planted, where in (
+            ({"data": {"seed": "${oc.env:HOME}"}}, "data.seed"),
+            ({"model": {"cell": ["gru", {"x": "a${model.cell}"}]}}, r"model.cell\[1\].x"),
+            ({"train": {"${oc.create:x}": 1}}, r"train.\$\{oc.create:x\}"),
+            ({"task": {**_own_yaml()["task"], "data": "${model}"}}, "task.data")):
+        with pytest.raises(Untrusted, match=rf"interpolation at '{where}'"):
+            trusted_config({**_own_yaml(), **planted}, "x", BUILTIN_TASKS)
+    for key in ("_target_", "_partial_", "_args_", "_recursive_", "_convert_"):
+        for planted, where in (({"task": {**_own_yaml()["task"], key: False}}, f"task.{key}"),
+                               ({"model": {"cell": [{key: "os.system"}]}},
+                                rf"model.cell\[0\].{key}")):
+            if where == "task._target_":
+                continue  # the task's own target: allow-listed by value above
+            with pytest.raises(Untrusted, match=rf"config.yaml holds {where}"):
+                trusted_config({**_own_yaml(), **planted}, "x", BUILTIN_TASKS)
+    own = _own_yaml()
+    assert own["task"]["data"] == "${data}"  # our own interpolation stays readable
+    assert trusted_config(own, fingerprint(to_run_config(own)), BUILTIN_TASKS) is not None
+
+
+def test_a_recorded_size_is_capped_and_the_model_is_sized_on_meta_first() -> None:
+    """Issue 31 J: ``model.hidden_size=200000`` or ``data.num_samples=2e9`` passed the trust
+    check and the report would have built them. Now a size over the cap refuses the seed with
+    one line, and a model whose checkpoint does not fit is refused before anything real is
+    allocated (built on ``meta`` only)."""
+    from stability.report.evaluate import rebuild_model
+    from stability.report.rebuild import CheckpointMismatch, fitted
+    from stability.report.trust import MAX_DATA_ELEMENTS, MAX_RECORDED_SIZE
+    from stability.tasks.sign_sum import ModelConfig, SequenceClassifier
+
+    for section, key, value in (("data", "num_samples", 2_000_000_000),
+                                ("model", "hidden_size", MAX_RECORDED_SIZE + 1),
+                                ("data", "seq_len", 2e9), ("model", "hidden_size", math.inf)):
+        raw = _own_yaml()
+        raw[section][key] = value
+        with pytest.raises(Untrusted, match=rf"^{section}.{key}={value!r} is over the report's "
+                                            rf"cap: allowed values are at most 1,000,000"):
+            trusted_config(raw, "x", BUILTIN_TASKS)
+    raw = _own_yaml()
+    raw["data"] |= {"num_samples": 200_000, "seq_len": 1_000, "seed": 10**12}  # a seed sizes
+    with pytest.raises(Untrusted, match=rf"at most {MAX_DATA_ELEMENTS:,} elements"):
+        trusted_config(raw, "x", BUILTIN_TASKS)
+    small = SequenceClassifier(ModelConfig(hidden_size=8)).state_dict()
+    built: list[str] = []
+
+    def make() -> torch.nn.Module:
+        built.append(str(torch.empty(()).device))  # where this build allocates
+        return SequenceClassifier(ModelConfig(hidden_size=200_000))  # 160 GB for real
+
+    with pytest.raises(CheckpointMismatch, match=r"best.pt does not fit the model its "
+                       r"config.yaml builds \(other shapes: head.weight \(1, 8\) for "
+                       r"\(1, 200000\)"):
+        fitted(make, small)
+    assert built == ["meta"]
+    raw = _own_yaml()
+    raw["model"]["hidden_size"] = 200_000
+    cfg = trusted_config(raw, fingerprint(to_run_config(raw)), BUILTIN_TASKS)  # under the cap
+    with pytest.raises(CheckpointMismatch, match="does not fit"):
+        rebuild_model(cfg, small)
+    with pytest.raises(CheckpointMismatch, match=r"missing: head.bias, head.weight, rnn.bias_hh"
+                       r"_l0 \(\+3 more\); unexpected: evil"):
+        fitted(lambda: SequenceClassifier(ModelConfig(hidden_size=8)), {"evil": torch.ones(1)})
+    with pytest.raises(CheckpointMismatch, match="best.pt is a list, not a state_dict"):
+        fitted(lambda: SequenceClassifier(ModelConfig(hidden_size=8)), [small])
+    model = fitted(lambda: SequenceClassifier(ModelConfig(hidden_size=8)), small)
+    assert torch.equal(model.head.weight, small["head.weight"])
+
+
 def test_existing_stores_keep_their_fingerprints() -> None:
     """config.yaml lost its tracking section; old files with one still match their tags."""
     old = {"precision": {"name": "fp16"}, "clip": {"enabled": True, "max_norm": 5.0},
@@ -146,15 +239,15 @@ def test_names_read_back_are_checked(tmp_path: Path) -> None:
 
 
 def _hostile_run(c: MlflowClient, exp_id: str, sweep_id: str, parent: str, seed: int,
-                 root: Path) -> str:
+                 root: Path, hostile: str = HOSTILE) -> str:
     """A finished run whose name, tags and params carry markup (written by a teammate)."""
     cfg = run_config(Spec("fp32", None, 1, {seed: 0.1}), seed, root / f"h{seed}", sweep_id,
                      parent)
     params = {k: str(v) for k, v in flatten(cfg).items() if k != "output_dir"}
-    params["precision.name"] = HOSTILE
-    run = c.create_run(exp_id, run_name=HOSTILE, tags={
-        Tag.KIND: "train", Tag.SWEEP_ID: sweep_id, Tag.FINGERPRINT: HOSTILE,
-        Tag.SEED: str(seed), Tag.OUTCOME: "finished", Tag.REASON: HOSTILE,
+    params["precision.name"] = hostile
+    run = c.create_run(exp_id, run_name=hostile, tags={
+        Tag.KIND: "train", Tag.SWEEP_ID: sweep_id, Tag.FINGERPRINT: hostile,
+        Tag.SEED: str(seed), Tag.OUTCOME: "finished", Tag.REASON: hostile,
         Tag.PARENT_RUN_ID: parent})
     rid = run.info.run_id
     c.log_batch(rid, params=[Param(k, v[:6000]) for k, v in params.items()][:100])
@@ -252,3 +345,40 @@ def test_a_recorded_optimizer_or_schedule_must_be_pytorchs_own() -> None:
                           "schedule")):
         with pytest.raises(Untrusted, match=rf"{key}._target_=.* is not allow-listed"):
             trusted_config(planted, "x", BUILTIN_TASKS)
+
+
+BREAKOUT = "fp32` [x](/etc/passwd) ![i](http://evil/x.png) `"
+
+
+def test_inert_text_cannot_close_a_code_span_or_make_a_link_or_an_image() -> None:
+    from stability.report.html import inert
+    for rendered in (inline(f"`{inert(BREAKOUT)}`"), inline(inert(BREAKOUT))):
+        assert "<a " not in rendered and "<img" not in rendered, rendered
+    note = note_markdown(f"winner `{inert(BREAKOUT)}`")
+    assert "](" not in note and "![" not in note and note.count("`") == 2
+
+
+@pytest.mark.slow
+def test_a_backtick_in_a_value_makes_no_link_and_no_image(tmp_path: Path) -> None:
+    """Issue 31 K: a backtick in a param value closed the code span of its label; report.html
+    then held a link to /etc/passwd and MLflow's note a remote image. Now both are text."""
+    uri, sweep = f"sqlite:///{tmp_path / 'mlflow.db'}", "k"
+    make_sweep(uri, "k", sweep, [WINNER, BASELINE], tmp_path / "runs")
+    c = MlflowClient(uri)
+    exp_id = c.get_experiment_by_name("k").experiment_id
+    parent = c.search_runs([exp_id], "tags.`stability.kind` = 'sweep'")[0].info.run_id
+    for s in (0, 1):  # the winner: its label reaches the answer, the tables and the note
+        _hostile_run(c, exp_id, sweep, parent, s, tmp_path, BREAKOUT)
+    out = tmp_path / "reports"
+    build_report(ReportConfig(tracking_uri=uri, experiment="k", sweep_id=sweep,
+                              output_dir=str(out), device="cpu", register=False, plots=False))
+    md = (out / sweep / "report.md").read_text()
+    assert "/etc/passwd" in md and "](/etc/passwd)" not in md and "![i](" not in md
+    page = (out / sweep / "report.html").read_text()
+    p = Page()
+    p.feed(page)
+    assert [a for t, a in p.tags if t == "a" and "passwd" in (a.get("href") or "")] == []
+    assert [a for t, a in p.tags if t == "img"] == []  # plots=False: no image at all
+    assert_inert(page)
+    note = c.get_run(parent).data.tags[Tag.NOTE]
+    assert "/etc/passwd" in note and "](/etc/passwd)" not in note and "![i](" not in note

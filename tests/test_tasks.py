@@ -1,7 +1,7 @@
 """Tasks as plugins: a user's task defined here runs end to end; bad tasks fail before training.
 
-``TinyTask`` is what a user writes: one class, no subclassing of ours, built by
-``hydra.utils.instantiate`` from ``task._target_: tests.test_tasks.TinyTask``.
+``TinyTask`` is what a user writes: one class, no subclassing of ours, called with the
+section's plain values by ``build_task`` from ``task._target_: tests.test_tasks.TinyTask``.
 """
 
 from __future__ import annotations

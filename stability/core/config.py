@@ -155,7 +155,7 @@ class PrecisionConfig:
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """What to train: ``hydra.utils.instantiate`` of ``{"_target_": target, **options}``.
+    """What to train: the class ``target`` called with ``options`` (and the sections).
 
     Attributes:
         target: import path of the task class or factory (``task._target_``).
@@ -197,7 +197,7 @@ class TaskConfig:
         return {k: declared[k] for k in self.sections if k in declared}
 
     def spec(self, sections: Mapping[str, Any]) -> dict[str, Any]:
-        """The mapping ``hydra.utils.instantiate`` builds (``_target_`` plus arguments)."""
+        """The task's ``_target_`` plus its keyword arguments (``build_task`` calls it)."""
         return {"_target_": self.target, **self.options,
                 **{k: dict(sections[k]) for k in self.sections}}
 

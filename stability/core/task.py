@@ -1,11 +1,12 @@
 """The task interface: what a model and its data must provide to be studied.
 
 It lives beside what consumes it (the run loop, the batches, the report's evaluation); the
-concrete tasks live in ``stability/tasks``. A task is any object built by
-``hydra.utils.instantiate`` from the run's ``task`` section (``_target_`` plus keyword
-arguments). It owns only what is specific to a model and its data;
-the run loop owns seeding, shuffling, windows of micro-batches, precision, clipping and
-telemetry. No subclassing: a user's task is one small class with these methods.
+concrete tasks live in ``stability/tasks``. A task is any object returned by the class (or
+factory) ``task._target_`` names, called with the section's other keys as plain keyword
+arguments (no nested ``_target_`` is built, no ``${...}`` resolved). It owns only what is
+specific to a model and its data; the run loop owns seeding, shuffling, windows of
+micro-batches, precision, clipping and telemetry. No subclassing: a user's task is one small
+class with these methods.
 
 Optional class attributes, read from the class without building it (``TaskConfig.declared``):
 ``loss_name`` (what the loss is, e.g. ``"MSE"``: every figure's loss axis says it; default
@@ -21,6 +22,7 @@ for the winner selected on validation (``tests/test_data.py`` scans the code for
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -31,6 +33,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 from stability.core.config import ConfigError, TaskConfig
+from stability.core.validation import locate
 
 # The guarded door's name; tests/test_data.py scans the code base for callers of it.
 SEALED_TEST = "sealed_test"
@@ -101,7 +104,7 @@ def require_winner(winner: str) -> None:
 
 def build_task(cfg: TaskConfig, sections: Mapping[str, Any],
                required: Sequence[str] = REQUIRED) -> Task:
-    """Instantiate the task of a run; every failure is a ``ConfigError`` naming ``task.*``.
+    """Build the task of a run; every failure is a ``ConfigError`` naming ``task.*``.
 
     Args:
         cfg: the run's task section.
@@ -115,18 +118,17 @@ def build_task(cfg: TaskConfig, sections: Mapping[str, Any],
     Raises:
         ConfigError: the target does not import, its arguments are wrong, or a method is missing.
     """
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
-
-    spec = cfg.spec(sections)
+    # The class is called with plain values, never through Hydra's recursive ``instantiate``:
+    # that resolves ``${...}`` (``oc.create`` makes a ``_target_``) and builds any nested
+    # ``_target_``, and a recorded config is data (report/trust.py). A copy, so the task
+    # cannot change the run's frozen config.
+    kwargs = copy.deepcopy(cfg.spec(sections))
+    factory = locate(kwargs.pop("_target_"))
     try:
-        task = instantiate(spec, _convert_="all")
-    except ConfigError:
-        raise
-    except InstantiationException as err:
-        cause = err.__cause__ or err
+        task = factory(**kwargs)
+    except Exception as err:  # the task's own error, whatever it is, names the task
         raise ConfigError(f"task._target_={cfg.target!r} cannot be built: "
-                          f"{_one_line(cause)}") from None
+                          f"{_one_line(err)}") from None
     missing = [m for m in required if not callable(getattr(task, m, None))]
     if SEALED_TEST in missing:
         raise ConfigError(f"task._target_={cfg.target!r} has no test split: it must define "

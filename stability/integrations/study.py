@@ -263,14 +263,13 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
                      out, wall)
 
 
-def rebuild(cfg: RunConfig, state: dict[str, torch.Tensor],
-            task: Task | None = None) -> tuple[Task, nn.Module]:
-    """The run's task (built unless given) and its model with a checkpoint's weights."""
+def model_builder(cfg: RunConfig,
+                  task: Task | None = None) -> tuple[Task, Callable[[], nn.Module]]:
+    """The run's task (built unless given) and what makes a fresh model of it (the report sizes
+    it on the ``meta`` device, then loads the checkpoint's weights: ``report/rebuild.py``)."""
     module = runner(cfg)
     task = task or trainer_task(cfg, module)
-    model = module.rebuild(task, cfg)
-    model.load_state_dict(state)
-    return task, model
+    return task, lambda: module.rebuild(task, cfg)
 
 
 def evaluate(cfg: RunConfig, task: Task, model: nn.Module, dataset: Any,

@@ -32,6 +32,7 @@ from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME
 from stability.core.precision import check_precision_supported, resolve_device
 from stability.core.task import Task, first_batch, trainer_of
 from stability.report.fetch import download, parallel
+from stability.report.rebuild import fitted
 from stability.report.trust import BUILTIN_TASKS, trusted_config
 from stability.stats.paired import MeanCI, mean_ci
 
@@ -51,15 +52,24 @@ def _study(cfg: RunConfig) -> Any:
     return study
 
 
-def rebuild_model(cfg: RunConfig, state: dict[str, torch.Tensor],
-                  task: Task | None = None) -> torch.nn.Module:
-    """The run's model, rebuilt through its task from ``cfg``, with a checkpoint's weights."""
+def _rebuild(cfg: RunConfig, state: Any,
+             task: Task | None = None) -> tuple[Task, torch.nn.Module]:
     study = _study(cfg)
-    if study is not None:
-        return study.rebuild(cfg, state, task)[1]
-    model = (task or task_of(cfg)).model()
-    model.load_state_dict(state)
-    return model
+    if study is None:
+        task = task or task_of(cfg)
+        return task, fitted(task.model, state)
+    task, make = study.model_builder(cfg, task)
+    return task, fitted(make, state)
+
+
+def rebuild_model(cfg: RunConfig, state: Any, task: Task | None = None) -> torch.nn.Module:
+    """The run's model, rebuilt through its task from ``cfg``, with a checkpoint's weights.
+
+    Raises:
+        CheckpointMismatch: the checkpoint does not fit the model (``rebuild.fitted``: it is
+            sized on the ``meta`` device before any memory is allocated).
+    """
+    return _rebuild(cfg, state, task)[1]
 
 
 def _task(cfg: RunConfig) -> Task:
@@ -95,17 +105,15 @@ def load_winner(c: Any, run_id: str, dest: Path, expected: str = "",
     config must pass ``trust.trusted_config`` against ``expected`` (its fingerprint) first.
     """
     cfg, state = _load(c, run_id, dest, expected, allowed)
+    task, trained = _rebuild(cfg, state)
+    text = (dest / CONFIG_NAME).read_text()
     study = _study(cfg)
     if study is not None:  # a module taking one tensor, and the trainer task's inputs
-        task, trained = study.rebuild(cfg, state)
         model, example = study.example(cfg, task, trained.float().eval())
-        return LoadableWinner(run_id, cfg, model.eval(), example,
-                              (dest / CONFIG_NAME).read_text())
-    task = task_of(cfg)
-    model = rebuild_model(cfg, state, task).float().eval()
+        return LoadableWinner(run_id, cfg, model.eval(), example, text)
     _, val = task.train_val()
     example = first_batch(val, EXAMPLE_ROWS)[0].numpy()
-    return LoadableWinner(run_id, cfg, model, example, (dest / CONFIG_NAME).read_text())
+    return LoadableWinner(run_id, cfg, trained.float().eval(), example, text)
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,7 @@ class WinnerTestResult:
 
 
 def _load(c: Any, run_id: str, dest: Path, expected: str,
-          allowed: Sequence[str]) -> tuple[RunConfig, dict[str, torch.Tensor]]:
+          allowed: Sequence[str]) -> tuple[RunConfig, Any]:
     cfg_path = download(c, run_id, CONFIG_NAME, dest)
     ckpt_path = download(c, run_id, CHECKPOINT_NAME, dest)
     if cfg_path is None or ckpt_path is None:
@@ -175,13 +183,13 @@ def evaluate_winner(c: Any, runs: pd.DataFrame, winner: str, workdir: Path,
             continue
         cfg, state = got
         check_precision_supported(cfg.precision.name, dev)
-        key = repr((cfg.task, cfg.data, cfg.model))
-        if key not in splits:  # one task config per fingerprint: the split opens once
-            task = _task(cfg)
-            splits[key] = (task, task.sealed_test(winner=winner))
-        task, test_set = splits[key]
-        model = rebuild_model(cfg, state, task)
-        got = _evaluate(cfg, task, model, test_set, dev)
+        try:  # one seed that cannot be rebuilt or evaluated must not end the report
+            got = _test_one(cfg, state, winner, splits, dev)
+        except Exception as err:
+            log.warning("cannot evaluate run %s: %s", rid, err)
+            results.append(SeedTestResult(rid, seed, math.nan, math.nan, False,
+                                          _reason(err)))
+            continue
         results.append(_record(c, row, rid, seed, got["loss"], got.get("acc", math.nan)))
     ok = [r for r in results if math.isfinite(r.test_loss)]
     sizes = {len(s) for _, s in splits.values()}
@@ -189,13 +197,29 @@ def evaluate_winner(c: Any, runs: pd.DataFrame, winner: str, workdir: Path,
                       mean_ci([r.test_acc for r in ok]), max(sizes, default=0), dev)
 
 
+def _test_one(cfg: RunConfig, state: Any, winner: str, splits: dict[str, tuple[Task, Any]],
+              dev: str) -> dict[str, float]:
+    """One seed's test metrics; the test split opens once per task config."""
+    key = repr((cfg.task, cfg.data, cfg.model))
+    if key not in splits:  # one task config per fingerprint: the split opens once
+        task = _task(cfg)
+        splits[key] = (task, task.sealed_test(winner=winner))
+    task, test_set = splits[key]
+    model = rebuild_model(cfg, state, task)
+    return _evaluate(cfg, task, model, test_set, dev)
+
+
+def _reason(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
+
+
 def _safe_load(c: Any, run_id: str, dest: Path, expected: str,
-               allowed: Sequence[str]) -> tuple[RunConfig, dict] | str:
+               allowed: Sequence[str]) -> tuple[RunConfig, Any] | str:
     try:
         return _load(c, run_id, dest, expected, allowed)
     except Exception as err:  # one unreadable seed must not end the report
         log.warning("cannot evaluate run %s: %s", run_id, err)
-        return f"{type(err).__name__}: {err}"
+        return _reason(err)
 
 
 def _record(c: Any, row: pd.Series, run_id: str, seed: int, loss: float,

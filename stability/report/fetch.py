@@ -7,6 +7,8 @@ per-step histories are fetched only for what the report needs, in parallel.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import logging
 import math
@@ -20,8 +22,10 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
+from stability.core.config import ClipConfig, TrainConfig
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
+from stability.report.html import inert
 from stability.report.options import ReportError
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
 from stability.tracking.queries import search_all
@@ -29,13 +33,40 @@ from stability.tracking.queries import search_all
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# Param columns the report computes with, and their types (MLflow stores params as strings).
+
+
+def _flag(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"{text!r} is not true | false")
+    return value == "true"
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)  # 'abc' raises; 'inf' and 'nan' parse and are refused below
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{text!r} is not a finite number > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{text!r} is not an integer >= 1")
+    return value
+
+
+# Param columns the report computes with, and their types (MLflow stores params as strings);
+# each takes what the run's own config would (core/config.py), so a value no run could have
+# trained with marks its run unreadable. Every other param stays the string it is: a label
+# or a factor level, never a number the report computes with.
 TYPED_PARAMS: dict[str, Callable[[str], Any]] = {
-    "clip.enabled": lambda s: str(s).strip().lower() == "true",
-    "clip.max_norm": float,
-    "clip.clip_value": float,
-    "train.accum_steps": int,
-    "train.epochs": int,
+    "clip.enabled": _flag,
+    "clip.max_norm": _positive_float,
+    "clip.clip_value": _positive_float,
+    "train.accum_steps": _positive_int,
+    "train.epochs": _positive_int,
+    "train.lr": _positive_float,
 }
 
 
@@ -95,7 +126,14 @@ def find_sweep(c: Any, experiment: str, sweep_id: str | None) -> Sweep:
 
 
 def _one_line(value: str) -> str:
-    return "".join(ch if ch.isprintable() else " " for ch in value)
+    return inert("".join(ch if ch.isprintable() else " " for ch in value))
+
+
+def _typed(key: str, value: str) -> Any:
+    try:
+        return TYPED_PARAMS[key](value)
+    except (TypeError, ValueError, OverflowError) as err:  # the param's name, for the line
+        raise ValueError(f"param {key}={value[:80]!r} is invalid ({err})") from None
 
 
 def _row(run: Any) -> dict[str, Any]:
@@ -117,19 +155,61 @@ def _row(run: Any) -> dict[str, Any]:
     }
     row.update(run.data.metrics)
     # Text read from runs is data: control characters (newlines) would restructure the
-    # markdown report, so every string is kept to one line here, at the way in.
+    # markdown report, and a backtick or ``](`` would make markup of it, so every string is
+    # kept to one inert line here, at the way in (``html.inert``).
     row = {k: _one_line(v) if isinstance(v, str) else v for k, v in row.items()}
     params = {k: _one_line(v) for k, v in params.items()}
-    try:  # tags and params are data a teammate wrote: a bad one marks this run, not the report
-        row["seed"] = int(tags.get(Tag.SEED, params.get("seed", -1)))
-        for key, value in params.items():
-            if key != "seed":
-                row[key] = TYPED_PARAMS[key](value) if key in TYPED_PARAMS and value != "None" \
-                    else value
-    except (TypeError, ValueError) as err:
-        log.warning("run %s is unreadable: %s", run.info.run_id, err)
-        row |= {"outcome": UNREADABLE, "reason": f"unreadable run: {err}"[:300]}
+    tags = {k: _one_line(v) for k, v in tags.items()}
+    # Tags and params are data a teammate wrote: a bad one marks this run, not the report.
+    # Every key is still filled (a value that does not parse: its neutral default, replaced
+    # by a readable run's of the same config in ``fetch_runs``), so no table meets a hole.
+    errors: list[str] = []
+    row["seed"] = _parsed(errors, -1, _seed, tags.get(Tag.SEED, params.get("seed", -1)))
+    for key, value in params.items():
+        if key != "seed":
+            row[key] = _parsed(errors, _neutral().get(key), _typed, key, value) \
+                if key in TYPED_PARAMS else value
+    if errors:
+        log.warning("run %s is unreadable: %s", run.info.run_id, errors[0])
+        row |= {"outcome": UNREADABLE, "reason": f"unreadable run: {errors[0]}"[:300]}
     return row
+
+
+def _seed(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise ValueError(f"seed {str(value)[:80]!r} is invalid ({err})") from None
+
+
+def _parsed(errors: list[str], default: Any, parse: Callable[..., T], *args: Any) -> T | Any:
+    try:
+        return parse(*args)
+    except (TypeError, ValueError, OverflowError) as err:
+        errors.append(str(err))
+        return default
+
+
+@functools.cache
+def _neutral() -> dict[str, Any]:
+    """The default config's typed params: what an unreadable value is read as (the sections'
+    field defaults, read without building a config: that would import its optimizer)."""
+    defaults = {f"{section}.{f.name}": f.default for section, cls in
+                (("clip", ClipConfig), ("train", TrainConfig)) for f in dataclasses.fields(cls)}
+    return {k: defaults[k] for k in TYPED_PARAMS}
+
+
+def _settle(df: pd.DataFrame) -> pd.DataFrame:
+    """An unreadable run takes its typed params from a readable run of its config, if any
+    (one fingerprint is one config): the config keeps its own label and levels."""
+    keys = [k for k in TYPED_PARAMS if k in df.columns]
+    bad = df["outcome"] == UNREADABLE
+    if not bad.any() or not keys:
+        return df
+    good = df[~bad].drop_duplicates("fingerprint").set_index("fingerprint")[keys]
+    for i in df.index[bad & df["fingerprint"].isin(good.index)]:
+        df.loc[i, keys] = good.loc[df.at[i, "fingerprint"]].to_numpy()
+    return df
 
 
 RUN_ID = re.compile(r"[0-9a-f]{32}")  # an MLflow run id (uuid4 hex)
@@ -216,7 +296,7 @@ def fetch_runs(c: Any, sweep: Sweep) -> pd.DataFrame:
     dropped = df.duplicated(["fingerprint", "seed"]).sum()
     if dropped:
         log.warning("%d superseded runs of a repeated (config, seed) point ignored", dropped)
-    df = df.drop_duplicates(["fingerprint", "seed"]).drop(columns="_finished")
+    df = _settle(df.drop_duplicates(["fingerprint", "seed"]).drop(columns="_finished"))
     return df.sort_values(["fingerprint", "seed"]).reset_index(drop=True)
 
 

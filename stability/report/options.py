@@ -7,6 +7,7 @@ key and the allowed values.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -17,6 +18,8 @@ from stability.report.advice import ClipAdviceConfig
 from stability.report.health import Thresholds
 
 DEVICES = ("auto", "cpu", "cuda")
+NAME_HASH = 10  # hex digits of the experiment name's hash in a derived model name
+HASHED = re.compile(rf"-[0-9a-f]{{{NAME_HASH}}}$")
 
 
 class ReportError(ConfigError):
@@ -119,13 +122,22 @@ class ReportConfig:
 
     @property
     def registered_model(self) -> str:
-        """The registered model's name: ``model_name``, else ``<experiment>-winner`` (any
-        character of the experiment's name outside ``[A-Za-z0-9._-]`` becomes ``-``)."""
+        """The registered model's name: ``model_name``, else ``<experiment>-winner``.
+
+        An experiment name that is not already a plain name (``[A-Za-z0-9._-]``) gets its
+        other characters as ``-`` and a short hash of the exact name, so "team study",
+        "team/study" and "team-study" get three models; so does a plain name that ends like
+        such a hash (``-<10 hex>``), which could otherwise pose as another experiment's.
+        """
         if self.model_name is not None:
             return self.model_name
         # Only a plain name's characters (core.validation.is_safe_name): MLflow refuses '/' and
         # ':' in model names, and the name goes into filter strings.
-        return re.sub(r"[^A-Za-z0-9._-]", "-", self.experiment.strip()).strip("-.") + "-winner"
+        plain = re.sub(r"[^A-Za-z0-9._-]", "-", self.experiment).strip("-.")
+        if plain == self.experiment and not HASHED.search(plain):
+            return f"{plain}-winner"
+        digest = hashlib.sha256(self.experiment.encode()).hexdigest()[:NAME_HASH]
+        return f"{plain or 'experiment'}-{digest}-winner"
 
 
 def _margin_ok(m: object) -> bool:

@@ -1,7 +1,8 @@
 """The report in MLflow: a ``report`` run with the report's files, and the Model Registry.
 
 Re-running a report on the same sweep creates a new report run (each is a dated record) but
-no new model version: a version tagged with the same ``sweep_id`` and ``winner`` is reused.
+no new model version: the version an earlier report of this sweep registered for the same
+winner is reused, recognised by its run and source, never by its tags (``_own_version``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -27,6 +29,8 @@ log = logging.getLogger(__name__)
 
 MAX_TAG = 5000  # MLflow's tag value limit
 CHAMPION = "champion"  # registry alias of the newest winner
+# The source of a version the report registers: the model it logged (``log_model``'s URI)
+LOGGED_MODEL = re.compile(r"models:/(m-[0-9a-f]{32})")
 
 
 def start_report_run(c: Any, sweep: Sweep, winner: Mapping[str, Any], git_commit: str) -> str:
@@ -143,6 +147,30 @@ def _versions(c: Any, name: str) -> list[Any]:
     return list(c.search_model_versions(f"name='{quote(name, 'registry.model_name')}'"))
 
 
+def _own_version(c: Any, v: Any, sweep: Sweep, fp: str, training_run_id: str) -> bool:
+    """Whether ``v`` is the version an earlier report of this sweep registered for this winner.
+
+    Read from what MLflow records, never from the version's tags (anyone can tag a version
+    ``sweep_id``/``winner``): its run is the winner's seed this report chose from the sweep's
+    own runs, its source is the logged model it names (``models:/<model_id>``), and that model
+    was logged into a report run of this sweep, in its experiment, for this winner.
+    """
+    source = LOGGED_MODEL.fullmatch(str(v.source or ""))
+    if str(v.run_id or "") != training_run_id or source is None:
+        return False
+    model_id = source.group(1)
+    try:
+        logged = c.get_logged_model(model_id)
+        report = c.get_run(logged.source_run_id)
+    except Exception as err:  # gone, or not a logged model: not ours to reuse
+        log.debug("version %s of %s is not reusable: %s", v.version, v.name, err)
+        return False
+    tags = report.data.tags
+    return (logged.experiment_id == sweep.experiment_id == report.info.experiment_id
+            and logged.name == Artifact.MODEL and tags.get(Tag.KIND) == Kind.REPORT.value
+            and tags.get(Tag.SWEEP_ID) == sweep.sweep_id and tags.get(Tag.WINNER) == fp)
+
+
 def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: Mapping[str, Any],
                     run: Mapping[str, Any], test: WinnerTestResult, report_run_id: str,
                     loadable: LoadableWinner, notes: list[str] | None = None
@@ -176,7 +204,7 @@ def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: Mapping[s
 
     fp = str(winner["fingerprint"])
     for v in _versions(c, name):
-        if v.tags.get("sweep_id") == sweep.sweep_id and v.tags.get("winner") == fp:
+        if _own_version(c, v, sweep, fp, str(run["run_id"])):
             log.info("model %s version %s already holds this winner; not registering again",
                      name, v.version)
             c.set_registered_model_alias(name, CHAMPION, v.version)

@@ -19,10 +19,11 @@ from stability.core.task import DEFAULT_LOSS_NAME
 from stability.report import decision, lr
 from stability.report.advice import Recommendation, nearest_swept
 from stability.report.compare import Comparison, abs_num, signed
-from stability.report.evaluate import WinnerTestResult
+from stability.report.evaluate import SeedTestResult, WinnerTestResult
 from stability.report.factors import FactorAnalysis
 from stability.report.fetch import Sweep
 from stability.report.health import summary_sentence
+from stability.report.html import inert
 from stability.report.plots import Figure
 from stability.report.select import SELECTION_RULE
 from stability.report.spending import Spending, section
@@ -330,9 +331,16 @@ def _wall(c: pd.Series) -> str:
     return "—" if math.isnan(median) else f"{median:.1f} ({top:.1f})"
 
 
+def _mlflow_state(s: SeedTestResult) -> str:
+    """What the report did with a seed's test metrics in MLflow."""
+    if s.logged:
+        return "logged now"
+    return "already logged" if math.isfinite(s.test_loss) else "not evaluated"
+
+
 def _test_table(t: WinnerTestResult, loss_name: str = DEFAULT_LOSS_NAME) -> str:
     rows = [[str(s.seed), f"`{s.run_id}`", fmt(s.test_loss), fmt(s.test_acc, 4),
-             "logged now" if s.logged else "already logged", s.note] for s in t.seeds]
+             _mlflow_state(s), inert(s.note)] for s in t.seeds]
     return _table(["seed", "run", f"test loss ({loss_name})", "test acc", "MLflow", "note"],
                   rows)
 
@@ -388,7 +396,7 @@ def render(ctx: ReportContext) -> str:
     ]
     if ctx.notes:
         parts += ["## Problems while writing this report", "",
-                  *[f"- {note}" for note in ctx.notes], ""]
+                  *[f"- {inert(note)}" for note in ctx.notes], ""]
     parts += ["## Figures", ""]
     for remark in ctx.remarks:
         parts += [remark, ""]

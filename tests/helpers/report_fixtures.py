@@ -52,6 +52,8 @@ class Spec:
     layer_norms: bool = False  # write layer_norms.csv (telemetry.per_layer=true)
     seq_len: int = 30  # the task's sequence length: another input signature for the model
     lr: float = 2e-3  # train.lr (the default keeps every fixture's fingerprint)
+    # params logged as given instead of the config's (a teammate's hostile run), per seed
+    planted: tuple[tuple[int, str, str], ...] = ()
 
 
 def run_config(spec: Spec, seed: int, out: Path, sweep_id: str = "", parent: str = "") -> RunConfig:
@@ -123,7 +125,9 @@ def log_run(c: MlflowClient, exp_id: str, spec: Spec, seed: int, root: Path, swe
         tags["stability.reason"] = f"fixture: seed {seed} {outcome}"
     run = c.create_run(exp_id, tags=tags, run_name=f"{spec.precision} s={seed}")
     rid = run.info.run_id
-    params = [Param(k, str(v)) for k, v in flatten(cfg).items() if k != "output_dir"]
+    planted = {k: v for s, k, v in spec.planted if s == seed}
+    params = [Param(k, planted.get(k, str(v))) for k, v in flatten(cfg).items()
+              if k != "output_dir"]
     for i in range(0, len(params), 100):
         c.log_batch(rid, params=params[i:i + 100])
     logs = _steps_csv(out / CSV_NAME, spec, seed)

@@ -1,0 +1,74 @@
+"""A recorded run's model, rebuilt only when its checkpoint fits it: sized on ``meta`` first.
+
+A run's ``config.yaml`` is data (``report/trust.py``): ``model.hidden_size=200000`` passes every
+check a string can have and would allocate hundreds of GiB when built. So the model is built
+first on PyTorch's ``meta`` device (shapes, no memory), its ``state_dict`` names and shapes are
+compared with the checkpoint's tensors (already in memory, bounded by the file), and the buffers
+it would hold without saving them are bounded; only then is it built for real and loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from stability.core.loop import CHECKPOINT_NAME
+
+# Elements a model may hold outside its checkpoint (buffers it does not save, e.g. a causal
+# mask): the built-in tasks' largest is char_lm's mask, seq_len^2 (1,024 at its default).
+MAX_UNSAVED_ELEMENTS = 100_000_000
+_SHOWN = 3  # names listed per kind of mismatch
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint whose tensors are not the rebuilt model's (the reason names them)."""
+
+
+def _shapes(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {str(k): tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            for k, v in state.items()}
+
+
+def _names(keys: list[str]) -> str:
+    more = f" (+{len(keys) - _SHOWN} more)" if len(keys) > _SHOWN else ""
+    return ", ".join(keys[:_SHOWN]) + more
+
+
+def fitted(make: Callable[[], nn.Module], state: Any) -> nn.Module:
+    """``make()`` with ``state`` loaded, once the checkpoint is known to fit it.
+
+    Args:
+        make: builds a fresh model (the task's ``model``, or a trainer's module).
+        state: the checkpoint, as ``torch.load(..., weights_only=True)`` returned it.
+
+    Raises:
+        CheckpointMismatch: ``state`` is not a mapping of the model's tensor names to tensors
+            of its shapes, or the model holds more than ``MAX_UNSAVED_ELEMENTS`` elements
+            outside it. Nothing but the ``meta`` model is built before.
+    """
+    if not isinstance(state, Mapping):
+        raise CheckpointMismatch(f"{CHECKPOINT_NAME} is a {type(state).__name__}, not a "
+                                 "state_dict (allowed: a mapping of names to tensors)")
+    with torch.device("meta"):  # factories and nn.Module parameters land on meta: no memory
+        shell = make()
+    want, have = _shapes(shell.state_dict()), _shapes(state)
+    if want != have:
+        parts = [f"{label}: {_names(keys)}" for label, keys in (
+            ("missing", sorted(want.keys() - have.keys())),
+            ("unexpected", sorted(have.keys() - want.keys())),
+            ("other shapes", [f"{k} {have[k]} for {want[k]}" for k in sorted(want.keys()
+                              & have.keys()) if want[k] != have[k]])) if keys]
+        raise CheckpointMismatch(f"{CHECKPOINT_NAME} does not fit the model its config.yaml "
+                                 f"builds ({'; '.join(parts)})")
+    unsaved = sum(b.numel() for name, b in shell.named_buffers() if name not in want)
+    if unsaved > MAX_UNSAVED_ELEMENTS:
+        raise CheckpointMismatch(f"the model its config.yaml builds holds {unsaved:,} elements "
+                                 f"outside {CHECKPOINT_NAME}: allowed values are at most "
+                                 f"{MAX_UNSAVED_ELEMENTS:,}")
+    del shell
+    model = make()
+    model.load_state_dict(state)
+    return model
