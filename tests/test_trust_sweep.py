@@ -230,3 +230,17 @@ def test_a_run_posing_as_one_of_the_sweeps_orphans_gets_nothing_from_its_folders
     assert uploaded(c, posing) == {}
     assert set(uploaded(c, ours)) == {"config.yaml"}
     run.close("KILLED", {})
+
+
+@pytest.mark.parametrize("password", ["p@ssw0rd", "p:ss@w0rd", "p%40ss", "a@b:c@d"])
+def test_a_password_with_at_colon_or_percent_is_redacted_as_urlsplit_reads_it(
+        password: str) -> None:
+    """F: the userinfo ends at the last "@" of the authority (urlsplit), not the first."""
+    from urllib.parse import urlsplit
+
+    from stability.tracking.credentials import redact_uri
+
+    uri = f"http://alice:{password}@host:5000/path?q=1"
+    assert urlsplit(uri).hostname == "host"
+    assert redact_uri(f"at {uri} and sqlite:////tmp/a@b/mlflow.db") == (
+        "at http://host:5000/path?q=1 and sqlite:////tmp/a@b/mlflow.db")
