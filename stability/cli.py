@@ -251,7 +251,7 @@ def sync(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     results = sync_paths(args.paths, uri)
-    end_stale_after_sync(results)
+    end_stale_after_sync(results, args.paths)
     for r in results:
         print(r.line())
     left = len(wanted) - len(results)

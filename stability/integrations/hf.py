@@ -113,6 +113,28 @@ def checkpoint_folder(args: Any, state: Any) -> Path:
     return Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
 
 
+def load_state(path: Path) -> dict[str, Any]:
+    """The recorder's state saved beside a Trainer checkpoint, loaded as data only.
+
+    ``weights_only=True``: tensors, numbers, strings and plain containers, never a pickled
+    object (a checkpoint folder may come from someone else; unpickling runs their code).
+
+    Raises:
+        ValueError: one line, when the file is anything else (the Trainer has restored its
+            own state by now, so continuing without ours would corrupt ``steps.csv``).
+    """
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # UnpicklingError (a pickled object), a torn or foreign file
+        # torch's own message invites loading it unsafely: name the failure only
+        raise ValueError(f"refusing {path}: not plain data (torch.load with "
+                         f"weights_only=True failed: {type(err).__name__})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"refusing {path}: not plain data (a {type(state).__name__}, "
+                         "not the recorder's state)")
+    return state
+
+
 def scheduler_position(trainer: Trainer) -> int:
     """How many times the trainer's LR scheduler has stepped (0 before it exists)."""
     return int(getattr(trainer.lr_scheduler, "last_epoch", 0) or 0)
@@ -194,7 +216,7 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
         if state.global_step > 0:  # resumed from a checkpoint: continue its records
             saved = checkpoint_folder(args, state) / STATE_NAME
             if saved.exists():
-                recorder.load_state_dict(torch.load(saved, weights_only=False))
+                recorder.load_state_dict(load_state(saved))
             # Whole epochs done; on_epoch_begin counts the one the Trainer resumes in.
             self._epoch = math.floor(float(state.epoch or 0) + 1e-6)
 

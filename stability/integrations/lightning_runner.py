@@ -126,8 +126,11 @@ def prepare(task: Task, cfg: RunConfig, device: str, folder: Path,
     trainer = pl.Trainer(max_epochs=cfg.train.epochs, callbacks=[cb, saver], **QUIET, **settings)
     if ckpt is not None:
         log.info("resuming the fit from %s", ckpt)
+    # weights_only explicitly: Lightning's None defers to torch's default, which an
+    # environment variable (TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD) can turn into unpickling
     return Fit(module, cb, lambda: trainer.fit(module, datamodule=data,
-                                               ckpt_path=None if ckpt is None else str(ckpt)),
+                                               ckpt_path=None if ckpt is None else str(ckpt),
+                                               weights_only=True),
                lambda: _remove_checkpoints(folder))
 
 

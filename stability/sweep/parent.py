@@ -20,6 +20,7 @@ from stability.core.config import TrackingConfig
 from stability.sweep.schedule import CostKey, observed_costs
 from stability.tracking.artifacts import upload_artifacts
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
+from stability.tracking.folders import journal_names, tagged_folder, under
 from stability.tracking.journal import now_ms
 from stability.tracking.orphans import end_stale_runs
 from stability.tracking.queries import finished_runs, point_of, search_all
@@ -67,6 +68,8 @@ class SweepRun:
     # seconds per epoch the experiment's finished runs took, per kind of job (schedule.order)
     costs: dict[CostKey, float] = field(default_factory=dict)
     adopted: set[str] = field(default_factory=set)  # run ids of the points it skipped
+    # hydra.sweep.dir: the only folders its resume and orphan handling act on (folders.py)
+    root: Path | None = None
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def beat(self, period_s: float) -> None:
@@ -125,7 +128,9 @@ class SweepRun:
         A worker SIGKILLed (joblib aborting a batch on Ctrl-C, the OOM killer) leaves its run
         open. Its ``steps.csv`` is complete up to the last step on disk, so whatever the run
         had not uploaded yet is uploaded from the job's folder before the run is ended
-        (KILLED when the sweep was interrupted, else FAILED).
+        (KILLED when the sweep was interrupted, else FAILED). Only from a folder under the
+        sweep's own ``root`` whose journal names that very run: a run tagged with this
+        sweep's id by someone else gets nothing from our folders.
 
         Returns:
             How many runs were closed here.
@@ -133,10 +138,11 @@ class SweepRun:
         c = client(self.uri)
         orphans = self._train_runs("RUNNING")
         for r in orphans:
+            roots = [self.root] if self.root is not None else []
             folder = job_dirs.get(point_of(r) or ("", -1))
-            if folder is None and r.data.tags.get(Tag.OUTPUT_DIR):
-                folder = Path(r.data.tags[Tag.OUTPUT_DIR])
-            if folder is not None and folder.is_dir():
+            folder = (under(folder, roots) if folder is not None
+                      else tagged_folder(r, roots, "uploading from"))
+            if folder is not None and journal_names(folder, r.info.run_id):
                 upload_artifacts(c, r.info.run_id, folder)
             outcome = Outcome.KILLED if killed else Outcome.FAILED
             c.set_tag(r.info.run_id, Tag.OUTCOME, outcome)
@@ -197,7 +203,8 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
     check_reachable(uri)
     exp_id = ensure_experiment(uri, tracking.experiment)
     synced = len(sync_paths([sweep_dir], uri)) if sweep_dir else 0
-    stale = end_stale_runs(uri, tracking.experiment, tracking.stale_after_s)
+    roots = [sweep_dir] if sweep_dir else []
+    stale = end_stale_runs(uri, tracking.experiment, tracking.stale_after_s, roots=roots)
     # One read serves resume (what is done) and scheduling (how long each kind of job took).
     finished = finished_runs(uri, tracking.experiment)
     done = recorded_of(finished) if resume else {}
@@ -215,7 +222,7 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
     if grid:
         c.log_batch(run.info.run_id, params=grid[:100], synchronous=True)
     sweep = SweepRun(uri, tracking.experiment, exp_id, run.info.run_id, sweep_id,
-                     time.time(), synced, stale, observed_costs(finished))
+                     time.time(), synced, stale, observed_costs(finished), root=sweep_dir)
     sweep.beat(tracking.heartbeat_s)
     return sweep, done
 
@@ -245,6 +252,8 @@ def resumable_folders(run: SweepRun, points: Sequence[Any]) -> dict[tuple[str, i
     """For points to run: the folder of their latest KILLED run that holds a resume point.
 
     Such a point trains on in that folder, into the same MLflow run (``core/checkpoint.py``).
+    Only a folder under the sweep's own ``root`` (``hydra.sweep.dir``, real paths): a tag
+    naming another folder is ignored with a logged line and the point starts over.
     """
     from stability.core.checkpoint import peek
 
@@ -253,9 +262,13 @@ def resumable_folders(run: SweepRun, points: Sequence[Any]) -> dict[tuple[str, i
                       search_filter(Kind.TRAIN, status=Outcome.KILLED.status),
                       order_by=["attributes.start_time DESC"])
     found: dict[tuple[str, int], Path] = {}
+    roots = [run.root] if run.root is not None else []
     for r in runs:
-        key, folder = point_of(r), Path(r.data.tags.get(Tag.OUTPUT_DIR) or "/nonexistent")
-        if key in wanted and key not in found and peek(folder, wanted[key].cfg) is not None:
+        key = point_of(r)
+        if key not in wanted or key in found:
+            continue
+        folder = tagged_folder(r, roots, "resuming in")
+        if folder is not None and peek(folder, wanted[key].cfg) is not None:
             found[key] = folder
     return found
 

@@ -1,13 +1,26 @@
 """Uploading a run folder's artifacts: the one function every path uses (run end, orphan
 closing, sync). A file the run already holds with the same size is not uploaded again; one
-that differs (a CSV uploaded before the run resumed) is replaced at the same path."""
+that differs (a CSV uploaded before the run resumed) is replaced at the same path.
+
+Nothing is read through a symlink (``folders.open_regular``): a symlinked artifact is skipped
+with a warning, and what is sent is a copy of the file opened without following one (MLflow
+is handed that copy's path, never the folder's, so a file swapped for a link after the check
+is not read either).
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from stability.tracking.contract import Artifact
+from stability.tracking.folders import NotRegular, open_regular
+
+log = logging.getLogger(__name__)
 
 
 def uploaded(c: Any, run_id: str) -> dict[str, int]:
@@ -20,6 +33,19 @@ def uploaded(c: Any, run_id: str) -> dict[str, int]:
     return out
 
 
+def _open_present(folder: Path) -> dict[str, int]:
+    """``{name: descriptor}`` of the ``Artifact.ALL`` files present as regular files."""
+    files: dict[str, int] = {}
+    for name in Artifact.ALL:
+        try:
+            files[name] = open_regular(folder, name)
+        except FileNotFoundError:
+            continue
+        except NotRegular as err:
+            log.warning("not uploading %s: uploads never follow a symlink", err)
+    return files
+
+
 def upload_artifacts(c: Any, run_id: str, folder: str | Path) -> list[str]:
     """Upload the ``Artifact.ALL`` files of ``folder`` the run lacks; returns the paths sent.
 
@@ -28,14 +54,22 @@ def upload_artifacts(c: Any, run_id: str, folder: str | Path) -> list[str]:
         run_id: the MLflow run.
         folder: the run folder.
     """
-    folder = Path(folder)
-    present = [name for name in Artifact.ALL if (folder / name).exists()]
-    have = uploaded(c, run_id) if present else {}
+    files = _open_present(Path(folder))
     done = []
-    for name in present:
-        if have.get(name) == (folder / name).stat().st_size:
-            continue
-        parent = str(Path(name).parent) if "/" in name else None
-        c.log_artifact(run_id, str(folder / name), artifact_path=parent)
-        done.append(name)
+    try:
+        have = uploaded(c, run_id) if files else {}
+        with tempfile.TemporaryDirectory(prefix="stability-upload-") as tmp:
+            for name, fd in files.items():
+                if have.get(name) == os.fstat(fd).st_size:
+                    continue
+                copy = Path(tmp) / name
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                with os.fdopen(os.dup(fd), "rb") as src, copy.open("wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                parent = str(Path(name).parent) if "/" in name else None
+                c.log_artifact(run_id, str(copy), artifact_path=parent)
+                done.append(name)
+    finally:
+        for fd in files.values():
+            os.close(fd)
     return done

@@ -14,7 +14,9 @@ import re
 import urllib.parse
 from pathlib import Path
 
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+# urlsplit's semantics: the authority runs to the first "/", "?" or "#", and its userinfo to
+# the LAST "@" in it (greedy), so an unencoded "@" in a password (p@ss@host) is removed whole.
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
 
 
 def redact_uri(text: str) -> str:

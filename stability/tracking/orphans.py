@@ -4,8 +4,11 @@ MLflow leaves a run RUNNING when its process is SIGKILLed, OOM-killed or its nod
 Every tracked run refreshes ``stability.heartbeat`` from its sender thread and records
 ``stability.process`` (``<host>:<pid>``). A RUNNING run is stale when its heartbeat is older
 than ``tracking.stale_after_s``, or at once when its process ran on this host and is gone.
-Before it is ended, what its folder holds (if the folder is on this machine) is synced
-(``sync.sync_folder``: this module builds on the sync, never the other way round).
+Before it is ended, what its folder holds is synced (``sync.sync_folder``: this module builds
+on the sync, never the other way round), only when that folder lies under the caller's own
+roots (the sweep's folder, the paths given to ``stability sync``: ``folders.tagged_folder``)
+and its journal names that run: a tag naming any other folder is ignored, and the run is just
+ended.
 """
 
 from __future__ import annotations
@@ -14,14 +17,13 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from stability.core import rundir
-from stability.tracking import journal
 from stability.tracking.artifacts import upload_artifacts
 from stability.tracking.contract import Kind, Outcome, Tag, search_filter
+from stability.tracking.folders import journal_names, tagged_folder
 from stability.tracking.journal import now_ms
 from stability.tracking.queries import search_all
 from stability.tracking.sync import SyncResult, sync_folder
@@ -66,7 +68,7 @@ def stale_reason(run: Any, stale_after_s: float, now: int | None = None) -> str:
 
 
 def end_stale_runs(uri: str, experiment: str, stale_after_s: float = STALE_AFTER_S,
-                   sweep_id: str | None = None) -> int:
+                   sweep_id: str | None = None, roots: Sequence[str | Path] = ()) -> int:
     """End the experiment's stale RUNNING training and sweep runs as KILLED; returns how many.
 
     A sweep's parent run carries the same heartbeat and process tags (``parent.Heartbeat``);
@@ -77,6 +79,8 @@ def end_stale_runs(uri: str, experiment: str, stale_after_s: float = STALE_AFTER
         experiment: the experiment name.
         stale_after_s: a heartbeat older than this means the process is gone.
         sweep_id: only runs of this sweep.
+        roots: the caller's own folders: a run's folder is synced or uploaded only when it
+            lies under one of them (none: no folder is touched, the runs are only ended).
     """
     c = client(uri)
     exp = c.get_experiment_by_name(experiment)
@@ -87,17 +91,17 @@ def end_stale_runs(uri: str, experiment: str, stale_after_s: float = STALE_AFTER
         reason = stale_reason(run, stale_after_s)
         if not reason:
             continue
-        rid, folder = run.info.run_id, Path(run.data.tags.get(Tag.OUTPUT_DIR, "") or "/nonexistent")
+        rid = run.info.run_id
+        folder = tagged_folder(run, roots, "uploading from")
         try:
             # What it had not sent; a journal that recorded its end (the process died while
-            # delivering it) ends the run as it really ended.
-            journaled = (folder / rundir.JOURNAL_NAME).exists()
-            # the folder may hold another run by now (a new run moved this one's files aside)
-            mine = journaled and journal.read(folder).run_id == rid
-            if mine and sync_folder(folder, uri).status is not None:
-                log.warning("completed run %s from its folder %s", rid, folder)
-                continue
-            if folder.is_dir() and (mine or not journaled):
+            # delivering it) ends the run as it really ended. Only the run's own folder: the
+            # folder may hold another run by now (a new run moved this one's files aside),
+            # or the tag may name someone else's.
+            if folder is not None and journal_names(folder, rid):
+                if sync_folder(folder, uri).status is not None:
+                    log.warning("completed run %s from its folder %s", rid, folder)
+                    continue
                 upload_artifacts(c, rid, folder)
         except Exception as err:  # the run is ended regardless: its folder keeps the rest
             log.warning("could not upload %s for stale run %s: %s", folder, rid, err)
@@ -126,11 +130,13 @@ def end_stale_sweeps(c: Any, experiment_id: str, stale_after_s: float,
     return ended
 
 
-def end_stale_after_sync(results: Iterable[SyncResult]) -> int:
+def end_stale_after_sync(results: Iterable[SyncResult],
+                         roots: Sequence[str | Path] = ()) -> int:
     """End the stale RUNNING runs of every experiment ``results`` synced into; how many.
 
     What ``stability sync`` does once the pending folders are uploaded: a run whose folder was
-    synced is complete, the ones still RUNNING without heartbeat are dead.
+    synced is complete, the ones still RUNNING without heartbeat are dead. ``roots``: the
+    paths the sync was given (a stale run's folder elsewhere is not touched).
     """
     stores = sorted({(r.uri, r.experiment) for r in results})
-    return sum(end_stale_runs(store, experiment) for store, experiment in stores)
+    return sum(end_stale_runs(store, experiment, roots=roots) for store, experiment in stores)
