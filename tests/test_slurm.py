@@ -15,12 +15,14 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from stability.tracking.contract import SCHEDULER_STEPS_ON_SKIP, Kind, Tag
+from tests.helpers.load import busy_cores
 from tests.helpers.slurm import SlurmCluster
 from tests.helpers.stack import TeamStack
 
@@ -132,8 +134,16 @@ def test_a_trainer_task_sweeps_through_slurm_like_any_other(env, client, slurm_c
     assert set(tasks.values()) == {"COMPLETED"}, tasks
 
 
+@pytest.fixture
+def loaded() -> Iterator[None]:
+    """Both cores busy (two busy-loop processes), stopped at teardown."""
+    with busy_cores(2):
+        yield
+
+
 def test_scancel_of_one_task_ends_its_run_killed_and_the_others_finish(
-        env, client, slurm_cluster, tmp_path: Path) -> None:
+        env, client, slurm_cluster, tmp_path: Path, loaded) -> None:
+    """Under load: the run's own KILLED close and the sweep's orphan close must agree."""
     experiment = f"scancel-{uuid.uuid4().hex[:8]}"
     # the 400-epoch run trains long enough to be cancelled; the other two are quick
     proc = subprocess.Popen(sweep_cmd(experiment, tmp_path, "train.epochs=2,400,3", "seed=0"),
