@@ -329,14 +329,13 @@ def test_submitit_local_launcher(mlflow_server, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_unreachable_server_fails_before_any_job(tmp_path: Path) -> None:
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    t0 = time.monotonic()
+    # the bound is the subprocess timeout (it fails the test); the exit status is the docs' 1
     done = sweep([*TINY, "seed=0,1", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path}"],
                  timeout=120)
-    assert done.returncode != 0
+    assert done.returncode == 1, done.stderr[-2000:]
     assert f"error: tracking server {uri} is not reachable" in done.stderr
     assert "Traceback" not in done.stderr
     assert "Launching" not in done.stdout + done.stderr
-    assert time.monotonic() - t0 < 60  # the check itself is bounded by ~5 s (test_tracking)
 
 
 @pytest.mark.slow

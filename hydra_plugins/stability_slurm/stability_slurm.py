@@ -72,5 +72,7 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
             state = job.state  # type: ignore[attr-defined]
             log.error("SLURM task %s ended %s without a result (log: %s): %s", job.job_id,
                       state, job.paths.stdout, str(err).splitlines()[0])
+            from stability.sweep.errors import JobLost
+
             return JobReturn(overrides=list(overrides), status=JobStatus.FAILED,
-                             _return_value=RuntimeError(f"SLURM task {job.job_id}: {state}"))
+                             _return_value=JobLost(job.job_id, str(state)))

@@ -11,7 +11,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from stability.tracking.artifacts import upload_artifacts
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
 from stability.tracking.folders import journal_names, tagged_folder, under
 from stability.tracking.journal import now_ms
-from stability.tracking.orphans import end_stale_runs
+from stability.tracking.orphans import closing_outcome, end_stale_runs, process_gone
 from stability.tracking.queries import finished_runs, point_of, search_all
 from stability.tracking.run import process_tag
 from stability.tracking.sync import sync_paths
@@ -38,6 +38,8 @@ from stability.tracking.uri import (
 )
 
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
+# How long the sweep waits for its open runs' own end writes (a run closing itself under load)
+ORPHAN_WAIT_S = 20.0
 
 
 def _quote(value: str) -> str:
@@ -122,35 +124,53 @@ class SweepRun:
         return search_all(client(self.uri), self.experiment_id,
                           search_filter(Kind.TRAIN, self.sweep_id, status))
 
-    def close_orphans(self, job_dirs: Mapping[tuple[str, int], Path], killed: bool) -> int:
+    def close_orphans(self, job_dirs: Mapping[tuple[str, int], Path], killed: bool,
+                      scheduler_killed: Set[tuple[str, int]] = frozenset(),
+                      wait_s: float = ORPHAN_WAIT_S) -> int:
         """End runs of this sweep still RUNNING: their job died before it could close them.
 
         A worker SIGKILLed (joblib aborting a batch on Ctrl-C, the OOM killer) leaves its run
         open. Its ``steps.csv`` is complete up to the last step on disk, so whatever the run
-        had not uploaded yet is uploaded from the job's folder before the run is ended
-        (KILLED when the sweep was interrupted, else FAILED). Only from a folder under the
-        sweep's own ``root`` whose journal names that very run: a run tagged with this
-        sweep's id by someone else gets nothing from our folders.
+        had not uploaded yet is uploaded from the job's folder before the run is ended; only
+        from a folder under the sweep's own ``root`` whose journal names that very run (a run
+        tagged with this sweep's id by someone else gets nothing from our folders).
+        One writer decides (``orphans.closing_outcome``): the parent first waits (at most
+        ``wait_s``) for each run's own end write, re-reads a run's status just before closing
+        it and never overwrites a terminal one; a run whose job the scheduler stopped
+        (``scheduler_killed``) or whose sweep was interrupted ends KILLED, else FAILED.
 
         Returns:
             How many runs were closed here.
         """
         c = client(self.uri)
         orphans = self._train_runs("RUNNING")
+        deadline = time.monotonic() + wait_s
+        # a closing run's own write may be on its way; a process known gone writes nothing more
+        while (orphans and time.monotonic() < deadline
+               and not all(process_gone(r.data.tags.get(Tag.PROCESS, "")) for r in orphans)):
+            time.sleep(0.5)
+            orphans = [r for r in orphans if c.get_run(r.info.run_id).info.status == "RUNNING"]
+        closed = 0
         for r in orphans:
+            key = point_of(r) or ("", -1)
+            outcome = closing_outcome(c.get_run(r.info.run_id).info.status,
+                                      key in scheduler_killed, killed)
+            if outcome is None:  # it closed itself meanwhile: its own end state stands
+                continue
             roots = [self.root] if self.root is not None else []
-            folder = job_dirs.get(point_of(r) or ("", -1))
+            folder = job_dirs.get(key)
             folder = (under(folder, roots) if folder is not None
                       else tagged_folder(r, roots, "uploading from"))
             if folder is not None and journal_names(folder, r.info.run_id):
                 upload_artifacts(c, r.info.run_id, folder)
-            outcome = Outcome.KILLED if killed else Outcome.FAILED
+            why = ("its job was stopped by the scheduler" if key in scheduler_killed
+                   else "the sweep was interrupted" if killed else "killed or crashed")
             c.set_tag(r.info.run_id, Tag.OUTCOME, outcome)
             c.set_tag(r.info.run_id, Tag.REASON,
-                      "its job's process ended without closing the run ("
-                      + ("the sweep was interrupted" if killed else "killed or crashed") + ")")
+                      f"its job's process ended without closing the run ({why})")
             c.set_terminated(r.info.run_id, status=outcome.status)
-        return len(orphans)
+            closed += 1
+        return closed
 
     def close(self, status: str, summary: Mapping[str, int]) -> dict[str, int]:
         """End the parent run (FINISHED / FAILED / KILLED) with summary metrics.

@@ -20,6 +20,7 @@ from hydra.plugins.launcher import Launcher
 from stability.core.signals import StopRequest
 from stability.sweep import launch, schedule
 from stability.sweep.display import Display
+from stability.sweep.errors import JobLost
 from stability.sweep.grid import SweepPoint
 from stability.sweep.progress import Progress
 from stability.sweep.session import Key, Session
@@ -74,6 +75,7 @@ class RoundOutcome:
     launched: set[int] = field(default_factory=set)  # positions of jobs that started
     job_dirs: dict[Key, Path] = field(default_factory=dict)  # each point's folder
     failed: int = 0  # jobs that ended without finishing
+    scheduler_killed: set[Key] = field(default_factory=set)  # jobs scancelled, preempted...
     progress: Progress | None = None
 
 
@@ -126,6 +128,9 @@ def run_round(how: Launching, todo: Sequence[SweepPoint], skipped: int, session:
             elif i not in out.launched:
                 out.results.append(PointResult(p, NOT_STARTED))
         out.returns = list(ended.values())
+        out.scheduler_killed = {p.key for i, p in enumerate(points) if i in ended
+                                and isinstance(ended[i]._return_value, JobLost)
+                                and ended[i]._return_value.killed}
         out.failed = progress.failed
         # folders that exist were started, even if their start was not seen (killed)
         out.launched |= {i for i, p in enumerate(points)

@@ -12,7 +12,7 @@ the parent run ended with the sweep's summary. Without tracking every step is a 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,7 +90,8 @@ class Session:
                    else []))
 
     def close(self, status: str, summary: Mapping[str, int], job_dirs: Mapping[Key, Path],
-              sweep_dir: Path, say: Callable[[str], None]) -> dict[str, int]:
+              sweep_dir: Path, say: Callable[[str], None],
+              scheduler_killed: Set[Key] = frozenset()) -> dict[str, int]:
         """Sync, close orphaned runs and end the parent run; returns extra summary counts.
 
         Never raises: a tracking error is logged, the sweep's own outcome stands.
@@ -101,7 +102,8 @@ class Session:
         try:
             synced = len(sync_paths([sweep_dir], run.uri))
             say(f"synced {synced} pending runs of this sweep")
-            orphans = run.close_orphans(job_dirs, killed=status == "KILLED")
+            orphans = run.close_orphans(job_dirs, killed=status == "KILLED",
+                                        scheduler_killed=scheduler_killed)
             if orphans:
                 say(f"closed {orphans} runs their jobs left open (worker killed or crashed)")
             return run.close(status, summary) | {"runs_orphaned": orphans}

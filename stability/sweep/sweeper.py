@@ -345,7 +345,8 @@ class StabilitySweeper(BasicSweeper):
                    "runs_launched": sum(len(r.launched) for r in rounds),
                    "runs_skipped_done": skipped,
                    "runs_not_finished": sum(r.failed for r in rounds)}
-        summary |= session.close(status, summary, job_dirs, sweep_dir, self.say)
+        killed = set().union(*(r.scheduler_killed for r in rounds))
+        summary |= session.close(status, summary, job_dirs, sweep_dir, self.say, killed)
         self.say(f"{status.lower()} after {format_duration(elapsed)}: "
                  + ", ".join(f"{k.removeprefix('runs_')}={int(v)}" for k, v in summary.items()))
         if session.run is not None:

@@ -51,6 +51,25 @@ def process_gone(tag: str) -> bool:
     return state == "Z"
 
 
+def closing_outcome(status: str, scheduler_killed: bool, interrupted: bool) -> Outcome | None:
+    """What a sweep parent ends a run of its own with; None: leave it (one writer decides).
+
+    The run's own process writes its end state (KILLED on SIGTERM / Ctrl-C); the parent only
+    closes what is still open, and a run already terminal is never overwritten. A run whose
+    job the scheduler stopped (``scancel``, preemption, time limit) or whose sweep was
+    interrupted is KILLED, exactly what the run itself writes on the SIGTERM it got, so the
+    end state is the same whichever of the two writes lands last.
+
+    Args:
+        status: the run's MLflow status, read just before closing.
+        scheduler_killed: its job's scheduler state says it was stopped from outside.
+        interrupted: the sweep itself was interrupted (Ctrl-C / SIGTERM).
+    """
+    if status not in ("RUNNING", "SCHEDULED"):
+        return None
+    return Outcome.KILLED if scheduler_killed or interrupted else Outcome.FAILED
+
+
 def _when(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
 
