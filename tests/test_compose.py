@@ -328,7 +328,12 @@ MINIO_ENV = {"MINIO_ROOT_USER": "root", "MINIO_ROOT_PASSWORD": "rootpw",
 def _minio_init(tmp_path: Path, env: dict[str, str], fail: str = "") -> tuple[
         subprocess.CompletedProcess[str], list[list[str]]]:
     """Run docker/minio-init.sh with a stand-in ``mc`` that records each call (and copies the
-    policy file it is given); ``fail``: the subcommand the stand-in fails."""
+    policy file it is given); ``fail``: the subcommand the stand-in fails.
+
+    A seam, on purpose: the MinIO client is a downloaded binary that no registry here serves,
+    and what is under test is the script's sequence of calls and its stop at the first failure.
+    The real S3 path (moto's server, MLflow uploading into it) runs in tests/test_team_stack.py.
+    """
     bin_dir, log = tmp_path / "bin", tmp_path / "mc.log"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "mc"

@@ -624,7 +624,13 @@ def test_sigterm_during_a_deferred_block_is_delivered_after_it() -> None:
 def test_terminated_after_a_peer_failed_becomes_peer_failed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """torchrun's SIGTERM (Terminated) after rank 1 failed ends rank 0 FAILED, not KILLED."""
+    """torchrun's SIGTERM (Terminated) after rank 1 failed ends rank 0 FAILED, not KILLED.
+
+    The store here is a real one-process ``FileStore`` put in place of the group's: a seam, so
+    that the order (SIGTERM before or after a peer's failure is written) is set by the test
+    rather than by which process torchrun happens to signal first; the two-process run of
+    the same path is test_a_rank_that_dies_ends_the_run_failed_within_bounded_time.
+    """
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:

@@ -157,7 +157,12 @@ def test_budgets_stop_before_a_round_that_would_overrun_them() -> None:
 def test_a_killed_adaptive_study_resumes_and_plans_the_same_runs(tmp_path: Path, monkeypatch,
                                                                   capsys) -> None:
     """Run to completion on one store; on another, kill after round 1 (Ctrl-C as the
-    strategy plans round 2) and re-run the same command: same runs, same verdicts."""
+    strategy plans round 2) and re-run the same command: same runs, same verdicts.
+
+    ``AdaptiveStrategy.next`` is wrapped, a seam: the real method runs every time; the wrapper
+    only keeps the strategy to read its final state and, in the killed run, raises Ctrl-C at
+    a chosen round (a real SIGINT lands at a time the test cannot choose).
+    """
     from hydra.core.global_hydra import GlobalHydra
 
     from stability import cli

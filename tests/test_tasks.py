@@ -201,7 +201,11 @@ def test_a_task_declares_its_typed_sections_and_their_errors_join_the_run_config
 ])
 def test_the_loss_a_task_names_reaches_the_figures_loss_axis(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, expected: str) -> None:
-    """Task -> the run's stability.loss_name tag -> the report's runs -> the axis label."""
+    """Task -> the run's stability.loss_name tag -> the report's runs -> the axis label.
+
+    ``Figure.savefig`` is wrapped (a seam, it still writes the file) to read the axis label off
+    the very figure the report draws: a PNG's pixels cannot be read back as text.
+    """
     import matplotlib.figure
     import pandas as pd
 
