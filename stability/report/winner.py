@@ -208,16 +208,23 @@ def _settle(table: pd.DataFrame, configs: pd.DataFrame, choices: list[Choice],
     """The config the choices make; if it has an unfinished seed, the next combination."""
     ok = set(_finished(configs))
     names = [f.name for f in factors]
-    at = table.drop_duplicates("fingerprint").set_index(names)["fingerprint"]
+    # Configs that differ only in keys that are not factors (e.g. the monitor) share a cell:
+    # the cell's fully finished config of best rank stands for it.
+    first = table.drop_duplicates("fingerprint")
+    rank = dict(zip(configs["fingerprint"], configs["rank"], strict=True))
+    at: dict[tuple[str, ...], str] = {}
+    rows = first[["fingerprint", *names]].to_dict("records")
+    for row in sorted(rows, key=lambda r: rank.get(r["fingerprint"], 0)):
+        if row["fingerprint"] in ok:
+            at.setdefault(tuple(row[n] for n in names), str(row["fingerprint"]))
     orders = [_order(c, tolerance) for c in choices]
     combos = sorted(itertools.product(*(range(len(o)) for o in orders)),
                     key=lambda r: (sum(r), r))
     for ranks in combos:
         picked = {n: c.levels[o[r]][i] for c, o, r in zip(choices, orders, ranks, strict=True)
                   for i, n in enumerate(c.factors)}
-        key = tuple(picked[n] for n in names)
-        fp = at.get(key if len(key) > 1 else key[0])
-        if fp is None or fp not in ok:
+        fp = at.get(tuple(picked[n] for n in names))
+        if fp is None:
             continue
         final = [Choice(**{**c.__dict__, "chosen": o[r]})
                  for c, o, r in zip(choices, orders, ranks, strict=True)]
