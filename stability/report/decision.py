@@ -267,9 +267,9 @@ def choice_lines(dec: Decision, an: FactorAnalysis, seq: Sequential | None = Non
     return lines
 
 
-def guarantee(dec: Decision, confidence_of: float | None = None) -> str:
+def guarantee(dec: Decision) -> str:
     """The decision's guarantee in one sentence."""
-    level = 1 - dec.alpha if confidence_of is None else confidence_of
+    level = 1 - dec.alpha
     within = [c for c in dec.choices if c.basis == CHOSEN_WITHIN]
     groups = len(dec.choices)
     if not dec.choices:
