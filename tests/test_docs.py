@@ -192,10 +192,32 @@ def missing_paths(doc: Doc) -> list[str]:
     for target in LINK_RE.findall(doc.prose):
         if re.match(r"^[a-z]+:", target) or target.startswith("#"):
             continue
-        link = target.split("#")[0]
+        link, _, anchor = target.partition("#")
         if link and not _exists(doc.folder / link):
             missing.append(f"{link} (a link)")
+        elif anchor and link.endswith(".md") and anchor not in anchors(doc.folder / link):
+            missing.append(f"{target} (no such heading)")
     return missing
+
+
+def anchors(markdown: Path) -> set[str]:
+    """The anchors GitHub gives the headings of ``markdown`` (outside fenced blocks).
+
+    Args:
+        markdown: A Markdown file.
+
+    Returns:
+        Each heading's slug (lower case, punctuation dropped, spaces to hyphens), with ``-1``,
+        ``-2`` ... for repeats.
+    """
+    doc = read_doc(markdown.name, markdown.read_text(encoding="utf-8"), markdown.parent)
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*$", doc.prose, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        if seen[slug]:
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
 
 
 def unresolved_names(doc: Doc) -> list[str]:
@@ -449,7 +471,8 @@ def test_the_checks_read_commands_from_the_docs() -> None:
 # ----------------------------------------------------------------------------- planted mistakes
 
 PLANTED = """\
-See [the report](report.md#outputs), `stability/report/no_such_module.py`,
+See [the report](report.md#outputs), [a section](sweeps.md#no-such-section),
+`stability/report/no_such_module.py`,
 `conf/study/{adding,nosuch}.yaml` and `stability.core.step.NoSuchThing`; output goes to
 `reports/<sweep_id>/report.md` and `benchmarks/results/bench.json` (generated) and
 `git show 1e932ca:benchmarks/bulk.py` (an old commit).
@@ -478,6 +501,7 @@ def test_the_checks_find_planted_mistakes() -> None:
     assert missing_paths(doc) == [
         "stability/report/no_such_module.py (named as stability/report/no_such_module.py)",
         "conf/study/nosuch.yaml (named as conf/study/{adding,nosuch}.yaml)",
+        "sweeps.md#no-such-section (no such heading)",
     ]
     assert unresolved_names(doc) == [
         "stability.core.step.NoSuchThing: stability/core/step.py defines no 'NoSuchThing'"]
