@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import functools
 import glob
+import os
 import re
 import runpy
 import shlex
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,6 +151,7 @@ def _words(command: str) -> list[str]:
 
 def load(path: Path) -> Doc:
     """The doc at ``path``, read by :func:`read_doc`."""
+    path = path.resolve()
     return read_doc(str(path.relative_to(ROOT)), path.read_text(encoding="utf-8"), path.parent)
 
 
@@ -190,29 +193,30 @@ def missing_paths(doc: Doc) -> list[str]:
         if not (ROOT / top).exists():
             missing.append(f"{top} (a top-level file)")
     for target in LINK_RE.findall(doc.prose):
-        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+        if re.match(r"^[a-z]+:", target):
             continue
         link, _, anchor = target.partition("#")
         if link and not _exists(doc.folder / link):
             missing.append(f"{link} (a link)")
-        elif anchor and link.endswith(".md") and anchor not in anchors(doc.folder / link):
-            missing.append(f"{target} (no such heading)")
+        elif anchor and (not link or link.endswith(".md")):
+            prose = load(doc.folder / link).prose if link else doc.prose
+            if anchor not in anchors(prose):
+                missing.append(f"{target} (no such heading)")
     return missing
 
 
-def anchors(markdown: Path) -> set[str]:
-    """The anchors GitHub gives the headings of ``markdown`` (outside fenced blocks).
+def anchors(prose: str) -> set[str]:
+    """The anchors GitHub gives the headings of a doc's prose (outside fenced blocks).
 
     Args:
-        markdown: A Markdown file.
+        prose: The doc's text outside fenced blocks.
 
     Returns:
         Each heading's slug (lower case, punctuation dropped, spaces to hyphens), with ``-1``,
         ``-2`` ... for repeats.
     """
-    doc = read_doc(markdown.name, markdown.read_text(encoding="utf-8"), markdown.parent)
     seen: dict[str, int] = {}
-    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*$", doc.prose, re.M):
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*$", prose, re.M):
         slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
         seen[slug] = seen.get(slug, -1) + 1
         if seen[slug]:
@@ -298,7 +302,12 @@ def parse_only() -> Iterator[None]:
 
 
 def _argparse(run: object, argv: list[str], label: str) -> str | None:
-    saved = list(sys.argv)
+    """Run an entry point with ``argv`` under :func:`parse_only`: None once its parser accepts.
+
+    The import path, ``$PYTHONPATH`` and ``sys.argv`` (which ``stability`` and the scripts set
+    before parsing) are restored afterwards.
+    """
+    saved = list(sys.argv), list(sys.path), os.environ.get("PYTHONPATH")
     sys.argv = [label, *argv]
     try:
         with parse_only():
@@ -308,7 +317,11 @@ def _argparse(run: object, argv: list[str], label: str) -> str | None:
     except SystemExit as stop:
         return f"the parser refused {argv} (exit {stop.code})"
     finally:
-        sys.argv = saved
+        sys.argv[:], sys.path[:] = saved[0], saved[1]
+        if saved[2] is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved[2]
     return "the command ran without parsing any arguments"
 
 
@@ -351,6 +364,8 @@ def hydra_error(config: str, argv: list[str], cwd: Path) -> str | None:
         return f"overrides do not parse: {err}"
     single = [f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
               if o.is_sweep_override() else o.input_line for o in parsed]
+    if GlobalHydra.instance().is_initialized():  # left by an earlier test in this process
+        GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             compose(config_name=config, overrides=single, return_hydra_config=True)
@@ -385,10 +400,11 @@ def command_error(command: Command, makefile_targets: set[str]) -> str | None:
         if not args:
             return "stability needs a subcommand"
         sub, rest = args[0], args[1:]
-        if sub in HYDRA_CONFIGS:
-            return hydra_error(HYDRA_CONFIGS[sub], rest, command.cwd)
         from stability import cli
 
+        if sub in HYDRA_CONFIGS:  # Hydra's own parser, as `stability` calls it, then the config
+            return (_argparse(lambda: cli.main([sub, *rest]), rest, "stability")
+                    or hydra_error(HYDRA_CONFIGS[sub], rest, command.cwd))
         if sub == "ui":
             return _argparse(lambda: cli.ui(rest), rest, "stability ui")
         if sub == "sync":
@@ -423,7 +439,8 @@ def command_error(command: Command, makefile_targets: set[str]) -> str | None:
         return _argparse(lambda: runpy.run_path(str(path), run_name="__main__"), args[1:], rel)
     name = Path(rel).stem
     if rel.startswith("experiments/") and name in HYDRA_CONFIGS:
-        return hydra_error(HYDRA_CONFIGS[name], args[1:], command.cwd)
+        return (_argparse(lambda: runpy.run_path(str(path), run_name="__main__"), args[1:], rel)
+                or hydra_error(HYDRA_CONFIGS[name], args[1:], command.cwd))
     return f"{rel}: not an entry point this test knows how to parse"
 
 
@@ -471,7 +488,7 @@ def test_the_checks_read_commands_from_the_docs() -> None:
 # ----------------------------------------------------------------------------- planted mistakes
 
 PLANTED = """\
-See [the report](report.md#outputs), [a section](sweeps.md#no-such-section),
+See [the report](report.md#outputs), [a section](sweeps.md#no-such-section), [below](#below),
 `stability/report/no_such_module.py`,
 `conf/study/{adding,nosuch}.yaml` and `stability.core.step.NoSuchThing`; output goes to
 `reports/<sweep_id>/report.md` and `benchmarks/results/bench.json` (generated) and
@@ -485,6 +502,7 @@ python experiments/sweep.py -m seed=0,1 precision=fp32,bf16 +study=adding
 stability report experiment=x task_target=my.Task
 stability ui --prot 5000
 python experiments/benchmark.py --part nosuch
+python experiments/report.py --no-such-flag
 cd examples/own_task
 stability sweep -m --config-dir . task=my_task
 ```
@@ -502,6 +520,7 @@ def test_the_checks_find_planted_mistakes() -> None:
         "stability/report/no_such_module.py (named as stability/report/no_such_module.py)",
         "conf/study/nosuch.yaml (named as conf/study/{adding,nosuch}.yaml)",
         "sweeps.md#no-such-section (no such heading)",
+        "#below (no such heading)",
     ]
     assert unresolved_names(doc) == [
         "stability.core.step.NoSuchThing: stability/core/step.py defines no 'NoSuchThing'"]
@@ -509,6 +528,7 @@ def test_the_checks_find_planted_mistakes() -> None:
     verdicts = {c.text: command_error(c, targets) for c in doc.commands}
     failing = {text for text, error in verdicts.items() if error}
     assert failing == {"make no-such-target", "python experiments/sweep.py -m clip.max_nrom=1,5",
-                       "stability ui --prot 5000", "python experiments/benchmark.py --part nosuch"}
+                       "stability ui --prot 5000", "python experiments/benchmark.py --part nosuch",
+                       "python experiments/report.py --no-such-flag"}
     assert "clip.max_nrom" in verdicts["python experiments/sweep.py -m clip.max_nrom=1,5"]
-    assert len(doc.commands) == 10  # the console block's output line is not a command
+    assert len(doc.commands) == 11  # the console block's output line is not a command
