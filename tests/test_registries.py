@@ -9,6 +9,8 @@ real (it stands in for a trainer we do not own: its ``run`` only counts the call
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from stability.sweep.grid import SweepPoint
 from stability.sweep.job import run_job
 from stability.sweep.strategy_base import PointMaker, PointResult
 from tests.test_sweep import TINY
-from tests.test_trainer_study import _raw
+from tests.test_trainer_study import ROOT, _raw
 
 # --- a strategy of our own --------------------------------------------------------------------
 
@@ -280,3 +282,17 @@ def test_a_backend_lacking_a_method_is_refused_naming_it(tmp_path: Path) -> None
             run_job(raw, say=print)
     finally:
         del backends.BACKENDS["counting"]
+
+
+def test_the_registries_import_no_trainer_and_no_scipy() -> None:
+    """The built-ins are import paths: looking a name up loads them, importing the registry
+    (every sweep worker and the Hydra plugin do) loads neither Lightning, transformers nor
+    the adaptive strategy's scipy."""
+    code = ("import sys\n"
+            "import stability.integrations.study, stability.sweep.sweeper\n"
+            "print(sorted(m for m in ('lightning', 'transformers', 'accelerate', 'scipy')"
+            " if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]"
