@@ -21,7 +21,7 @@ from stability import cli
 class StabilitySweeperConf:
     """Structured config of the sweeper's own keys; conf/hydra/sweeper/study.yaml fills it in.
 
-    A strategy's settings are a block named after it (``hydra.sweeper.adaptive``), not a field
+    A strategy's settings are a block named after it (``hydra.sweeper.<name>``), not a field
     here: ``open_node`` lets a YAML add one, and the sweeper checks every block against the
     strategy registry (``stability.sweep.strategy_registry``).
     """
