@@ -39,14 +39,14 @@ from stability.sweep.display import Display
 from stability.sweep.eta import Eta
 from stability.sweep.grid import SweepPoint, chunks, dedupe, make_point
 from stability.sweep.progress import Progress, format_duration
-from stability.sweep.strategies import load_strategy
-from stability.sweep.strategy import (
+from stability.sweep.strategy_base import (
     FINISHED,
     GridStrategy,
     PointResult,
     Strategy,
     with_override,
 )
+from stability.sweep.strategy_registry import load_strategy
 from stability.sweep.sweeper import StabilitySweeper
 from stability.tracking.contract import STEP_METRICS
 from stability.tracking.server import free_port

@@ -19,15 +19,21 @@ from mlflow.tracking import MlflowClient
 
 from stability.core.config import ConfigError
 from stability.stats import sequential as sq
-from stability.sweep.adaptive import AdaptiveStrategy, Settings, design
-from stability.sweep.strategy import FINISHED, NOT_FINISHED, SKIPPED, PointResult
+from stability.sweep import strategy_registry
+from stability.sweep.adaptive import KEY, AdaptiveStrategy, Settings, design
+from stability.sweep.strategy_base import FINISHED, NOT_FINISHED, SKIPPED, PointResult, settings_of
 from tests.test_sweep import TINY, in_process_sweeper
 
 
 def strategy(args: list[str], **settings) -> AdaptiveStrategy:
     s = in_process_sweeper(args)
     _, points = s.plan(args)
-    return AdaptiveStrategy(points, s.make_point, Settings.of(settings))
+    return AdaptiveStrategy(points, s.make_point, of(settings))
+
+
+def of(values: dict | None) -> Settings:
+    """``hydra.sweeper.adaptive`` read as the sweeper reads it."""
+    return settings_of(Settings, values, KEY)
 
 
 def results(points, loss_of, status=FINISHED) -> list[PointResult]:
@@ -35,8 +41,8 @@ def results(points, loss_of, status=FINISHED) -> list[PointResult]:
 
 
 def test_settings_are_validated_up_front_naming_the_key() -> None:
-    assert Settings.of(None) == Settings()
-    assert Settings.of({"n0": 2, "margin": 0.004, "budget_runs": 100}).plan.looks == (2, 4, 6, 8,
+    assert of(None) == Settings()
+    assert of({"n0": 2, "margin": 0.004, "budget_runs": 100}).plan.looks == (2, 4, 6, 8,
                                                                                        9)
     cases = {
         "n0": (1, "hydra.sweeper.adaptive.n0=1 is invalid: allowed values are an integer >= 2"),
@@ -53,11 +59,11 @@ def test_settings_are_validated_up_front_naming_the_key() -> None:
     }
     for key, (value, message) in cases.items():
         with pytest.raises(ConfigError) as err:
-            Settings.of({key: value})
+            of({key: value})
         assert str(err.value).startswith(message)
     with pytest.raises(ConfigError, match=r"max_seeds=3 is invalid: allowed values are an "
                                           r"integer >= n0 \(5\)"):
-        Settings.of({"n0": 5, "max_seeds": 3})
+        of({"n0": 5, "max_seeds": 3})
 
 
 def test_the_default_grid_is_a_4x3x4_factorial_with_the_reports_references() -> None:
@@ -159,23 +165,29 @@ def test_a_killed_adaptive_study_resumes_and_plans_the_same_runs(tmp_path: Path,
     """Run to completion on one store; on another, kill after round 1 (Ctrl-C as the
     strategy plans round 2) and re-run the same command: same runs, same verdicts.
 
-    ``AdaptiveStrategy.next`` is wrapped, a seam: the real method runs every time; the wrapper
-    only keeps the strategy to read its final state and, in the killed run, raises Ctrl-C at
-    a chosen round (a real SIGINT lands at a time the test cannot choose).
+    The command names ``adaptive``; the test registers, under that name, the real strategy
+    with one step more (a subclass): it keeps each instance to read its final state, and the
+    killed run's raises Ctrl-C as it plans round 2 (a real SIGINT lands at a time the test
+    cannot choose). The sweeper is untouched: it looks the name up in the registry.
     """
     from hydra.core.global_hydra import GlobalHydra
 
     from stability import cli
 
     finals: list[AdaptiveStrategy] = []
-    real_next = AdaptiveStrategy.next
 
-    def recording(self, got):
-        out = real_next(self, got)
-        finals.append(self)
-        return out
+    class Recording(AdaptiveStrategy):
+        def next(self, results):
+            out = super().next(results)
+            finals.append(self)
+            return out
 
-    def sweep(store: Path) -> int:
+    class Killed(AdaptiveStrategy):
+        def next(self, results):
+            raise KeyboardInterrupt
+
+    def sweep(store: Path, strategy: type[AdaptiveStrategy]) -> int:
+        monkeypatch.setitem(strategy_registry.STRATEGIES, "adaptive", strategy)
         monkeypatch.setattr(sys, "argv", [
             "stability-sweep", "-m", *TINY, "hydra/launcher=basic", "clip.enabled=false",
             "train.accum_steps=1,4", "precision=fp32", "seed=0",
@@ -199,20 +211,14 @@ def test_a_killed_adaptive_study_resumes_and_plans_the_same_runs(tmp_path: Path,
                 for r in c.search_runs([exp.experiment_id], "attributes.status = 'FINISHED' and "
                                        "tags.`stability.kind` = 'train'", max_results=100)}
 
-    monkeypatch.setattr(AdaptiveStrategy, "next", recording)
-    assert sweep(tmp_path / "whole") == 0
+    assert sweep(tmp_path / "whole", Recording) == 0
     whole = finals[-1]
     assert len(whole.replay.states) >= 2  # the study went past round 1
 
-    def killed(self, got):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(AdaptiveStrategy, "next", killed)
-    assert sweep(tmp_path / "resumed") == 130
+    assert sweep(tmp_path / "resumed", Killed) == 130
     assert len(finished(tmp_path / "resumed")) == 4  # round 1: 2 configs x n0=2
     capsys.readouterr()
-    monkeypatch.setattr(AdaptiveStrategy, "next", recording)
-    assert sweep(tmp_path / "resumed") == 0
+    assert sweep(tmp_path / "resumed", Recording) == 0
     out = capsys.readouterr().out
     resumed = finals[-1]
 

@@ -10,16 +10,21 @@ cannot resolve string annotations.
 """
 
 from dataclasses import dataclass
-from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
 
 from stability import cli
 
 
 @dataclass
 class StabilitySweeperConf:
-    """Structured config of the sweeper; conf/hydra/sweeper/study.yaml fills it in."""
+    """Structured config of the sweeper's own keys; conf/hydra/sweeper/study.yaml fills it in.
+
+    A strategy's settings are a block named after it (``hydra.sweeper.<name>``), not a field
+    here: ``open_node`` lets a YAML add one, and the sweeper checks every block against the
+    strategy registry (``stability.sweep.strategy_registry``).
+    """
 
     _target_: str = "hydra_plugins.stability_sweeper.stability_sweeper.StabilitySweeper"
     max_batch_size: int | None = None
@@ -30,11 +35,17 @@ class StabilitySweeperConf:
     progress_every_s: float = 60.0
     verbose: bool = False
     strategy: str | None = None
-    adaptive: Any = None  # hydra.sweeper.adaptive: conf/hydra/sweeper/study.yaml
 
 
-ConfigStore.instance().store(group="hydra/sweeper", name="stability", node=StabilitySweeperConf,
-                             provider="stability")
+def open_node(conf: type) -> DictConfig:
+    """``conf``'s typed keys in a node that takes further keys (a strategy's settings block)."""
+    node = OmegaConf.structured(conf)
+    OmegaConf.set_struct(node, False)
+    return node
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="stability",
+                             node=open_node(StabilitySweeperConf), provider="stability")
 
 
 class StabilitySweeper(cli.EdgeSweeper):

@@ -12,9 +12,10 @@ Optional class attributes, read from the class without building it (``TaskConfig
 ``loss_name`` (what the loss is, e.g. ``"MSE"``: every figure's loss axis says it; default
 ``"loss"``), ``section_types`` (dataclasses validating the sections it takes, so their mistakes
 join the run config's one error), ``hash_target`` (``False`` only for a task whose runs were
-fingerprinted before ``task._target_`` was: the default task) and ``trainer`` (``"lightning"``
-or ``"hf"``: the task is trained by that trainer, not our loop, and provides what the trainer
-takes instead of our five methods: ``stability/integrations/study.py``, docs/integrations.md).
+fingerprinted before ``task._target_`` was: the default task) and ``trainer`` (a trainer
+backend's name: the task is trained by that trainer, not our loop, and provides what the
+trainer takes instead of our five methods; the names are registered in the integrations layer,
+``stability/integrations/backends.py``, docs/integrations.md).
 
 The test split is sealed: ``sealed_test`` is called from ``stability/report/evaluate.py`` alone,
 for the winner selected on validation (``tests/test_data.py`` scans the code for other callers).
@@ -39,7 +40,6 @@ from stability.core.validation import locate
 SEALED_TEST = "sealed_test"
 REQUIRED = ("model", "train_val", "loss", "metrics", SEALED_TEST)
 DEFAULT_LOSS_NAME = "loss"  # a task that does not name its loss
-TRAINERS = ("lightning", "hf")  # what a task's ``trainer`` attribute may name
 
 
 def loss_name(cfg: TaskConfig) -> str:
@@ -54,16 +54,20 @@ def hashes_target(cfg: TaskConfig) -> bool:
 
 
 def trainer_of(cfg: TaskConfig) -> str | None:
-    """The trainer the task declares (``trainer = "lightning" | "hf"``), None for our loop.
+    """The trainer the task declares (``trainer = "<name>"``), None for our loop.
+
+    Which names exist is the integrations layer's to say (its registry of backends refuses
+    an unknown one before a run exists); here a name is any non-empty string.
 
     Raises:
-        ConfigError: the task declares another value.
+        ConfigError: the attribute is not a name.
     """
     name = cfg.declared("trainer")
-    if name is None or name in TRAINERS:
+    if name is None or (isinstance(name, str) and name):
         return name
     raise ConfigError(f"task._target_={cfg.target!r} declares trainer={name!r}: allowed values "
-                      f"are {' | '.join(TRAINERS)} (or no trainer attribute: our loop)")
+                      "are a trainer's registered name (a string; "
+                      "stability/integrations/backends.py) or no trainer attribute: our loop")
 
 
 @runtime_checkable

@@ -1,7 +1,8 @@
-"""A study point trained by the trainer its task declares: Lightning or the HF Trainer.
+"""A study point trained by the trainer its task declares (``backends``: Lightning, the HF
+Trainer, or one you register).
 
-``stability sweep`` hands every point to ``sweep.job``; a task with ``trainer = "lightning"``
-or ``"hf"`` (``core.task.trainer_of``) is trained here instead of by our loop, with the same
+``stability sweep`` hands every point to ``sweep.job``; a task with ``trainer = "<name>"``
+(``core.task.trainer_of``) is trained here instead of by our loop, with the same
 ``RunConfig`` in and the same ``RunResult`` out. The point's settings become the trainer's own
 arguments (``lightning.trainer_settings``, ``hf.training_arguments``, plus seed, epochs and
 lr), the trainer's ``StabilityCallback`` records every step into the run's sinks (the MLflow
@@ -14,21 +15,20 @@ A setting the trainer cannot honour raises ``ConfigError`` before anything is tr
 (``check_settings``, and each trainer's mapping). The skip-rate monitor is the last sink, as in
 our loop: it ends the fit as ``diverged``.
 
-Each trainer's half (``lightning_runner``, ``hf_runner``) is imported only here, and only for
-its own tasks: Lightning and transformers stay optional extras.
+Each trainer's half (its ``backends.TrainerBackend``: ``lightning_runner``, ``hf_runner``) is
+imported only here, and only for its own tasks: Lightning and transformers stay optional
+extras.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -44,10 +44,10 @@ from stability.core.rundir import CHECKPOINT_NAME, CONFIG_NAME, RESUME_NAME
 from stability.core.sinks import StepSink
 from stability.core.steplog import EpochLog, StepLog
 from stability.core.task import Task, build_task, trainer_of
+from stability.integrations import backends
+from stability.integrations.backends import TrainerBackend
 
 log = logging.getLogger(__name__)
-RUNNERS = {"lightning": "stability.integrations.lightning_runner",
-           "hf": "stability.integrations.hf_runner"}
 
 
 @dataclass
@@ -110,24 +110,21 @@ def trainer_checkpoint(folder: Path, cfg: RunConfig,
     return path
 
 
-def runner(cfg: RunConfig) -> ModuleType:
-    """The module of the trainer the run's task declares (imports that trainer).
+def runner(cfg: RunConfig) -> TrainerBackend:
+    """The backend of the trainer the run's task declares (``backends.backend``: imports it).
 
     Raises:
-        ConfigError: the task declares no trainer, or the trainer is not installed.
+        ConfigError: the task declares no trainer or one nobody registered, or the trainer is
+            not installed.
     """
     name = trainer_of(cfg.task)
     if name is None:
         raise ConfigError(f"task._target_={cfg.task.target!r} declares no trainer "
-                          "(allowed values: lightning | hf)")
-    try:
-        return importlib.import_module(RUNNERS[name])
-    except ImportError as err:
-        raise ConfigError(f"task._target_={cfg.task.target!r} declares trainer={name!r}, which "
-                          f"is not installed ({err}): pip install \"stability[{name}]\"") from None
+                          f"(allowed values: {' | '.join(backends.names())})")
+    return backends.backend(name, cfg.task.target)
 
 
-def trainer_task(cfg: RunConfig, module: ModuleType) -> Task:
+def trainer_task(cfg: RunConfig, module: TrainerBackend) -> Task:
     """The run's task, built and checked to have what its trainer takes."""
     sections = {k: _as_dict(getattr(cfg, k)) for k in cfg.task.sections}
     return build_task(cfg.task, sections, required=module.REQUIRED)
@@ -161,11 +158,11 @@ def check_settings(cfg: RunConfig, world_size: int) -> None:
                           "loop only (allowed values: null)")
 
 
-def preflight(cfg: RunConfig, world_size: int = 1) -> tuple[ModuleType, Task]:
+def preflight(cfg: RunConfig, world_size: int = 1) -> tuple[TrainerBackend, Task]:
     """Every refusal of a trainer run, before a run folder or an MLflow run exists.
 
     Returns:
-        The trainer's runner module and the built task.
+        The trainer's backend and the built task.
 
     Raises:
         ConfigError: the first setting the trainer cannot honour, naming its key.

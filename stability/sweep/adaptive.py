@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from stability.core.config import ConfigError
 from stability.stats import looks
 from stability.stats import sequential as sq
 from stability.sweep.grid import SweepPoint, override_key
-from stability.sweep.strategy import NOT_STARTED, PointMaker, PointResult, with_override
+from stability.sweep.strategy_base import NOT_STARTED, PointMaker, PointResult, with_override
 from stability.tracking.contract import Tag
 
 KEY = "hydra.sweeper.adaptive"
@@ -43,7 +44,8 @@ _NOT_FACTORS = ("seed", "tracking.", "output_dir", "device", "hydra.")
 
 @dataclass(frozen=True)
 class Settings:
-    """``hydra.sweeper.adaptive.*`` (conf/hydra/sweeper/study.yaml documents each key)."""
+    """``hydra.sweeper.adaptive.*`` (conf/hydra/sweeper/study.yaml documents each key);
+    ``strategy_base.settings_of`` builds it from the sweeper's config."""
 
     n0: int = 3
     step: int = 2
@@ -54,24 +56,15 @@ class Settings:
     budget_runs: int | None = None
     budget_cpu_s: float | None = None
 
-    @classmethod
-    def of(cls, values: Mapping[str, object] | None) -> Settings:
-        """Validated settings from the sweeper's ``adaptive`` mapping.
+    def __post_init__(self) -> None:
+        """Refuse a bad value (``strategy_base.settings_of`` refuses an unknown key).
 
         Raises:
-            ConfigError: an unknown key or a bad value, one line naming the key and the
-                allowed values.
+            ConfigError: one line naming the key and the allowed values.
         """
-        values = dict(values or {})
-        known = set(cls.__dataclass_fields__)
-        for k in values:
-            if k not in known:
-                raise ConfigError(f"{KEY}.{k} is unknown: allowed keys are "
-                                  f"{', '.join(sorted(known))}")
-
         def whole(k: str, low: int, none: bool = False) -> None:
-            v = values.get(k)
-            if v is None and (none or k not in values):
+            v = getattr(self, k)
+            if v is None and none:
                 return
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ConfigError(f"{KEY}.{k}={v!r} is invalid: allowed values are an integer "
@@ -82,24 +75,22 @@ class Settings:
         whole("max_seeds", 2)
         whole("budget_runs", 1, none=True)
         for k, low, high in (("alpha", 0, 1), ("power", 0, 1)):
-            v = values.get(k, 0.5)
+            v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int | float) or not low < v < high:
                 raise ConfigError(f"{KEY}.{k}={v!r} is invalid: allowed values are "
                                   f"{low} < {k} < {high}")
-        cpu = values.get("budget_cpu_s")
+        cpu = self.budget_cpu_s
         if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int | float)
                                 or not cpu > 0):
             raise ConfigError(f"{KEY}.budget_cpu_s={cpu!r} is invalid: allowed values are "
                               "seconds > 0 or null")
-        margin = values.get("margin", "5%")
-        if not _margin_ok(margin):
-            raise ConfigError(f"{KEY}.margin={margin!r} is invalid: allowed values are a share "
-                              "of the best config's mean loss (\"5%\") or a loss difference > 0")
-        out = cls(**values)
-        if out.max_seeds < out.n0:
-            raise ConfigError(f"{KEY}.max_seeds={out.max_seeds} is invalid: allowed values are "
-                              f"an integer >= n0 ({out.n0})")
-        return out
+        if not _margin_ok(self.margin):
+            raise ConfigError(f"{KEY}.margin={self.margin!r} is invalid: allowed values are a "
+                              "share of the best config's mean loss (\"5%\") or a loss "
+                              "difference > 0")
+        if self.max_seeds < self.n0:
+            raise ConfigError(f"{KEY}.max_seeds={self.max_seeds} is invalid: allowed values are "
+                              f"an integer >= n0 ({self.n0})")
 
     @property
     def plan(self) -> sq.Plan:
@@ -193,11 +184,14 @@ class AdaptiveStrategy:
     Args:
         points: the de-duplicated grid.
         make: composes overrides into a point (new seeds of a config).
-        settings: ``hydra.sweeper.adaptive`` (``Settings.of``).
+        settings: ``hydra.sweeper.adaptive`` (``Settings``).
 
     Raises:
         ConfigError: the grid is not a full factorial, or ``budget_runs`` cannot pay round 1.
     """
+
+    settings_type: ClassVar[type] = Settings
+    reads_losses: ClassVar[bool] = True
 
     def __init__(self, points: Sequence[SweepPoint], make: PointMaker | None = None,
                  settings: Settings | None = None) -> None:

@@ -11,7 +11,7 @@ and its one-line result go to its log file (``<job folder>/<job name>.log``, Hyd
 handler), and the sweeper's status area (``stability.sweep.display``) is what the terminal shows.
 ``hydra.sweeper.verbose=true`` (``-v`` on the command line) brings the lines back.
 
-A task that declares a trainer (``trainer = "lightning" | "hf"``, ``core.task.trainer_of``) is
+A task that declares a trainer (``trainer = "<name>"``, ``core.task.trainer_of``) is
 trained by that trainer (``stability.integrations.study.train``: same config in, same run folder
 and ``RunResult`` out), imported only then: Lightning and transformers stay optional extras.
 

@@ -24,7 +24,7 @@ from stability.sweep.errors import JobLost
 from stability.sweep.grid import SweepPoint
 from stability.sweep.progress import Progress
 from stability.sweep.session import Key, Session
-from stability.sweep.strategy import FINISHED, NOT_FINISHED, NOT_STARTED, PointResult
+from stability.sweep.strategy_base import FINISHED, NOT_FINISHED, NOT_STARTED, PointResult
 
 
 def on_cpu(points: Sequence[SweepPoint]) -> bool:

@@ -2,8 +2,9 @@
 
 Before any job starts, the sweeper composes every grid point once (so a bad value fails the
 whole sweep early, naming the key) and drops duplicates (clip-off points differ only in
-settings that cannot matter). Then it runs a loop over its strategy (``strategy``; the default
-is the whole grid in one round)::
+settings that cannot matter). Then it runs a loop over its strategy
+(``hydra.sweeper.strategy``, looked up by name in ``strategy_registry``; the default is the
+whole grid in one round)::
 
     points = strategy.initial()
     open the sweep's tracking                      # session: parent run, what is done
@@ -25,7 +26,7 @@ import logging
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -47,13 +48,8 @@ from stability.sweep.parent import next_job_index
 from stability.sweep.progress import format_duration
 from stability.sweep.rounds import Launching, RoundOutcome, run_round
 from stability.sweep.session import Session, open_session
-from stability.sweep.strategies import load_strategy
-from stability.sweep.strategy import (
-    SKIPPED,
-    GridStrategy,
-    PointResult,
-    Strategy,
-)
+from stability.sweep.strategy_base import SKIPPED, PointResult, Strategy, settings_of
+from stability.sweep.strategy_registry import DEFAULT, load_strategy, names
 from stability.tracking.uri import redact_uri, scrub_hydra_files
 
 log = logging.getLogger(__name__)
@@ -77,11 +73,10 @@ class StabilitySweeper(BasicSweeper):
         progress_every_s: plain status lines at most this often (seconds).
         verbose: the jobs print their per-epoch lines to the terminal too (read by the jobs,
             ``stability.sweep.job``).
-        strategy: how the sweep plans (``strategies.load_strategy``): None or ``grid`` for the
-            whole grid, ``adaptive`` for seeds where a verdict is open (``adaptive``), else a
-            class ``module.Class`` (or the class itself).
-        adaptive: ``hydra.sweeper.adaptive``: the adaptive strategy's settings
-            (``adaptive.Settings``; read only with ``strategy=adaptive``).
+        strategy: how the sweep plans: a name in ``strategy_registry`` (None: ``grid``, the
+            whole grid), else a class ``module.Class`` (or the class itself).
+        settings: every other key, ``hydra.sweeper.<name>``: a registered strategy's settings
+            (read only for the strategy the sweep names, into its ``settings_type``).
 
     Attributes:
         say: where the sweeper's lines go (default: this module's log; the CLI prints them).
@@ -91,8 +86,7 @@ class StabilitySweeper(BasicSweeper):
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None,
                  resume: bool = True, dry_run: bool = False, progress: str = "auto",
                  progress_every_s: float = 60.0, verbose: bool = False,
-                 strategy: str | type | None = None,
-                 adaptive: Mapping[str, Any] | None = None) -> None:
+                 strategy: str | type | None = None, **settings: Any) -> None:
         # Not BasicSweeper.__init__: its ``super(BasicSweeper, self)`` breaks when Hydra's plugin
         # scan re-executes that module after this class was defined (it rebinds the name).
         Sweeper.__init__(self)
@@ -109,7 +103,7 @@ class StabilitySweeper(BasicSweeper):
         self.progress_every_s = progress_every_s
         self.verbose = verbose
         self.strategy = strategy
-        self.adaptive = dict(adaptive or {})
+        self.settings = settings
         self.grid: dict[str, str] = {}
         self.axes: list[Axis] = []
         self.say: Callable[[str], None] = log.info
@@ -180,13 +174,20 @@ class StabilitySweeper(BasicSweeper):
             return 1
         return 0  # submitit & co: the scheduler decides the parallelism
 
-    def strategy_class(self) -> Callable[..., Strategy]:
-        """The class of ``hydra.sweeper.strategy`` (``strategies.load_strategy``).
+    def strategy_class(self) -> type[Strategy]:
+        """The class of ``hydra.sweeper.strategy`` (``strategy_registry.load_strategy``).
 
         Raises:
-            SweepError: it does not name an importable class (exit 2).
+            SweepError: it names no registered strategy and no importable class, or a
+                ``hydra.sweeper.<key>`` is none of the sweeper's keys and no strategy's (exit 2).
         """
         try:
+            known = names()
+            for name in self.settings:
+                if name not in known:
+                    raise ConfigError(f"hydra.sweeper.{name} is unknown: allowed keys are the "
+                                      "sweeper's (conf/hydra/sweeper/study.yaml) and a "
+                                      f"strategy's settings ({', '.join(known)})")
             return load_strategy(self.strategy)
         except ConfigError as err:
             raise SweepError(str(err), 2) from None
@@ -205,7 +206,7 @@ class StabilitySweeper(BasicSweeper):
         except ConfigError as err:
             raise SweepError(str(err), 2) from None
         make_strategy = self.strategy_class()
-        options = self.strategy_options(make_strategy)
+        settings = self.strategy_settings(make_strategy)
         if not self.verbose:
             for name in LAUNCHER_LOGGERS:
                 logging.getLogger(name).setLevel(logging.WARNING)
@@ -220,7 +221,7 @@ class StabilitySweeper(BasicSweeper):
                 self.say(f"would run: {' '.join(p.overrides)}")
             return []
         try:
-            strategy = make_strategy(points, self.make_point, *options)
+            strategy = make_strategy(points, self.make_point, settings)
         except ConfigError as err:
             raise SweepError(str(err), 2) from None
         batch = dedupe(strategy.initial())
@@ -230,7 +231,7 @@ class StabilitySweeper(BasicSweeper):
         scrub_hydra_files(sweep_dir)
         session = open_session(batch, grid_size, sweep_id, arguments, self.grid, self.resume,
                                sweep_dir)
-        session.tag(getattr(strategy, "tags", dict)())
+        session.tag(strategy.tags())
         state_dir = sweep_dir / f".pool-{sweep_id}"  # stop file, jobs' start marks (pool)
         how = Launching(self.launcher, self._streams(), self.batch_size(), self.batch_size(),
                         self._job_dirs_known(), sweep_dir, state_dir, sweep_id, self.progress,
@@ -273,18 +274,17 @@ class StabilitySweeper(BasicSweeper):
                           rounds, sweep_dir, time.time() - started)
         return [r.returns for r in rounds]
 
-    def strategy_options(self, make_strategy: Callable[..., Strategy]) -> tuple[Any, ...]:
-        """Extra arguments of the strategy's class: the adaptive settings, validated up front.
+    def strategy_settings(self, make_strategy: type[Strategy]) -> Any:
+        """The strategy's settings: ``hydra.sweeper.<name>`` as its own ``settings_type``,
+        validated before anything runs (a class named by ``module.Class``: the type's defaults).
 
         Raises:
-            SweepError: a bad ``hydra.sweeper.adaptive`` key or value (exit 2).
+            SweepError: a bad key or value (exit 2, one line naming it).
         """
-        from stability.sweep.adaptive import AdaptiveStrategy, Settings
-
-        if make_strategy is not AdaptiveStrategy:
-            return ()
+        name = DEFAULT if self.strategy is None else self.strategy
+        values = self.settings.get(name) if isinstance(name, str) else None
         try:
-            return (Settings.of(self.adaptive),)
+            return settings_of(make_strategy.settings_type, values, f"hydra.sweeper.{name}")
         except ConfigError as err:
             raise SweepError(str(err), 2) from None
 
@@ -292,8 +292,8 @@ class StabilitySweeper(BasicSweeper):
                  batch: Sequence[SweepPoint]) -> list[PointResult]:
         """The round's results for ``strategy.next``: launched points as they ended, points
         FINISHED before the sweep with their recorded loss, run times read from the store
-        (not for the grid: it plans nothing from them)."""
-        if isinstance(strategy, GridStrategy):
+        (not for a strategy that does not read them, e.g. the grid)."""
+        if not strategy.reads_losses:
             return outcome.results + [PointResult(p, SKIPPED) for p in batch
                                       if p.key in session.done]
         now = session.recorded()
@@ -306,8 +306,8 @@ class StabilitySweeper(BasicSweeper):
         return out
 
     def _relay(self, strategy: Strategy) -> None:
-        """Say what the strategy has to say (``lines()``, where it has any)."""
-        for line in getattr(strategy, "lines", list)():
+        """Say what the strategy has to say (``lines()``)."""
+        for line in strategy.lines():
             self.say(line)
 
     def _durability(self, session: Session, todo: Sequence[SweepPoint], sweep_dir: Path,
