@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 log = logging.getLogger(__name__)
-_warned: set[str] = set()
+_warned: set[VersionGate] = set()  # each untested version is said once per process
 
 
 def release(version: str) -> tuple[int, ...]:
@@ -78,7 +78,7 @@ class VersionGate:
     def check(self) -> bool:
         """Whether the installed version is tested; logs ``why_not`` once per process if not."""
         reason = self.why_not()
-        if reason is not None and self.package not in _warned:
-            _warned.add(self.package)
+        if reason is not None and self not in _warned:
+            _warned.add(self)
             log.warning("%s", reason)
         return reason is None
