@@ -209,11 +209,13 @@ class StepMeter:
         """
         skipped = skip is not SkipReason.NONE
         self.skip_count += skipped
-        values = vars(measured)
+        found = vars(measured)
+        values = {name: found[name] for name in RECORDED}
+        if override:
+            values.update(override)
         return StepLog(step=step, lr=lr, skipped=skipped, skip_reason=skip,
                        micro_batches=micro_batches, samples=samples,
-                       skips_cumulative=self.skip_count,
-                       **({name: values[name] for name in RECORDED} | override))
+                       skips_cumulative=self.skip_count, **values)
 
     def state_dict(self) -> dict[str, Any]:
         """The counters (``load_state_dict`` continues them)."""
