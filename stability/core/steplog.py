@@ -13,6 +13,7 @@ also survive a power cut, but costs ~1 ms a step, more than the step itself here
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import os
 from collections import namedtuple
@@ -102,22 +103,28 @@ _FLAGS = flag_fields()
 R = TypeVar("R", bound=StepLog)
 
 
+@functools.cache
+def _extra_fields(base: type[StepLog], record: type[StepLog]) -> frozenset[str]:
+    """The fields ``record`` adds to ``base``, once ``extend`` is checked to be sound for them."""
+    if not issubclass(record, base) or hasattr(record, "__post_init__") or (
+            hasattr(record, "__slots__")):
+        raise TypeError(f"cannot extend a {base.__name__} as {record.__name__}")
+    return frozenset(f.name for f in fields(record)) - {f.name for f in fields(base)}
+
+
 def extend(log: StepLog, record: type[R], **more: Any) -> R:
     """``log`` as the subclass ``record`` with its extra fields ``more``.
 
     The same value as ``record(**vars(log), **more)``, without running the frozen dataclass's
-    ``__init__`` again (one ``object.__setattr__`` per field, ~10x the cost, per step of a
-    trainer run). Sound because ``StepLog`` and its subclasses have no ``__slots__`` and no
-    ``__post_init__`` (checked here): their fields are their instance ``__dict__``.
+    ``__init__`` again (one ``object.__setattr__`` per field, several times the cost, per step
+    of a trainer run). Sound because ``StepLog`` and its subclasses have no ``__slots__`` and no
+    ``__post_init__`` (checked once per pair of classes): their fields are their ``__dict__``.
 
     Raises:
         TypeError: ``record`` is not a subclass of ``log``'s class, or ``more`` does not name
             exactly ``record``'s extra fields.
     """
-    if not issubclass(record, type(log)) or hasattr(record, "__post_init__") or (
-            hasattr(record, "__slots__")):
-        raise TypeError(f"cannot extend a {type(log).__name__} as {record.__name__}")
-    extra = {f.name for f in fields(record)} - vars(log).keys()
+    extra = _extra_fields(type(log), record)
     if extra != more.keys():
         raise TypeError(f"{record.__name__} needs exactly {sorted(extra)}, got {sorted(more)}")
     out = object.__new__(record)
