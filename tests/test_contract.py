@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,61 @@ def test_step_metrics_are_the_csv_columns() -> None:
     from stability.core.steplog import CSV_COLUMNS
 
     assert set(contract.STEP_METRICS) <= set(CSV_COLUMNS)
+
+
+def test_step_metrics_are_the_steplog_fields_marked_metric() -> None:
+    """StepLog is the one source: the contract's per-step metrics are its ``metric`` fields, and
+    the buffer sends each one's value as a float (bools as 0/1)."""
+    from stability.core.steplog import METRIC, StepLog
+    from stability.tracking.buffer import step_points
+
+    marked = tuple(f.name for f in fields(StepLog) if f.metadata[METRIC])
+    assert marked == contract.STEP_METRICS
+    # The metrics the UI has always charted keep their names (a new field adds one).
+    assert {"loss", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "clipped", "skipped",
+            "scaler_scale", "skips_cumulative"} <= set(marked)
+    log = StepLog(step=4, lr=1e-3, grad_l2_pre_clip=2.0, grad_l2_post_clip=1.0, loss=0.5,
+                  skipped=False, skip_reason="", scaler_scale=8.0, clipped=True,
+                  micro_batches=2, samples=16, skips_cumulative=3)
+    points = step_points(log, ts=1234)
+    assert [p[0] for p in points] == list(marked)
+    assert all(type(v) is float and step == 4 and ts == 1234 for _, v, step, ts in points)
+    assert {k: v for k, v, _, _ in points} == {k: float(getattr(log, k)) for k in marked}
+
+
+def test_every_steps_csv_column_is_documented() -> None:
+    """A new StepLog field (a new column) comes with its line in docs/TRACKING.md."""
+    from stability.core.steplog import CSV_COLUMNS
+
+    missing = [c for c in CSV_COLUMNS if f"`{c}`" not in DOC]
+    assert missing == [], f"steps.csv columns missing from docs/TRACKING.md: {missing}"
+
+
+def _schema_reads(path: Path) -> list[tuple[int, str]]:
+    """``COLUMN.<name>`` reads of a module (the steps.csv names it takes from the schema)."""
+    tree = ast.parse(path.read_text())
+    return [(n.lineno, n.attr) for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id == "COLUMN"]
+
+
+def test_the_report_reads_steps_csv_columns_from_the_schema() -> None:
+    """Every column the report reads through ``steplog.COLUMN`` is a StepLog column, the
+    figures among them read it so, and no module spells a column's name (one with an
+    underscore: single words such as ``step`` and ``loss`` name other tables' columns too)."""
+    from stability.core.steplog import CSV_COLUMNS
+
+    report = sorted((ROOT / "stability" / "report").rglob("*.py"))
+    reads = [(f"{p.relative_to(ROOT)}:{line}", name) for p in report
+             for line, name in _schema_reads(p)]
+    assert [(at, name) for at, name in reads if name not in CSV_COLUMNS] == []
+    assert {"grad_l2_pre_clip", "scaler_scale", "skipped", "step"} <= {n for _, n in reads}
+    spelled = [f"{p.relative_to(ROOT)}:{line}: {value!r}"
+               for p in sorted((ROOT / "stability").rglob("*.py"))
+               if p != ROOT / "stability" / "core" / "steplog.py"
+               for line, value in _string_constants(p)
+               if value in CSV_COLUMNS and "_" in value]
+    assert spelled == []
 
 
 @pytest.mark.parametrize(("outcome", "status", "back"), [

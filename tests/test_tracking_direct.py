@@ -104,7 +104,8 @@ def test_a_run_on_the_embedded_store_keeps_every_per_step_point(tmp_path: Path) 
     from stability.sweep.job import train_tracked
     from stability.tracking.contract import EPOCH_METRICS, STEP_METRICS
 
-    assert len(STEP_METRICS) == 8  # the per-step contract the UI charts (docs/TRACKING.md)
+    # every StepLog field marked metric (tests/test_contract.py pins the names the UI charts)
+    assert len(STEP_METRICS) >= 8
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = to_run_config({

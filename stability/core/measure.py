@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -50,7 +50,11 @@ from stability.core.steplog import SkipReason, StepLog
 
 @dataclass(frozen=True)
 class Measurement:
-    """What ``measure`` found on one optimizer step's gradients (plain Python values)."""
+    """What ``measure`` found on one optimizer step's gradients (plain Python values).
+
+    A field named as a ``StepLog`` field is that field's value in the step's record
+    (``StepMeter.log`` copies them by name); ``finite`` decides the skip.
+    """
 
     grad_l2_pre_clip: float  # global L2 norm of the unscaled gradients (inf/nan: not finite)
     grad_l2_post_clip: float  # after clipping (== pre when nothing was clipped)
@@ -60,6 +64,17 @@ class Measurement:
     scaler_scale: float  # the loss scale of this step's backward (1.0 without fp16)
     underflow_frac: float = math.nan  # fp16 underflow share, when sampled
     nonfinite_param: str = ""  # the first parameter with a non-finite gradient, when skipped
+
+
+# The Measurement fields that are StepLog fields of the same name.
+RECORDED = tuple(f.name for f in fields(Measurement)
+                 if f.name in {g.name for g in fields(StepLog)})
+
+
+def unmeasured(loss: float, scale: float) -> Measurement:
+    """The ``Measurement`` of a step skipped before its gradients existed (a non-finite loss
+    skips the backward): no norms (NaN), nothing clipped, the loss and the loss scale."""
+    return Measurement(math.nan, math.nan, loss, False, False, scale)
 
 
 def _named(model: nn.Module) -> Iterable[tuple[str, nn.Parameter]]:
@@ -174,24 +189,33 @@ class StepMeter:
         if not m.finite:
             reason = (SkipReason.NONFINITE_GRAD if math.isfinite(m.loss)
                       else SkipReason.NONFINITE_LOSS)
-        return self.log(step=step, lr=lr, loss=m.loss, skip=reason, scale=m.scaler_scale,
-                        micro_batches=micro_batches, samples=samples, pre=m.grad_l2_pre_clip,
-                        post=m.grad_l2_post_clip, clipped=m.clipped, underflow=m.underflow_frac,
-                        nonfinite_param=m.nonfinite_param)
+        return self.log(step=step, lr=lr, skip=reason, micro_batches=micro_batches,
+                        samples=samples, measured=m)
 
-    def log(self, *, step: int, lr: float, loss: float, skip: SkipReason, scale: float,
-            micro_batches: int, samples: int, pre: float = math.nan, post: float = math.nan,
-            clipped: bool = False, underflow: float = math.nan,
-            nonfinite_param: str = "") -> StepLog:
-        """The ``StepLog`` of step ``step`` (a skip is counted here, once)."""
+    def log(self, *, step: int, lr: float, skip: SkipReason, micro_batches: int, samples: int,
+            measured: Measurement, **override: Any) -> StepLog:
+        """The ``StepLog`` of step ``step`` (a skip is counted here, once).
+
+        Args:
+            step: the 1-based optimizer-step index (``begin``'s).
+            lr: the learning rate the step used.
+            skip: why the step was not taken (``SkipReason.NONE``: taken).
+            micro_batches: micro-batches accumulated into the step.
+            samples: samples in them.
+            measured: the step's ``Measurement`` (``unmeasured`` for a step skipped before its
+                backward); its fields named as ``StepLog`` fields are copied (``RECORDED``).
+            **override: ``StepLog`` fields that replace the measured ones (a trainer's own
+                loss and post-clip norm).
+        """
         skipped = skip is not SkipReason.NONE
         self.skip_count += skipped
-        return StepLog(
-            step=step, lr=lr, grad_l2_pre_clip=pre, grad_l2_post_clip=post, loss=loss,
-            skipped=skipped, skip_reason=skip, scaler_scale=scale, clipped=clipped,
-            micro_batches=micro_batches, samples=samples, skips_cumulative=self.skip_count,
-            underflow_frac=underflow, nonfinite_param=nonfinite_param,
-        )
+        found = vars(measured)
+        values = {name: found[name] for name in RECORDED}
+        if override:
+            values.update(override)
+        return StepLog(step=step, lr=lr, skipped=skipped, skip_reason=skip,
+                       micro_batches=micro_batches, samples=samples,
+                       skips_cumulative=self.skip_count, **values)
 
     def state_dict(self) -> dict[str, Any]:
         """The counters (``load_state_dict`` continues them)."""

@@ -26,8 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from stability.compat.torch import restart_growth_streak
 from stability.core.config import ClipConfig, PrecisionConfig, RunConfig
-from stability.core.measure import StepMeter, measure
+from stability.core.measure import StepMeter, measure, unmeasured
 from stability.core.precision import autocast, make_scaler
 from stability.core.steplog import SkipReason, StepLog
 
@@ -174,9 +175,9 @@ class TrainStep:
         if not fwd.ok:
             scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
             self._skip_without_backward()
-            return self.meter.log(step=step, lr=lr, loss=float(fwd.loss),
-                                  skip=SkipReason.NONFINITE_LOSS, scale=scale, micro_batches=n,
-                                  samples=fwd.samples)
+            return self.meter.log(step=step, lr=lr, skip=SkipReason.NONFINITE_LOSS,
+                                  micro_batches=n, samples=fwd.samples,
+                                  measured=unmeasured(float(fwd.loss), scale))
         for hook in self.hooks:
             hook.on_gradients(step, self.params)
 
@@ -194,10 +195,8 @@ class TrainStep:
                 self.scheduler.step()
         self.scaler.update()
         return self.meter.log(
-            step=step, lr=lr, pre=m.grad_l2_pre_clip, post=m.grad_l2_post_clip, loss=m.loss,
-            skip=SkipReason.NONE if m.finite else SkipReason.NONFINITE_GRAD,
-            scale=m.scaler_scale, clipped=m.clipped, micro_batches=n, samples=fwd.samples,
-            underflow=m.underflow_frac, nonfinite_param=m.nonfinite_param,
+            step=step, lr=lr, skip=SkipReason.NONE if m.finite else SkipReason.NONFINITE_GRAD,
+            micro_batches=n, samples=fwd.samples, measured=m,
         )
 
     def _forward(self, step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -291,4 +290,4 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler.is_enabled():
             self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
-            self.scaler._growth_tracker.zero_()  # no public API for this; see docstring above
+            restart_growth_streak(self.scaler)  # no public API: compat.torch

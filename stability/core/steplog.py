@@ -1,5 +1,10 @@
 """Per-step records and the CSV writer that is the ground truth of every run.
 
+``StepLog`` is the one schema of a step's record: its fields are the columns of ``steps.csv``
+(in order) and, where a field says ``metric=True``, the per-step MLflow metrics of the same
+name. ``CSV_COLUMNS``, ``COLUMN``, ``TEXT_COLUMNS`` and ``STEP_METRICS`` are derived from it,
+so a new per-step quantity is a field here (and what ``core.measure`` measures).
+
 Each row is flushed to the operating system as it is written, so a crash, SIGKILL or
 interrupt of the process loses nothing that was already logged. (``fsync`` per row would
 also survive a power cut, but costs ~1 ms a step, more than the step itself here.)
@@ -8,13 +13,32 @@ also survive a power cut, but costs ~1 ms a step, more than the step itself here
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import os
+from collections import namedtuple
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar, get_type_hints
+
+# Field metadata keys of a ``StepLog`` field (``column`` sets them).
+METRIC = "mlflow_metric"  # also an MLflow per-step metric of the field's name (MLflow step = step)
+FIXED = "fixed"  # one of the leading columns fixed by contract (the writer's epoch follows them)
+EPOCH = "epoch"  # the writer's own column: the epoch a step ran in (the step's record lacks it)
+
+
+def column(*, metric: bool = False, fixed: bool = False, default: Any = MISSING) -> Any:
+    """A ``StepLog`` field: a ``steps.csv`` column of the field's name.
+
+    Args:
+        metric: also log it as the per-step MLflow metric of the same name (as a float; a
+            bool as 0/1).
+        fixed: one of the leading columns fixed by contract; ``epoch`` follows the last one.
+        default: the value when not given (a field with a default must follow those without).
+    """
+    return field(default=default, metadata={METRIC: metric, FIXED: fixed})
 
 
 class SkipReason(StrEnum):
@@ -27,22 +51,86 @@ class SkipReason(StrEnum):
 
 @dataclass(frozen=True)
 class StepLog:
-    """What one optimizer step did. ``step`` is the 1-based optimizer-step index."""
+    """What one optimizer step did. ``step`` is the 1-based optimizer-step index.
 
-    step: int
-    lr: float
-    grad_l2_pre_clip: float
-    grad_l2_post_clip: float
-    loss: float
-    skipped: bool
-    skip_reason: str
-    scaler_scale: float
-    clipped: bool
-    micro_batches: int
-    samples: int
-    skips_cumulative: int  # skipped steps so far in this run, this one included
-    underflow_frac: float = math.nan
-    nonfinite_param: str = ""
+    Every field is a ``steps.csv`` column (bools written as 0/1, text as is); ``metric=True``
+    fields are also MLflow metrics. docs/TRACKING.md says what each one means.
+    """
+
+    step: int = column(fixed=True)
+    lr: float = column(fixed=True, metric=True)
+    grad_l2_pre_clip: float = column(fixed=True, metric=True)
+    grad_l2_post_clip: float = column(fixed=True, metric=True)
+    loss: float = column(fixed=True, metric=True)
+    skipped: bool = column(fixed=True, metric=True)
+    skip_reason: str = column(fixed=True)
+    scaler_scale: float = column(fixed=True, metric=True)
+    clipped: bool = column(metric=True)
+    micro_batches: int = column()
+    samples: int = column()
+    skips_cumulative: int = column(metric=True)  # skipped steps so far, this one included
+    underflow_frac: float = column(default=math.nan)
+    nonfinite_param: str = column(default="")
+
+
+def csv_columns(record: type[StepLog] = StepLog) -> tuple[str, ...]:
+    """``steps.csv``'s header for ``record`` (``StepLog`` or a subclass with more fields).
+
+    The fields in order, with the writer's ``epoch`` after the fixed ones: the order the
+    files have always had, so that ``steps.csv`` keeps its bytes.
+    """
+    names = [f.name for f in fields(record)]
+    n_fixed = sum(bool(f.metadata.get(FIXED)) for f in fields(record))
+    assert all(f.metadata.get(FIXED) for f in fields(record)[:n_fixed]), "fixed fields lead"
+    return (*names[:n_fixed], EPOCH, *names[n_fixed:])
+
+
+def flag_fields(record: type[StepLog] = StepLog) -> tuple[str, ...]:
+    """The bool fields of ``record``: written as 0/1 (CSV) and 0.0/1.0 (MLflow)."""
+    hints = get_type_hints(record)
+    return tuple(f.name for f in fields(record) if hints[f.name] is bool)
+
+
+CSV_COLUMNS = csv_columns()
+# ``COLUMN.grad_l2_pre_clip`` == "grad_l2_pre_clip": readers of steps.csv (the report) take
+# column names from here, so a renamed field fails where it is read, not as a missing column.
+COLUMN = namedtuple("Column", CSV_COLUMNS)(*CSV_COLUMNS)
+TEXT_COLUMNS = tuple(f.name for f in fields(StepLog) if get_type_hints(StepLog)[f.name] is str)
+STEP_METRICS = tuple(f.name for f in fields(StepLog) if f.metadata.get(METRIC))
+_FLAGS = flag_fields()
+
+
+R = TypeVar("R", bound=StepLog)
+
+
+@functools.cache
+def _extra_fields(base: type[StepLog], record: type[StepLog]) -> frozenset[str]:
+    """The fields ``record`` adds to ``base``, once ``extend`` is checked to be sound for them."""
+    if not issubclass(record, base) or hasattr(record, "__post_init__") or (
+            hasattr(record, "__slots__")):
+        raise TypeError(f"cannot extend a {base.__name__} as {record.__name__}")
+    return frozenset(f.name for f in fields(record)) - {f.name for f in fields(base)}
+
+
+def extend(log: StepLog, record: type[R], **more: Any) -> R:
+    """``log`` as the subclass ``record`` with its extra fields ``more``.
+
+    The same value as ``record(**vars(log), **more)``, without running the frozen dataclass's
+    ``__init__`` again (one ``object.__setattr__`` per field, several times the cost, per step
+    of a trainer run). Sound because ``StepLog`` and its subclasses have no ``__slots__`` and no
+    ``__post_init__`` (checked once per pair of classes): their fields are their ``__dict__``.
+
+    Raises:
+        TypeError: ``record`` is not a subclass of ``log``'s class, or ``more`` does not name
+            exactly ``record``'s extra fields.
+    """
+    extra = _extra_fields(type(log), record)
+    if extra != more.keys():
+        raise TypeError(f"{record.__name__} needs exactly {sorted(extra)}, got {sorted(more)}")
+    out = object.__new__(record)
+    out.__dict__.update(vars(log))
+    out.__dict__.update(more)
+    return out
 
 
 @dataclass(frozen=True)
@@ -60,15 +148,6 @@ class EpochLog:
     seconds: float
 
 
-# The first eight columns are fixed by contract; extra columns follow.
-CSV_COLUMNS = [
-    "step", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "loss", "skipped", "skip_reason",
-    "scaler_scale", "epoch", "clipped", "micro_batches", "samples", "skips_cumulative",
-    "underflow_frac", "nonfinite_param",
-]
-assert {f.name for f in fields(StepLog)} <= set(CSV_COLUMNS)
-
-
 class CsvStepWriter:
     """Writes ``steps.csv``: one row per optimizer step, flushed to disk per row.
 
@@ -79,12 +158,12 @@ class CsvStepWriter:
     Args:
         path: the file.
         fsync: also ``fsync`` each row (survives a power cut; ~1 ms a row).
-        columns: the header (``CSV_COLUMNS``; a trainer integration appends its own, which
-            ``StepLog`` subclasses it writes carry as fields).
+        columns: the header (``CSV_COLUMNS``; a trainer integration's ``StepLog`` subclass
+            adds its fields: ``csv_columns(subclass)``).
     """
 
     def __init__(self, path: str | Path, fsync: bool = False,
-                 columns: Sequence[str] = tuple(CSV_COLUMNS)) -> None:
+                 columns: Sequence[str] = CSV_COLUMNS) -> None:
         self.path = Path(path)
         self._fsync = fsync
         self.columns = list(columns)
@@ -132,11 +211,7 @@ class CsvStepWriter:
         f = self._file if self._file is not None else self._open()
         # vars(), not dataclasses.asdict(), which deep-copies every field (~24 us a row, most of
         # this writer's cost per step); the fields are immutable scalars, so a view is enough.
-        row = vars(log) | {
-            "epoch": epoch,
-            "skipped": int(log.skipped),
-            "clipped": int(log.clipped),
-        }
+        row = vars(log) | {EPOCH: epoch} | {name: int(getattr(log, name)) for name in _FLAGS}
         self._writer.writerow([row[c] for c in self.columns])
         self._flush(f)
 

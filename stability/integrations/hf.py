@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 
+from stability.compat.transformers import wrap_measuring_points
 from stability.core.config import ClipConfig, PrecisionConfig
 from stability.core.precision import Precision
 from stability.core.sinks import StepSink
@@ -170,25 +171,9 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
             raise RuntimeError("this StabilityCallback is attached already: one per trainer")
         self.trainer = trainer
         trainer.add_callback(self)
-        accelerator = trainer.accelerator
-        unscale = accelerator.unscale_gradients
-
-        def unscale_then_measure(*args: Any, **kwargs: Any) -> Any:
-            out = unscale(*args, **kwargs)
-            self._before_clip()
-            return out
-
-        step = trainer.training_step
-
-        def training_step_recorded(*args: Any, **kwargs: Any) -> torch.Tensor:
-            loss = step(*args, **kwargs)
-            inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
-            # Summed on the device: the step's one host read is in finish_step.
-            self.add_micro_batch(loss.detach().float(), inputs)
-            return loss
-
-        accelerator.unscale_gradients = unscale_then_measure
-        trainer.training_step = training_step_recorded
+        # Summed on the device: the step's one host read is in finish_step.
+        wrap_measuring_points(trainer, self._before_clip, lambda loss, inputs:
+                              self.add_micro_batch(loss.detach().float(), inputs))
         return self
 
     def _params(self) -> list[torch.nn.Parameter]:

@@ -34,7 +34,14 @@ from stability.core.measure import Measurement, StepMeter, measure
 from stability.core.monitor import Diagnostics
 from stability.core.rundir import CSV_NAME, LAYER_NORMS_NAME
 from stability.core.sinks import ParamSink, StepSink, load_states, state_of
-from stability.core.steplog import CSV_COLUMNS, CsvStepWriter, EpochLog, SkipReason, StepLog
+from stability.core.steplog import (
+    CSV_COLUMNS,
+    CsvStepWriter,
+    EpochLog,
+    SkipReason,
+    StepLog,
+    extend,
+)
 from stability.tracking.contract import SCHEDULER_STEPPED, SCHEDULER_STEPS_ON_SKIP
 
 # steps.csv of a trainer run: our columns, then the trainer's own.
@@ -63,14 +70,8 @@ class _Pending:
 
 
 def _with_scheduler_stepped(log: StepLog, stepped: int) -> TrainerStepLog:
-    """``log`` as a ``TrainerStepLog`` with ``scheduler_stepped``: the same field values as
-    ``TrainerStepLog(**vars(log), scheduler_stepped=stepped)``, without running the frozen
-    dataclass's ``__init__`` a second time per step (one ``object.__setattr__`` per field).
-    ``StepLog`` has no ``__slots__``: its fields are its ``__dict__``."""
-    out = object.__new__(TrainerStepLog)
-    out.__dict__.update(vars(log))
-    out.__dict__["scheduler_stepped"] = stepped
-    return out
+    """``log`` as a ``TrainerStepLog`` with ``scheduler_stepped`` (``steplog.extend``)."""
+    return extend(log, TrainerStepLog, scheduler_stepped=stepped)
 
 
 class StepRecorder:
@@ -202,11 +203,9 @@ class StepRecorder:
                       else SkipReason.NONFINITE_GRAD)
         clipped = (self.clip.enabled and m.finite and not skipped
                    and post < m.grad_l2_pre_clip)
-        log = self.meter.log(step=p.step, lr=p.lr, loss=loss, skip=reason,
-                             scale=m.scaler_scale, micro_batches=micro_batches,
-                             samples=samples, pre=m.grad_l2_pre_clip, post=post,
-                             clipped=clipped, underflow=m.underflow_frac,
-                             nonfinite_param=m.nonfinite_param)
+        log = self.meter.log(step=p.step, lr=p.lr, skip=reason, micro_batches=micro_batches,
+                             samples=samples, measured=m, loss=loss, grad_l2_post_clip=post,
+                             clipped=clipped)
         if self.layers is not None:
             self.layers.on_step(log)
         self._finished = log

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from stability.core.steplog import COLUMN
+
 
 @dataclass(frozen=True)
 class ClipAdviceConfig:
@@ -54,8 +56,8 @@ class Recommendation:
 
 
 def _norms(table: pd.DataFrame) -> np.ndarray:
-    ok = table["skipped"].astype(int) == 0
-    v = pd.to_numeric(table.loc[ok, "grad_l2_pre_clip"], errors="coerce").to_numpy(dtype=float)
+    ok = table[COLUMN.skipped].astype(int) == 0
+    v = pd.to_numeric(table.loc[ok, COLUMN.grad_l2_pre_clip], errors="coerce").to_numpy(dtype=float)
     return v[np.isfinite(v)]
 
 

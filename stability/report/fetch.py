@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from stability.core.config import ClipConfig, TrainConfig
+from stability.core.steplog import TEXT_COLUMNS
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
 from stability.report.html import inert
@@ -382,7 +383,7 @@ def download(c: Any, run_id: str, path: str, dest: Path,
         return None
 
 
-TEXT_COLUMNS = ("skip_reason", "nonfinite_param")  # every other steps.csv column is a number
+# TEXT_COLUMNS, StepLog's str fields: every other steps.csv column is a number.
 NAN_WORDS = {"", "nan", "none", "inf", "-inf", "+inf", "infinity", "-infinity"}
 
 

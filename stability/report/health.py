@@ -17,6 +17,7 @@ from enum import IntEnum
 import numpy as np
 import pandas as pd
 
+from stability.core.steplog import COLUMN
 from stability.tracking.contract import SCHEDULER_STEPPED, SCHEDULER_STEPS_ON_SKIP, Outcome
 
 
@@ -111,7 +112,7 @@ def scheduler_steps_on_skip(steps: pd.DataFrame | None, summary: pd.Series) -> i
     """Skipped steps on which a trainer advanced its LR scheduler (0 for our loop's runs,
     whose ``steps.csv`` has no ``scheduler_stepped``: it never steps on a skipped step)."""
     if steps is not None and SCHEDULER_STEPPED in steps.columns:
-        both = (pd.to_numeric(steps["skipped"], errors="coerce") == 1) & (
+        both = (pd.to_numeric(steps[COLUMN.skipped], errors="coerce") == 1) & (
             pd.to_numeric(steps[SCHEDULER_STEPPED], errors="coerce") == 1)
         return int(both.sum())
     value = pd.to_numeric(summary.get(SCHEDULER_STEPS_ON_SKIP, math.nan), errors="coerce")
@@ -129,10 +130,10 @@ def _unexplained_skips(steps: pd.DataFrame, scale: np.ndarray, scaled: bool) -> 
     remains is a symptom: a skip without a scaler (bf16, fp32), a non-finite loss (the forward
     pass overflowed: ``skip_reason`` ``nonfinite_loss``), or a skip the scale did not answer.
     """
-    skipped = steps["skipped"].astype(float).to_numpy() == 1
+    skipped = steps[COLUMN.skipped].astype(float).to_numpy() == 1
     if not scaled:
         return skipped
-    reason = steps.get("skip_reason", pd.Series("", index=steps.index)).astype(str).to_numpy()
+    reason = steps.get(COLUMN.skip_reason, pd.Series("", index=steps.index)).astype(str).to_numpy()
     halved = np.zeros(len(scale), dtype=bool)
     halved[:-1] = scale[1:] < scale[:-1]
     halved[-1] = True  # the last step's update is not in the table: its skip is given the benefit
@@ -146,15 +147,15 @@ def run_signs(steps: pd.DataFrame | None, outcome: str, clip_enabled: bool,
     if outcome == Outcome.DIVERGED:
         signs.append(Sign("diverged", Verdict.UNSTABLE, 1.0))
     if steps is not None and len(steps):
-        scale = pd.to_numeric(steps["scaler_scale"], errors="coerce").to_numpy(dtype=float)
+        scale = pd.to_numeric(steps[COLUMN.scaler_scale], errors="coerce").to_numpy(dtype=float)
         # GradScaler starts at 2^16 on purpose and halves (skipping the step) until the scale
         # fits: those first steps are the scaler working, not instability.
         scaled = bool(np.isfinite(scale).all() and scale.max() > 1.0)
         settle = min(t.settle_steps, len(steps) // 2) if scaled else 0
         skip_rate = float(_unexplained_skips(steps, scale, scaled)[settle:].mean())
-        clip_rate = float(steps["clipped"].astype(float).mean())
-        spikes = loss_spikes(steps["loss"], t)
-        zspikes = loss_zspikes(steps["loss"], t)
+        clip_rate = float(steps[COLUMN.clipped].astype(float).mean())
+        spikes = loss_spikes(steps[COLUMN.loss], t)
+        zspikes = loss_zspikes(steps[COLUMN.loss], t)
         scale = scale[settle:]
     else:  # no steps.csv: what the summary says (backoffs and spikes cannot be judged)
         n = float(summary.get("optimizer_steps", math.nan))  # (settling cannot be told apart)

@@ -23,6 +23,7 @@ import pandas as pd
 from matplotlib.colors import ListedColormap
 from matplotlib.ticker import MaxNLocator
 
+from stability.core.steplog import COLUMN
 from stability.report import fetch
 from stability.report.plots import DPI, Figure, Series, plt  # plt: with the Agg backend chosen
 from stability.tracking.contract import Artifact
@@ -240,8 +241,8 @@ def figure(c: Any, runs: Sequence[tuple[Series, pd.Series]], steps: dict[str, pd
         if table is None:
             continue
         df = steps.get(str(r["run_id"]))
-        skipped = (frozenset(int(x) for x in df.loc[df["skipped"] == 1, "step"])
-                   if df is not None and "skipped" in df else None)
+        skipped = (frozenset(int(x) for x in df.loc[df[COLUMN.skipped] == 1, COLUMN.step])
+                   if df is not None and COLUMN.skipped in df else None)
         panels.append(Panel(s, int(r["seed"]), table, skipped))
     fig, notes = heatmap(panels, folder)
     if fig is None:

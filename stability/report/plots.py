@@ -22,6 +22,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from stability.core.precision import Precision  # noqa: E402
+from stability.core.steplog import COLUMN  # noqa: E402
 from stability.core.task import DEFAULT_LOSS_NAME  # noqa: E402
 from stability.report.select import PRECISION_ORDER  # noqa: E402
 
@@ -84,10 +85,10 @@ def grad_norm(curves: Sequence[tuple[Series, pd.DataFrame]], folder: Path,
         ax.axhline(t, color="gray", ls=":", lw=1,
                    label="other max_norm values in the sweep" if i == 0 else None)
     for s, df in curves:
-        ok = df[np.isfinite(df["grad_l2_pre_clip"])]
-        ax.plot(ok["step"], ok["grad_l2_pre_clip"], lw=0.8, alpha=0.75, color=s.color,
+        ok = df[np.isfinite(df[COLUMN.grad_l2_pre_clip])]
+        ax.plot(ok[COLUMN.step], ok[COLUMN.grad_l2_pre_clip], lw=0.8, alpha=0.75, color=s.color,
                 label=f"{s.role}: {s.label}")
-        values.extend(ok["grad_l2_pre_clip"])
+        values.extend(ok[COLUMN.grad_l2_pre_clip])
         if math.isfinite(s.max_norm):
             ax.axhline(s.max_norm, color=s.color, ls="--", lw=1.2,
                        label=f"max_norm={s.max_norm:g} ({s.role})")
@@ -169,11 +170,11 @@ def scaler_scale(curves: Sequence[tuple[Series, pd.DataFrame]], folder: Path) ->
     fig, axes = plt.subplots(len(curves), 1, figsize=(9, 2.8 * len(curves) + 0.6),
                              sharex=True, squeeze=False)
     for ax, (s, df) in zip(axes[:, 0], curves, strict=True):
-        ax.step(df["step"], df["scaler_scale"], where="post", color=s.color, lw=1.2,
+        ax.step(df[COLUMN.step], df[COLUMN.scaler_scale], where="post", color=s.color, lw=1.2,
                 label="scale used at the step")
-        skipped = df[df["skipped"] == 1]
-        ax.scatter(skipped["step"], skipped["scaler_scale"], marker="x", color="red", s=30,
-                   zorder=3, label=f"skipped step ({len(skipped)})")
+        skipped = df[df[COLUMN.skipped] == 1]
+        ax.scatter(skipped[COLUMN.step], skipped[COLUMN.scaler_scale], marker="x", color="red",
+                   s=30, zorder=3, label=f"skipped step ({len(skipped)})")
         ax.set_yscale("log", base=2)
         ax.set(title=f"{s.role}: {s.label}", ylabel="loss scale (log2 axis)")
         ax.legend(fontsize=8, loc="lower right")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import queue
 import random
 import threading
@@ -192,11 +193,12 @@ def send_metrics(c: Any, run_id: str, points: list[Point]) -> None:
         c.log_batch(run_id, metrics=batch, synchronous=True)
 
 
+_STEP_VALUES = operator.attrgetter(*STEP_METRICS)  # one call for the step's metric values
+
+
 def step_points(s: StepLog, ts: int) -> list[Point]:
     """The points of one optimizer step: the ``STEP_METRICS`` at MLflow step ``s.step``."""
-    values = (s.loss, s.lr, s.grad_l2_pre_clip, s.grad_l2_post_clip, float(s.clipped),
-              float(s.skipped), s.scaler_scale, float(s.skips_cumulative))
-    return [(k, v, s.step, ts) for k, v in zip(STEP_METRICS, values, strict=True)]
+    return [(k, float(v), s.step, ts) for k, v in zip(STEP_METRICS, _STEP_VALUES(s), strict=True)]
 
 
 def epoch_points(e: EpochLog, ts: int) -> list[Point]:

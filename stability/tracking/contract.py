@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from stability.core import rundir
 from stability.core.cost import COST_METRICS
-from stability.core.steplog import SkipReason
+from stability.core.steplog import STEP_METRICS, SkipReason
 from stability.core.validation import safe_name
 
 __all__ = ["COST_METRICS", "LOSS_INIT", "RUN_METRICS", "STEP_METRICS", "EPOCH_METRICS",
@@ -84,9 +84,8 @@ class Tag:
     ADAPTIVE_PLAN = "stability.adaptive_plan"  # on an adaptive sweep's parent: its settings (JSON)
 
 
-# Per optimizer step (MLflow step = optimizer step): the steps.csv column names.
-STEP_METRICS = ("loss", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "clipped", "skipped",
-                "scaler_scale", "skips_cumulative")
+# Per optimizer step (MLflow step = optimizer step): the ``StepLog`` fields marked
+# ``metric=True``, named as their steps.csv columns (core/steplog.py is their one source).
 # Per epoch (MLflow step = epoch): metric name -> ``EpochLog`` field.
 EPOCH_METRICS = {"train_loss": "train_loss", "val_loss": "val_loss", "val_acc": "val_acc",
                  "epoch_clip_fraction": "clip_fraction", "max_grad_norm": "max_grad_norm",

@@ -1,0 +1,58 @@
+"""The HF Trainer internals our callback uses: two bound methods wrapped on one trainer.
+
+No ``TrainerCallback`` event runs between the last backward of an optimizer step and the
+gradient clip, and the callbacks get neither the accelerator nor HF's ``grad_norm``
+(transformers 5.24, ``Trainer._inner_training_loop``; docs/integrations.md). So
+``wrap_measuring_points`` replaces, on that trainer's instances only (nothing global is
+patched), ``accelerator.unscale_gradients`` (measure right after it: the unscaled, not yet
+clipped gradients that ``clip_grad_norm_`` then norms and clips) and ``training_step`` (each
+micro-batch's loss as the Trainer computed it, and its inputs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from stability.compat.gate import VersionGate
+
+GATE = VersionGate("transformers", "5.24", "6", "stability/compat/transformers.py",
+                   "Trainer.training_step(model, inputs, ...) and the hook order of "
+                   "Trainer._inner_training_loop")
+ACCELERATE_GATE = VersionGate("accelerate", "1.15", "2", "stability/compat/transformers.py",
+                              "Accelerator.unscale_gradients, called by clip_grad_norm_")
+
+
+def wrap_measuring_points(trainer: Any, after_unscale: Callable[[], None],
+                          on_loss: Callable[[Any, Any], None]) -> None:
+    """Wrap ``trainer``'s ``accelerator.unscale_gradients`` and ``training_step``.
+
+    Args:
+        trainer: a ``transformers.Trainer`` (its own instances are changed).
+        after_unscale: called right after each ``unscale_gradients`` call.
+        on_loss: ``(loss, inputs)`` after each ``training_step`` (the loss it returned).
+
+    Raises:
+        RuntimeError: the trainer or its accelerator lacks either method.
+    """
+    GATE.check()
+    ACCELERATE_GATE.check()
+    accelerator = getattr(trainer, "accelerator", None)
+    unscale = getattr(accelerator, "unscale_gradients", None)
+    step = getattr(trainer, "training_step", None)
+    if not callable(unscale) or not callable(step):
+        raise RuntimeError("this Trainer has no accelerator.unscale_gradients or "
+                           f"training_step to measure at: {GATE.why_not() or 'changed'}")
+
+    def unscale_then_measure(*args: Any, **kwargs: Any) -> Any:
+        out = unscale(*args, **kwargs)
+        after_unscale()
+        return out
+
+    def training_step_recorded(*args: Any, **kwargs: Any) -> Any:
+        loss = step(*args, **kwargs)
+        on_loss(loss, args[1] if len(args) > 1 else kwargs.get("inputs"))
+        return loss
+
+    accelerator.unscale_gradients = unscale_then_measure
+    trainer.training_step = training_step_recorded
