@@ -170,6 +170,23 @@ def check_job(cfg: DictConfig) -> None:
     raise SystemExit(status)
 
 
+CHECK_QUIET = ("hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=none",
+               "hydra/hydra_logging=none")  # the check writes only its JSON: no job folder
+
+
+def check_argv(args: Sequence[str]) -> list[str]:
+    """``args`` with the check's Hydra overrides (``CHECK_QUIET``) next to the user's own.
+
+    Hydra takes its overrides as one run of positional arguments: they go right after the
+    user's last ``key=value`` (at the end when there is none), never between ``--config-dir``
+    and its value or between two runs of overrides.
+    """
+    args = list(args)
+    at = max((i + 1 for i, a in enumerate(args) if "=" in a and not a.startswith("-")),
+             default=len(args))
+    return [*args[:at], *CHECK_QUIET, *args[at:]]
+
+
 def run_script(main: Callable[[], Any]) -> None:
     """Run an ``experiments/`` script's Hydra ``main`` (``-v`` understood, as by ``stability``)."""
     sys.argv = verbose_argv(sys.argv)
@@ -285,8 +302,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.argv = [f"stability-{command}", *rest]  # Hydra parses sys.argv
         (sweep if command == "sweep" else report)()
     elif command == "check":
-        sys.argv = ["stability-check", "hydra.output_subdir=null", "hydra.run.dir=.",
-                    "hydra/job_logging=none", "hydra/hydra_logging=none", *rest]
+        sys.argv = ["stability-check", *check_argv(rest)]
         check()
     elif command == "ui":
         ui(rest)
