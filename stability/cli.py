@@ -160,14 +160,35 @@ def check_job(cfg: DictConfig) -> None:
         except TypeError:
             fail(f"error: check has unknown keys {sorted(section)}: allowed keys are loop | "
                  "accum_steps | output", 2)
-        results, seconds = run_check(to_run_config(raw), check)
+        run_cfg = to_run_config(raw)
+        results, seconds = run_check(run_cfg, check)
     print(table(results))
     path = write_json(results, Path(check.output), task=raw["task"]["_target_"],
                       loop=check.loop, seconds=round(seconds, 2))
     status = exit_status(results)
     print(f"check: {'FAIL' if status else 'ok'} ({sum(r.status.value == 'fail' for r in results)}"
           f" failed of {len(results)}) in {seconds:.1f} s; results: {path}")
+    if run_cfg.tracking.enabled:
+        _track_check(run_cfg, check, results, path, seconds)
     raise SystemExit(status)
+
+
+def _track_check(cfg: Any, check: Any, results: Any, path: Any, seconds: float) -> None:
+    # The check's verdict stands without MLflow: a store that cannot take the run is one line
+    # on stderr, and the exit status stays the probes'.
+    import logging
+
+    from stability.check.track import record_check
+    from stability.tracking.credentials import redact_uri
+
+    try:
+        run_id = record_check(cfg, check.loop, check.accum_steps, results, path, seconds)
+    except Exception as err:
+        logging.getLogger(__name__).debug("the check run was not recorded", exc_info=True)
+        print(f"check: not recorded in MLflow ({type(err).__name__}: "
+              f"{redact_uri(str(err))[:300]}); the JSON has every result", file=sys.stderr)
+        return
+    print(f"MLflow check run: {run_id}")
 
 
 CHECK_QUIET = ("hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=none",

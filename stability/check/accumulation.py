@@ -83,7 +83,8 @@ def _one(template: Template, step: StepFn, window: Sequence[MicroBatch], k: int,
     meaning = (f"{what}: grad rel err {g_err:.2e}, 1-step param rel diff {p_err:.2e}"
                + ("" if status.value == "pass" else
                   f"; FAIL: not a larger batch (|g|/|g_ref| = {ratio:.3f}): the loss is "
-                  "normalised per micro-batch or by the configured window size"))
+                  "normalised by the wrong count (per micro-batch, by the configured window "
+                  "size, or a miscounted number of items)"))
     return ProbeResult(name, status, measured, tol, meaning)
 
 

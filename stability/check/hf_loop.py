@@ -44,6 +44,13 @@ class _Samples(Dataset):
         return self.items[i]
 
 
+def quiet() -> None:
+    """Only transformers' errors: the probes train a dozen one-step runs."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+
+
 def model_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """The model's own loss on ``batch`` (labels inside it), as the Trainer computes it."""
     return model(**batch).loss
@@ -55,12 +62,11 @@ def step(rig: Rig, window: Sequence[Any]) -> bool:
     Returns:
         Whether the optimizer stepped.
     """
-    import transformers
-    from transformers import Trainer, TrainingArguments
+    from transformers import PrinterCallback, Trainer, TrainingArguments
 
     from stability.integrations.hf import training_arguments
 
-    transformers.logging.set_verbosity_error()
+    quiet()
     clip = (ClipConfig(enabled=True, max_norm=rig.max_norm) if rig.max_norm is not None
             else ClipConfig())
     mapped = training_arguments(clip, PrecisionConfig(name=rig.precision), rig.accum_steps, "cpu")
@@ -74,8 +80,10 @@ def step(rig: Rig, window: Sequence[Any]) -> bool:
                 output_dir=out, per_device_train_batch_size=size(window[0]), num_train_epochs=1,
                 train_sampling_strategy="sequential", report_to="none", disable_tqdm=True,
                 save_strategy="no", logging_strategy="no", dataloader_num_workers=0, **mapped)
-            Trainer(model=rig.model, args=args, train_dataset=_Samples(window),
-                    optimizers=(rig.optimizer, sched)).train()
+            trainer = Trainer(model=rig.model, args=args, train_dataset=_Samples(window),
+                              optimizers=(rig.optimizer, sched))
+            trainer.remove_callback(PrinterCallback)  # its per-train log lines
+            trainer.train()
     finally:
         handle.remove()
     return bool(taken)

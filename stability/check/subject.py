@@ -107,6 +107,7 @@ def subject(cfg: RunConfig, loop: str, step: StepFn, k: int) -> Subject:
         if trainer == "hf":
             from stability.check import hf_loop
 
+            hf_loop.quiet()
             build = seeded(task.model)
             template = Template(build(), _unused, cfg.seed, hf_loop.model_loss)
             wanted = getattr(task, "training_arguments", dict)()
