@@ -103,7 +103,9 @@ def probe_skip(template: Template, step: StepFn, window: Sequence[MicroBatch],
     if new_state.shape != state.shape or not torch.equal(new_state, state):
         broken.append("optimizer state changed")
     if rig.scheduler.last_epoch != epoch or rig.optimizer.param_groups[0]["lr"] != lr:
-        broken.append("LR schedule advanced")
+        broken.append(f"LR schedule advanced (last_epoch {epoch} -> "
+                      f"{rig.scheduler.last_epoch}: the scheduler stepped on the skipped step, "
+                      "as Lightning #5558/#16228)")
     if rig.scaler.get_scale() != scale * rig.scaler.get_backoff_factor():
         broken.append(f"scale {scale:g} -> {rig.scaler.get_scale():g}, not halved")
     if taken:
