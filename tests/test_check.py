@@ -307,3 +307,13 @@ def test_a_tracked_check_is_a_check_run_the_report_cites(tmp_path):
     [line] = lines(c, exp, _runs(**task))
     assert check.run_id == run_id and f"`{run_id}`" in line
     assert "accumulation.short_window: 0.5" in line
+
+
+def test_the_checks_hydra_overrides_never_split_the_users_arguments():
+    from stability.cli import CHECK_QUIET, check_argv
+
+    assert check_argv(["--config-dir", ".", "task=spirals"]) == [
+        "--config-dir", ".", "task=spirals", *CHECK_QUIET]
+    assert check_argv(["task=x", "--config-dir", "."]) == ["task=x", *CHECK_QUIET,
+                                                           "--config-dir", "."]
+    assert check_argv([]) == list(CHECK_QUIET)
