@@ -22,6 +22,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     # No Hydra job folder or log files: the check writes only its JSON.
-    sys.argv[1:1] = ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=none",
-                     "hydra/hydra_logging=none"]
+    sys.argv[1:] = cli.check_argv(sys.argv[1:])
     main()

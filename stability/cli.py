@@ -160,14 +160,52 @@ def check_job(cfg: DictConfig) -> None:
         except TypeError:
             fail(f"error: check has unknown keys {sorted(section)}: allowed keys are loop | "
                  "accum_steps | output", 2)
-        results, seconds = run_check(to_run_config(raw), check)
+        run_cfg = to_run_config(raw)
+        results, seconds = run_check(run_cfg, check)
     print(table(results))
     path = write_json(results, Path(check.output), task=raw["task"]["_target_"],
                       loop=check.loop, seconds=round(seconds, 2))
     status = exit_status(results)
     print(f"check: {'FAIL' if status else 'ok'} ({sum(r.status.value == 'fail' for r in results)}"
           f" failed of {len(results)}) in {seconds:.1f} s; results: {path}")
+    if run_cfg.tracking.enabled:
+        _track_check(run_cfg, check, results, path, seconds)
     raise SystemExit(status)
+
+
+def _track_check(cfg: Any, check: Any, results: Any, path: Any, seconds: float) -> None:
+    # The check's verdict stands without MLflow: a store that cannot take the run is one line
+    # on stderr, and the exit status stays the probes'.
+    import logging
+
+    from stability.check.track import record_check
+    from stability.tracking.credentials import redact_uri
+
+    try:
+        run_id = record_check(cfg, check.loop, check.accum_steps, results, path, seconds)
+    except Exception as err:
+        logging.getLogger(__name__).debug("the check run was not recorded", exc_info=True)
+        print(f"check: not recorded in MLflow ({type(err).__name__}: "
+              f"{redact_uri(str(err))[:300]}); the JSON has every result", file=sys.stderr)
+        return
+    print(f"MLflow check run: {run_id}")
+
+
+CHECK_QUIET = ("hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=none",
+               "hydra/hydra_logging=none")  # the check writes only its JSON: no job folder
+
+
+def check_argv(args: Sequence[str]) -> list[str]:
+    """``args`` with the check's Hydra overrides (``CHECK_QUIET``) next to the user's own.
+
+    Hydra takes its overrides as one run of positional arguments: they go right after the
+    user's last ``key=value`` (at the end when there is none), never between ``--config-dir``
+    and its value or between two runs of overrides.
+    """
+    args = list(args)
+    at = max((i + 1 for i, a in enumerate(args) if "=" in a and not a.startswith("-")),
+             default=len(args))
+    return [*args[:at], *CHECK_QUIET, *args[at:]]
 
 
 def run_script(main: Callable[[], Any]) -> None:
@@ -285,8 +323,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.argv = [f"stability-{command}", *rest]  # Hydra parses sys.argv
         (sweep if command == "sweep" else report)()
     elif command == "check":
-        sys.argv = ["stability-check", "hydra.output_subdir=null", "hydra.run.dir=.",
-                    "hydra/job_logging=none", "hydra/hydra_logging=none", *rest]
+        sys.argv = ["stability-check", *check_argv(rest)]
         check()
     elif command == "ui":
         ui(rest)

@@ -214,18 +214,106 @@ def test_cli_check_on_the_default_task(tmp_path):
     out = tmp_path / "c.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, str(ROOT / "experiments/check.py"),
-                           f"check.output={out}"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env=env)
+                           f"check.output={out}", "tracking.enabled=false"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     assert "accumulation.short_window  pass" in done.stdout and str(out) in done.stdout
     body = json.loads(out.read_text())
     assert body["exit_status"] == 0 and len(body["probes"]) == 10
     bad = subprocess.run([sys.executable, str(ROOT / "experiments/check.py"),
                           "check.loop=tests.test_check.short_window_by_configured",
-                          f"check.output={tmp_path / 'bad.json'}"], cwd=ROOT, capture_output=True,
+                          f"check.output={tmp_path / 'bad.json'}", "tracking.enabled=false"],
+                         cwd=ROOT, capture_output=True,
                          text=True, timeout=300, env=env)
     assert bad.returncode == 1 and "accumulation.short_window  fail" in bad.stdout
     wrong = subprocess.run([sys.executable, str(ROOT / "experiments/check.py"),
                             "check.accum_steps=0"], cwd=tmp_path, capture_output=True,
                            text=True, timeout=300, env=env)
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1
+
+
+# --- tracking, and the report citing a failed check ------------------------------------------
+
+def _runs(**task):
+    import pandas as pd
+
+    return pd.DataFrame([{"run_id": f"r{i}", "seed": i, **task} for i in range(2)])
+
+
+def test_the_report_cites_the_newest_failed_check_of_the_same_task_only():
+    from stability.report.check_runs import CheckRun, cited
+
+    task = {"task._target_": "stability.tasks.sign_sum.SignSumTask", "task.seq_len": "20"}
+    old_fail = CheckRun("a1", task, (("skip.is_skip", 1.0),), 1)
+    new_fail = CheckRun("b2", task, (("accumulation.short_window", 0.5),
+                                     ("clip.unscaled", math.nan)), 2)
+    other = CheckRun("c3", {**task, "task.seq_len": "40"}, (("skip.is_skip", 1.0),), 3)
+    assert cited(_runs(**task), [old_fail, new_fail, other]) == [
+        "- `stability check` failed on this task (accumulation.short_window: 0.5; "
+        "clip.unscaled: not measured): check run `b2`. The study measured a trainer whose "
+        "mechanics fail that probe (docs/check.md)."]
+    fixed = CheckRun("d4", task, (), 4)  # a newer check passed: nothing to cite
+    assert cited(_runs(**task), [old_fail, new_fail, fixed]) == []
+    assert cited(_runs(**{**task, "task.seq_len": "30"}), [new_fail, other]) == []
+
+
+def test_values_from_a_check_run_are_inert_in_the_report(tmp_path):
+    from types import SimpleNamespace
+
+    from stability.report.check_runs import cited, read
+
+    hostile = "x`](javascript:alert(1))![img](http://e/x.png)\nline"
+    run = SimpleNamespace(
+        info=SimpleNamespace(run_id="r`1](http://e)", start_time=5),
+        data=SimpleNamespace(params={"task._target_": hostile,
+                                     f"check.{hostile}": "fail", "check.ok": "pass"},
+                             metrics={f"check.{hostile}": 0.25}))
+    check = read(run)
+    [line] = cited(_runs(**{"task._target_": hostile}), [check])
+    assert "`" not in line.replace("`stability check`", "").replace(f"`{check.run_id}`", "")
+    assert "](" not in line and "![" not in line and "\n" not in line
+    assert ": 0.25)" in line
+
+
+@pytest.mark.slow
+def test_a_tracked_check_is_a_check_run_the_report_cites(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from stability.report.check_runs import fetch, lines
+    from stability.tracking.contract import Artifact, Kind, Tag
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(ROOT / "experiments/check.py"),
+                           "check.loop=tests.test_check.short_window_by_configured",
+                           f"check.output={tmp_path / 'c.json'}", f"tracking.uri={uri}",
+                           "tracking.experiment=checks"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert done.returncode == 1, done.stderr[-2000:]
+    run_id = done.stdout.strip().splitlines()[-1].removeprefix("MLflow check run: ")
+    c = MlflowClient(tracking_uri=uri)
+    run = c.get_run(run_id)
+    assert run.data.tags[Tag.KIND] == Kind.CHECK and run.info.status == "FINISHED"
+    assert run.data.tags[Tag.CHECK_OUTCOME] == "fail"
+    assert run.data.params["check.accumulation.short_window"] == "fail"
+    assert run.data.params["check.accumulation.full"] == "pass"
+    assert run.data.params["task._target_"] == "stability.tasks.sign_sum.SignSumTask"
+    assert run.data.metrics["check.accumulation.short_window"] == pytest.approx(0.5, abs=1e-4)
+    assert [a.path for a in c.list_artifacts(run_id)] == [Artifact.CHECK_JSON]
+    assert not any("sqlite" in v for v in run.data.params.values())
+    exp = c.get_experiment_by_name("checks").experiment_id
+    [check] = fetch(c, exp)
+    task = {k: v for k, v in run.data.params.items() if k.startswith("task.")}
+    [line] = lines(c, exp, _runs(**task))
+    assert check.run_id == run_id and f"`{run_id}`" in line
+    assert "accumulation.short_window: 0.5" in line
+
+
+def test_the_checks_hydra_overrides_never_split_the_users_arguments():
+    from stability.cli import CHECK_QUIET, check_argv
+
+    assert check_argv(["--config-dir", ".", "task=spirals"]) == [
+        "--config-dir", ".", "task=spirals", *CHECK_QUIET]
+    assert check_argv(["task=x", "--config-dir", "."]) == ["task=x", *CHECK_QUIET,
+                                                           "--config-dir", "."]
+    assert check_argv([]) == list(CHECK_QUIET)

@@ -21,7 +21,17 @@ from collections.abc import Sequence
 import torch
 
 from stability.check.result import ProbeResult, verdict
-from stability.check.rig import StepFn, Template, flat, gradients_at_step, params_of, rel
+from stability.check.rig import (
+    StepFn,
+    Template,
+    concat,
+    flat,
+    gradients_at_step,
+    params_of,
+    rel,
+    size,
+    to_dtype,
+)
 from stability.core.step import MicroBatch
 
 ORDER_FACTOR = 100.0  # headroom over the measured summation-order error
@@ -33,10 +43,7 @@ def reference_gradient(template: Template, window: Sequence[MicroBatch],
                        dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     """The gradient of the task's loss over the window's samples as one batch."""
     model = template.rig().model.to(dtype)
-    x = torch.cat([m[0] for m in window])
-    y = torch.cat([m[1] for m in window])
-    x, y = (t.to(dtype) if t.is_floating_point() else t for t in (x, y))
-    template.loss_fn(model(x), y).backward()
+    template.loss(model, to_dtype(concat(window), dtype)).backward()
     return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
             for p in model.parameters()]
 
@@ -76,7 +83,8 @@ def _one(template: Template, step: StepFn, window: Sequence[MicroBatch], k: int,
     meaning = (f"{what}: grad rel err {g_err:.2e}, 1-step param rel diff {p_err:.2e}"
                + ("" if status.value == "pass" else
                   f"; FAIL: not a larger batch (|g|/|g_ref| = {ratio:.3f}): the loss is "
-                  "normalised per micro-batch or by the configured window size"))
+                  "normalised by the wrong count (per micro-batch, by the configured window "
+                  "size, or a miscounted number of items)"))
     return ProbeResult(name, status, measured, tol, meaning)
 
 
@@ -94,7 +102,7 @@ def probe_accumulation(template: Template, step: StepFn, micro: Sequence[MicroBa
     tol = max(FLOOR, ORDER_FACTOR * summation_order_error(template, full))
     return [
         _one(template, step, full, k, "accumulation.full", tol,
-             f"accum {k} x {len(full[0][1])} vs one batch of {sum(len(m[1]) for m in full)}"),
+             f"accum {k} x {size(full[0])} vs one batch of {sum(size(m) for m in full)}"),
         _one(template, step, short, k, "accumulation.short_window", tol,
              f"short last window of {len(short)}/{k} micro-batches vs one batch"),
     ]

@@ -23,31 +23,35 @@ SCALE = 2.0**16
 CLIP_TOL = 1e-2  # fp16 forward: the seen norm vs max_norm within 1% (a scaled clip is 1/SCALE)
 
 
-def unscaled_norm(template: Template, window: Sequence[MicroBatch],
-                  precision: str) -> tuple[float, float]:
+def unscaled_norm(template: Template, window: Sequence[MicroBatch], precision: str,
+                  baseline: StepFn | None = None) -> tuple[float, float]:
     """The global gradient norm of a correct fp16/scaled step (unscaled), no clipping, and the
-    largest scale from 2**16 down (halving, as the scaler backs off) whose step is taken."""
+    largest scale from 2**16 down (halving, as the scaler backs off) whose step is taken.
+
+    ``baseline`` takes that step: our loop, or a trainer's own step without clipping (a trainer
+    task's model runs only through its trainer).
+    """
     from stability.check.rig import ours
 
     scale = SCALE
     while scale >= 1.0:
         rig = template.rig(precision=precision, accum_steps=len(window), init_scale=scale)
         seen = gradients_at_step(rig)
-        if ours(rig, window) and seen:
+        if (baseline or ours)(rig, window) and seen:
             return float(flat(seen[-1]).norm()), scale
         scale /= 2
     return math.nan, SCALE
 
 
 def probe_clip(template: Template, step: StepFn, window: Sequence[MicroBatch],
-               precision: str = "fp16") -> ProbeResult:
+               precision: str = "fp16", baseline: StepFn | None = None) -> ProbeResult:
     """Clip to half the true norm; the gradient the optimizer sees must have norm max_norm.
 
     Measured: ``|seen / max_norm - 1|``. Clipping the scaled gradients (before ``unscale_``)
     leaves about ``max_norm / scale``: a measured value near 1; no clipping gives 1 (2x).
     """
     name = "clip.unscaled"
-    norm, scale = unscaled_norm(template, window, precision)
+    norm, scale = unscaled_norm(template, window, precision, baseline)
     if not math.isfinite(norm) or norm == 0:
         return ProbeResult(name, Status.WARN, norm, CLIP_TOL,
                            "no finite gradient at init under fp16: clipping not probed")
@@ -99,7 +103,9 @@ def probe_skip(template: Template, step: StepFn, window: Sequence[MicroBatch],
     if new_state.shape != state.shape or not torch.equal(new_state, state):
         broken.append("optimizer state changed")
     if rig.scheduler.last_epoch != epoch or rig.optimizer.param_groups[0]["lr"] != lr:
-        broken.append("LR schedule advanced")
+        broken.append(f"LR schedule advanced (last_epoch {epoch} -> "
+                      f"{rig.scheduler.last_epoch}: the scheduler stepped on the skipped step, "
+                      "as Lightning #5558/#16228)")
     if rig.scaler.get_scale() != scale * rig.scaler.get_backoff_factor():
         broken.append(f"scale {scale:g} -> {rig.scaler.get_scale():g}, not halved")
     if taken:

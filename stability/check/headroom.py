@@ -16,7 +16,6 @@ import torch
 
 from stability.check.result import ProbeResult, Status, verdict
 from stability.check.rig import Template, flat, rel
-from stability.core.precision import autocast
 from stability.core.step import MicroBatch
 
 FP16_MAX = 65504.0
@@ -43,7 +42,7 @@ def probe_range(template: Template, batch: MicroBatch, scale: float) -> list[Pro
 
     handles = [m.register_forward_hook(hook(n or "(model)")) for n, m in model.named_modules()]
     try:
-        template.loss_fn(model(batch[0]), batch[1]).backward()
+        template.loss(model, batch).backward()
     finally:
         for h in handles:
             h.remove()
@@ -76,10 +75,8 @@ def _loss_and_grad(template: Template, batch: MicroBatch,
     scale = 2.0**16 if precision == "fp16" else 1.0
     while True:
         model = template.rig().model
-        with autocast(precision, "cpu"):
-            out = model(batch[0])
         # The loss itself in fp32 (as autocast does for losses): the forward is compared
-        loss = template.loss_fn(out.float(), batch[1])
+        loss = template.loss(model, batch, precision)
         (loss * scale).backward()
         grad = flat([p.grad for p in model.parameters() if p.grad is not None]) / scale
         if bool(torch.isfinite(grad).all()) or scale <= 1.0:

@@ -16,6 +16,12 @@ class Status(StrEnum):
     PASS = "pass"
     WARN = "warn"
     FAIL = "fail"
+    NA = "n/a"  # the probe cannot apply to this trainer here; the meaning says why
+
+
+def not_applicable(name: str, reason: str) -> ProbeResult:
+    """A probe that cannot run on this trainer here: ``n/a`` with the reason (never a pass)."""
+    return ProbeResult(name, Status.NA, math.nan, math.nan, f"n/a: {reason}")
 
 
 @dataclass(frozen=True)
@@ -24,7 +30,7 @@ class ProbeResult:
 
     Attributes:
         name: the probe (``accumulation.full``, ``clip.unscaled``...).
-        status: pass | warn | fail.
+        status: pass | warn | fail | n/a.
         measured: the number the verdict is based on.
         tolerance: the bound it was held to (its meaning is in docs/check.md).
         meaning: one line: what was measured, and on a fail what the bug is.

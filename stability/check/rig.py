@@ -28,10 +28,11 @@ import torch
 from torch import nn
 
 from stability.core.config import ClipConfig, PrecisionConfig
-from stability.core.precision import make_scaler
+from stability.core.precision import autocast, make_scaler
 from stability.core.step import MicroBatch, TrainStep
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+BatchLoss = Callable[[nn.Module, Any], torch.Tensor]
 
 
 @dataclass
@@ -66,6 +67,17 @@ class Template:
     model: nn.Module
     loss_fn: LossFn
     seed: int
+    loss_of: BatchLoss | None = None
+
+    def loss(self, model: nn.Module, batch: Any, precision: str = "fp32") -> torch.Tensor:
+        """The task's loss of ``model`` on ``batch``: the forward under ``precision``'s
+        autocast, the loss in fp32. ``loss_of`` (a trainer task's own loss: a Lightning
+        ``training_step``, an HF model's ``.loss``) when set, else ``loss_fn(model(x), y)``."""
+        with autocast(precision, "cpu"):
+            if self.loss_of is not None:
+                return _wide(self.loss_of(model, batch))
+            out = model(batch[0])
+        return self.loss_fn(_wide(out), batch[1])
 
     def rig(self, *, precision: str = "fp32", max_norm: float | None = None,
             accum_steps: int = 1, optimizer: str = "sgd", lr: float = 0.05,
@@ -87,6 +99,11 @@ class Template:
         return Rig(model, opt, sched, scaler, self.loss_fn, precision, max_norm, accum_steps)
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    # fp16/bf16 up to fp32; fp32 and float64 (the accumulation probe's reference) as they are
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 def ours(rig: Rig, window: Sequence[MicroBatch]) -> bool:
     """Our loop: ``core.step.TrainStep`` on the rig's state (its scaler is the rig's)."""
     trainer = rig.extra.get("trainer")
@@ -102,16 +119,46 @@ def ours(rig: Rig, window: Sequence[MicroBatch]) -> bool:
 
 
 def gradients_at_step(rig: Rig) -> list[list[torch.Tensor]]:
-    """Install a step pre-hook on the rig's optimizer; the list gets the gradients each
-    ``optimizer.step`` sees (unscaled: ``scaler.step`` unscales before it steps)."""
+    """Install a step post-hook on the rig's optimizer; the list gets the gradients each
+    ``optimizer.step`` used (unscaled: ``scaler.step`` unscales before it steps).
+
+    A post-hook, not a pre-hook: a trainer may pass the forward/backward as the step's closure
+    (Lightning's fp32 ``optimizer.step(closure)``), so the gradients exist only inside the step.
+    """
     seen: list[list[torch.Tensor]] = []
 
     def hook(opt: torch.optim.Optimizer, *_: Any) -> None:
         seen.append([torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
                      for g in opt.param_groups for p in g["params"]])
 
-    rig.optimizer.register_step_pre_hook(hook)
+    rig.optimizer.register_step_post_hook(hook)
     return seen
+
+
+def concat(window: Sequence[Any]) -> Any:
+    """The window's micro-batches as one batch (tuples/lists and dicts of tensors)."""
+    first = window[0]
+    if isinstance(first, dict):
+        return {k: torch.cat([m[k] for m in window]) for k in first}
+    if isinstance(first, list | tuple):
+        return type(first)(torch.cat(parts) for parts in zip(*window, strict=True))
+    return torch.cat(list(window))
+
+
+def size(batch: Any) -> int:
+    """The number of samples in a batch (its first tensor's length)."""
+    if isinstance(batch, dict):
+        return len(next(iter(batch.values())))
+    return len(batch[0]) if isinstance(batch, list | tuple) else len(batch)
+
+
+def to_dtype(batch: Any, dtype: torch.dtype) -> Any:
+    """The batch with its floating-point tensors in ``dtype`` (ids and labels unchanged)."""
+    def one(t: Any) -> Any:
+        return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+    if isinstance(batch, dict):
+        return {k: one(v) for k, v in batch.items()}
+    return type(batch)(one(t) for t in batch) if isinstance(batch, list | tuple) else one(batch)
 
 
 def flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -1,12 +1,13 @@
 """Run every probe on one task and one loop: ``run_check(RunConfig, CheckConfig)``.
 
-The data are the task's first training samples in order (no shuffling): ``k`` micro-batches of
-``train.batch_size``. The model is built once under the run's seed; every probe deepcopies it.
+The data are the task's first training samples in order (no shuffling): ``k`` micro-batches
+(``check.subject``). The model is built once under the run's seed; every probe deepcopies it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -14,12 +15,11 @@ import torch
 from stability.check.accumulation import probe_accumulation
 from stability.check.amp import SCALE, probe_clip, probe_skip
 from stability.check.headroom import probe_low_precision, probe_range
-from stability.check.result import ProbeResult
-from stability.check.rig import StepFn, Template, ours
+from stability.check.result import ProbeResult, not_applicable
+from stability.check.rig import StepFn, ours
 from stability.check.sanity import declared_init_loss, probe_determinism, probe_init_loss
-from stability.core.batches import task_of
+from stability.check.subject import subject
 from stability.core.config import RunConfig
-from stability.core.task import first_batch
 from stability.core.validation import ConfigError, locate, require
 
 OURS = "ours"
@@ -62,32 +62,39 @@ class CheckConfig:
 
 
 def run_check(cfg: RunConfig, check: CheckConfig) -> tuple[list[ProbeResult], float]:
-    """All probes on ``cfg``'s task with ``check``'s loop.
+    """All probes on ``cfg``'s task with ``check``'s loop (a trainer task: its trainer).
 
     Returns:
-        The results in order and the seconds they took.
+        The results in order (``n/a`` where a probe cannot apply to the trainer here) and
+        the seconds they took.
     """
     t0 = time.perf_counter()
     step = check.step_fn()
     torch.set_num_threads(cfg.train.threads)
-    task = task_of(cfg)
-    train, _ = task.train_val()
-    k, b = check.accum_steps, cfg.train.batch_size
-    x, y = first_batch(train, k * b)
-    require(len(y) >= k, "train.batch_size", b, f"a size giving {k} micro-batches of data")
-    micro = [(x[i : i + b], y[i : i + b]) for i in range(0, len(y), b)][:k]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        template = Template(task.model(), task.loss, cfg.seed)
+    k = check.accum_steps
+    sub = subject(cfg, check.loop, step, k)
+    template, micro, step = sub.template, sub.micro, sub.step
     scale = cfg.precision.init_scale if cfg.precision.name == "fp16" else SCALE
     one = micro[:1]
-    results = [
-        *probe_accumulation(template, step, micro, k),
-        probe_clip(template, step, one),
-        probe_skip(template, step, one),
-        *probe_range(template, micro[0], scale),
-        *probe_low_precision(template, micro[0]),
-        probe_init_loss(template, micro[0], declared_init_loss(task)),
-        probe_determinism(task.model, template, step, [micro[:2], micro[2:k]]),
+    probes: list[tuple[tuple[str, ...], Callable[[], list[ProbeResult] | ProbeResult]]] = [
+        (("accumulation.full", "accumulation.short_window"),
+         lambda: probe_accumulation(template, step, micro, k)),
+        (("clip.unscaled",), lambda: probe_clip(template, step, one, baseline=sub.baseline)),
+        (("skip.is_skip",), lambda: probe_skip(template, step, one)),
+        (("headroom.fp16_range", "headroom.fp16_underflow"),
+         lambda: probe_range(template, micro[0], scale)),
+        (("headroom.bf16_vs_fp32", "headroom.fp16_vs_fp32"),
+         lambda: probe_low_precision(template, micro[0])),
+        (("sanity.init_loss",),
+         lambda: probe_init_loss(template, micro[0], declared_init_loss(sub.task))),
+        (("sanity.same_seed",),
+         lambda: probe_determinism(sub.build, template, step, [micro[:2], micro[2:k]])),
     ]
+    results: list[ProbeResult] = []
+    for names, probe in probes:
+        if names[0] in sub.not_applicable:
+            results += [not_applicable(n, sub.not_applicable[n]) for n in names]
+            continue
+        got = probe()
+        results += got if isinstance(got, list) else [got]
     return results, time.perf_counter() - t0

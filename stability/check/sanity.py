@@ -7,6 +7,7 @@ classifier. A loss far from it at init means a wrong loss, reduction or output l
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
@@ -33,7 +34,7 @@ def probe_init_loss(template: Template, batch: MicroBatch,
                     expected: float | None) -> ProbeResult:
     """Relative difference of the fp32 loss at init from ``expected``."""
     with torch.no_grad():
-        loss = float(template.loss_fn(template.rig().model(batch[0]), batch[1]))
+        loss = float(template.loss(template.rig().model, batch))
     if expected is None:
         return ProbeResult("sanity.init_loss", Status.PASS if math.isfinite(loss) else
                            Status.FAIL, loss, math.nan,
@@ -54,7 +55,7 @@ def probe_determinism(build: Callable[[], nn.Module], template: Template, step: 
     """
     def run() -> torch.Tensor:
         torch.manual_seed(template.seed)
-        rig = Template(build(), template.loss_fn, template.seed).rig(accum_steps=len(windows[0]))
+        rig = dataclasses.replace(template, model=build()).rig(accum_steps=len(windows[0]))
         for w in windows:
             step(rig, w)
         return params_of(rig.model)

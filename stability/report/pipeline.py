@@ -22,6 +22,7 @@ import pandas as pd
 from stability.core.precision import SIMPLEST_FIRST, Precision
 from stability.report import (
     advice,
+    check_runs,
     compare,
     effects_plot,
     factors,
@@ -246,7 +247,8 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                                 elapsed, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                                 commit, recs, remarks, analysis,
                                 _model_uri(cfg, version), fetch.loss_name(runs), lr_found,
-                                lr_text, spent, sequential, decided)
+                                lr_text, spent, sequential, decided,
+                                check_runs.lines(c, sweep.experiment_id, runs))
             markdown = render(ctx)
             (staging / Artifact.REPORT_MD).write_text(markdown)
             (staging / Artifact.REPORT_HTML).write_text(

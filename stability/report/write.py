@@ -71,6 +71,7 @@ class ReportContext:
     spending: Spending | None = None  # an adaptive sweep's rounds (report/spending.py)
     sequential: decision.Sequential | None = None  # an adaptive sweep's verdicts (the same)
     decision: Decision | None = None  # the factor-by-factor choice (report/winner.py)
+    checks: Sequence[str] = ()  # a failed ``stability check`` of the task (report/check_runs.py)
 
 
 def fmt(x: float, digits: int = 4) -> str:
@@ -387,7 +388,7 @@ def render(ctx: ReportContext) -> str:
         "## Stability verdicts", "",
         *([f"- `{r['label']}`: **{r['stability']}**: {r['stability_reason']}"
            for _, r in configs.iterrows() if r.get("stability", "stable") != "stable"]
-          or ["- every config is stable."]), "",
+          or ["- every config is stable."]), *ctx.checks, "",
         "Judged per seed from `steps.csv` and the run's outcome, worst seed wins; thresholds are "
         "`verdict.*` in `conf/report.yaml` (docs/report.md).", "",
         "## Flags", "",

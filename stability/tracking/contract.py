@@ -26,6 +26,7 @@ class Kind(StrEnum):
     TRAIN = "train"  # one (config, seed) point
     SWEEP = "sweep"  # a sweep's parent run; training runs nest under it
     REPORT = "report"  # the review report of one sweep
+    CHECK = "check"  # one ``stability check`` of a task's training mechanics
 
 
 class Outcome(StrEnum):
@@ -82,6 +83,7 @@ class Tag:
     LOSS_NAME = "stability.loss_name"  # what the task's loss is ("BCE", "MSE"): axis labels
     STRATEGY = "stability.strategy"  # on a sweep's parent: how it planned (absent: the grid)
     ADAPTIVE_PLAN = "stability.adaptive_plan"  # on an adaptive sweep's parent: its settings (JSON)
+    CHECK_OUTCOME = "stability.check_outcome"  # check run: pass | fail (any probe failed)
 
 
 # Per optimizer step (MLflow step = optimizer step): the ``StepLog`` fields marked
@@ -104,6 +106,9 @@ SCHEDULER_STEPS_ON_SKIP = "scheduler_steps_on_skip"
 TRAINER_PARAM = "trainer"  # every run's param: what trained it (ours | lightning | hf | plain)
 WORLD_SIZE_PARAM = "world_size"  # logged only above 1 (data-parallel ranks)
 TASK_TARGET_PARAM = "task._target_"  # the task's import path; its options are ``task.<key>``
+# A check run: param ``check.<probe>`` = its status (pass | warn | fail | n/a), metric
+# ``check.<probe>`` = its measured number (finite ones), beside the task's ``task.*`` params.
+CHECK_PREFIX = "check."
 
 
 class Artifact:
@@ -123,6 +128,7 @@ class Artifact:
     # sweep parent: JSON list of the run ids of training runs FINISHED before the sweep whose
     # points it skipped (a resumed sweep); its report reads them with its own runs
     ADOPTED_RUNS = "adopted_runs.json"
+    CHECK_JSON = "check.json"  # check run: every probe's status, number, tolerance and meaning
 
 
 class Rebuild:

@@ -1,0 +1,83 @@
+"""A Lightning task under the probes: each step is a ``lightning.pytorch.Trainer`` fit.
+
+The probes hand this step function a ``Rig`` whose model is the user's ``LightningModule``; the
+step fits it for one epoch over the window (one batch per micro-batch, in order), with the
+study's own mapping of the settings onto the Trainer (``integrations.lightning.
+trainer_settings``): ``accumulate_grad_batches`` = the rig's configured window,
+``gradient_clip_val`` = its ``max_norm``, fp16 = a ``MixedPrecision`` plugin around the rig's
+GradScaler. So accumulation, clipping, unscaling, the skip and the schedule step are
+Lightning's own. A window shorter than ``accumulate_grad_batches`` is the epoch's short last
+window: Lightning steps on the epoch's last batch.
+
+The one stand-in: the module's ``configure_optimizers`` returns the rig's optimizer and schedule
+(``interval: "step"``), because the probes need plain SGD to see a gradient's scale in the
+parameters and a schedule they can read; the mechanics under test are the Trainer's, not the
+user's optimizer.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from stability.check.rig import Rig
+from stability.core.config import ClipConfig, PrecisionConfig
+
+# Lightning's per-fit notices: a check fits a dozen one-step epochs
+NOTICES = (".*does not have many workers.*", ".*LeafSpec.*", ".*srun.*", ".*val_dataloader.*",
+           ".*self.log.*", ".*number of training batches.*", ".*GPU available.*")
+QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
+         "enable_model_summary": False, "num_sanity_val_steps": 0, "limit_val_batches": 0}
+
+
+def module_loss(module: nn.Module, batch: Any) -> torch.Tensor:
+    """The module's own ``training_step`` loss on ``batch`` (its return, or its ``"loss"``)."""
+    out = module.training_step(batch, 0)
+    return out["loss"] if isinstance(out, Mapping) else out
+
+
+def quiet() -> None:
+    """Silence Lightning's per-fit notices (the probes fit many one-step epochs)."""
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    for notice in NOTICES:
+        warnings.filterwarnings("ignore", notice)
+
+
+def step(rig: Rig, window: Sequence[Any]) -> bool:
+    """One optimizer step of the rig's ``LightningModule`` by ``Trainer.fit`` over ``window``.
+
+    Returns:
+        Whether the optimizer stepped (a GradScaler skip calls no ``optimizer.step``).
+    """
+    import lightning.pytorch as pl
+    from lightning.pytorch.plugins import MixedPrecision
+
+    from stability.integrations.lightning import trainer_settings
+
+    quiet()
+    module = rig.model
+    sched = ({"scheduler": rig.scheduler, "interval": "step"} if rig.scheduler is not None
+             else None)
+    module.configure_optimizers = (  # type: ignore[method-assign]
+        (lambda: {"optimizer": rig.optimizer, "lr_scheduler": sched}) if sched
+        else (lambda: rig.optimizer))
+    clip = (ClipConfig(enabled=True, max_norm=rig.max_norm) if rig.max_norm is not None
+            else ClipConfig())
+    settings = trainer_settings(clip, PrecisionConfig(name=rig.precision), rig.accum_steps, "cpu")
+    if "plugins" in settings:  # the rig's scaler: the probe reads its scale
+        settings["plugins"] = [MixedPrecision("16-mixed", "cpu", scaler=rig.scaler)]
+    taken: list[int] = []
+    handle = rig.optimizer.register_step_post_hook(lambda *_: taken.append(1))
+    try:
+        trainer = pl.Trainer(max_epochs=1, **QUIET, **settings)
+        trainer.fit(module, train_dataloaders=DataLoader(list(window), batch_size=None))
+    finally:
+        handle.remove()
+    return bool(taken)
