@@ -24,7 +24,8 @@ from matplotlib.colors import ListedColormap
 from matplotlib.ticker import MaxNLocator
 
 from stability.report import fetch
-from stability.report.plots import DPI, Figure, Series, plt  # plt: with the Agg backend chosen
+from stability.report.format import save
+from stability.report.plots import Figure, Series, plt  # plt: with the Agg backend chosen
 from stability.tracking.contract import Artifact
 
 log = logging.getLogger(__name__)
@@ -208,9 +209,7 @@ def heatmap(panels: Sequence[Panel], folder: Path) -> tuple[Figure | None, list[
     fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8)
     fig.suptitle("Per-parameter pre-clip gradient norm per optimizer step "
                  "(one representative seed per config)", fontsize=10)
-    folder.mkdir(parents=True, exist_ok=True)
-    fig.savefig(folder / FILE, dpi=DPI)  # constrained layout: no tight_layout
-    plt.close(fig)
+    save(fig, folder, FILE, tight=False)  # constrained layout: no tight_layout
     return Figure(FILE, TITLE, ""), notes
 
 

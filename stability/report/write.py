@@ -18,10 +18,11 @@ from stability.core.precision import Precision
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.report import decision, lr
 from stability.report.advice import Recommendation, nearest_swept
-from stability.report.compare import Comparison, abs_num, signed
+from stability.report.compare import Comparison
 from stability.report.evaluate import SeedTestResult, WinnerTestResult
 from stability.report.factors import FactorAnalysis
 from stability.report.fetch import Sweep
+from stability.report.format import ci, fmt, pm, pval, seeds, signed, signed_ci, size, table
 from stability.report.health import summary_sentence
 from stability.report.html import inert
 from stability.report.plots import Figure
@@ -73,38 +74,6 @@ class ReportContext:
     decision: Decision | None = None  # the factor-by-factor choice (report/winner.py)
 
 
-def fmt(x: float, digits: int = 4) -> str:
-    """A number for a table: fixed digits, 'inf' for +inf, an em dash for a missing value."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    if x == math.inf:
-        return "inf"
-    return f"{x:.{digits}f}"
-
-
-def _pm(mean: float, std: float, digits: int = 4) -> str:
-    return fmt(mean, digits) if math.isnan(std) else f"{fmt(mean, digits)} ± {fmt(std, digits)}"
-
-
-def _ci(low: float, high: float, digits: int = 4) -> str:
-    return "—" if math.isnan(low) else f"[{fmt(low, digits)}, {fmt(high, digits)}]"
-
-
-def _signed_ci(low: float, high: float) -> str:
-    return "—" if math.isnan(low) else f"[{signed(low)}, {signed(high)}]"
-
-
-def _p(p: float) -> str:
-    return "—" if math.isnan(p) else f"{p:.3g}"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(" ".join(str(c).split()).replace("|", "\\|") for c in r) + " |"
-              for r in rows]  # one line per row: a cell's newlines (data) become spaces
-    return "\n".join(lines)
-
-
 def write_summary(configs: pd.DataFrame, path: Path) -> None:
     """One row per config, ranked, with every aggregate the report uses."""
     cols = [c for c in SUMMARY_COLUMNS if c in configs.columns]
@@ -128,7 +97,7 @@ def _answer(ctx: ReportContext) -> list[str]:
                   f"- {decision.guarantee(dec)}"]
     lines.append(
         f"- Sealed test (split of {t.test_size} sequences, opened once, for this config only): "
-        f"loss {_pm(t.loss.mean, t.loss.std)}, accuracy {_pm(t.acc.mean, t.acc.std, 3)} over "
+        f"loss {pm(t.loss.mean, t.loss.std)}, accuracy {pm(t.acc.mean, t.acc.std, 3)} over "
         f"{len(tested)} seeds (mean ± std).")
     lines += _lowest_line(ctx)
     if dec is not None and dec.note:
@@ -136,13 +105,13 @@ def _answer(ctx: ReportContext) -> list[str]:
     lines += ["", "Behind the decision:", ""]
     lines.append(
         f"- Validation (the only selection criterion): best validation loss "
-        f"{_pm(w['loss_mean'], w['loss_std'])} "
-        f"({level} CI {_ci(w['loss_ci_low'], w['loss_ci_high'])}) over {int(w['seeds'])} "
-        f"seeds; validation accuracy at the best epoch {_pm(w['acc_mean'], w['acc_std'], 3)}.")
+        f"{pm(w['loss_mean'], w['loss_std'])} "
+        f"({level} CI {ci(w['loss_ci_low'], w['loss_ci_high'])}) over {int(w['seeds'])} "
+        f"seeds; validation accuracy at the best epoch {pm(w['acc_mean'], w['acc_std'], 3)}.")
     if an is not None and an.main:
         lines += ["", "What each setting does, from all "
                   f"{len(ctx.runs)} runs (seeds as blocks; effects on best validation loss, "
-                  f"margin ±{decision.size(an.margin)}):", "",
+                  f"margin ±{size(an.margin, 'nonfinite')}):", "",
                   *_adaptive_line(ctx.sequential),
                   *decision.factor_sentences(an, ctx.sequential), ""]
     if ctx.lr_curves:
@@ -184,7 +153,7 @@ def _lowest_line(ctx: ReportContext) -> list[str]:
     return [f"- Lowest validation mean: `{lowest['label']}` ({fmt(lowest['loss_mean'])} vs "
             f"{fmt(w['loss_mean'])}); it − the winner {signed(r.mean_diff)} "
             f"({ctx.confidence:.0%} CI {signed(r.low)} to {signed(r.high)}, {r.n} seeds, "
-            f"selection-adjusted p {_p(c.p_adj)}): **{c.word}** for the winner; the lowest of "
+            f"selection-adjusted p {pval(c.p_adj)}): **{c.word}** for the winner; the lowest of "
             f"{len(ctx.configs)} means is biased low by its own selection."]
 
 
@@ -215,13 +184,13 @@ def _factor_section(ctx: ReportContext) -> list[str]:
                     "two configs differ in that factor alone): no factor effects.", ""]
         return ["The study swept no factor with two or more levels: no factor effects.", ""]
     parts = [*_adaptive_line(ctx.sequential),
-             _table(decision.FACTOR_HEADER, decision.factor_table(an, ctx.sequential)), "",
+             table(decision.FACTOR_HEADER, decision.factor_table(an, ctx.sequential)), "",
              f"Every contrast pairs runs that differ only in that factor: each cell of the other "
              f"factors and each seed gives one difference (`cells × seeds`). Each seed's mean "
              f"over the cells is one observation and the effect's t-test runs over the seeds "
              f"(`df` = seeds − 1): every run counts, the seed stays the unit (docs/report.md, "
              f"\"Factor effects\"). `helps` / `hurts`: two-sided t-test, Holm over this table "
-             f"at α = {an.alpha}; `equivalent`: TOST against ±{decision.size(an.margin)} "
+             f"at α = {an.alpha}; `equivalent`: TOST against ±{size(an.margin, 'nonfinite')} "
              f"(report.margin), Holm over this table; `undecided`: neither. `detectable` is "
              f"the effect found with α / m (Holm's first step) at the report's power. Unfinished "
              "runs count at the study's worst finished loss and a contrast with any is never "
@@ -235,7 +204,7 @@ def _factor_section(ctx: ReportContext) -> list[str]:
     if an.interactions:
         parts += ["", "Two-way interactions (the effect's difference between a level of the "
                   "other factor and its reference; Holm over this table):", "",
-                  _table(decision.INTERACTION_HEADER, decision.interaction_rows(an))]
+                  table(decision.INTERACTION_HEADER, decision.interaction_rows(an))]
     return parts + [""]
 
 
@@ -261,7 +230,7 @@ def _lr_section(ctx: ReportContext) -> list[str]:
     if not ctx.lr_curves:
         return []
     return ["## Learning rate (LR sensitivity per setting)", "",
-            _table(lr.HEADER, lr.table_rows(list(ctx.lr_curves))), "",
+            table(lr.HEADER, lr.table_rows(list(ctx.lr_curves))), "",
             "`LR sensitivity`: the mean over the swept learning rates of min(loss(lr), "
             "loss_init) − the best loss(lr), with loss(lr) the final validation loss averaged "
             "over seeds and `loss_init` the validation loss before training (Wortsman et al. "
@@ -285,24 +254,16 @@ def _load_line(ctx: ReportContext) -> list[str]:
 
 def _comparison_table(ctx: ReportContext) -> str:
     rows = [[c.question, c.reference, c.other, str(c.result.n), signed(c.result.mean_diff),
-             _signed_ci(c.result.low, c.result.high), _p(c.result.p_t), _p(c.p_adj),
-             _p(c.result.p_wilcoxon), _size(c.power.mdd), _seeds(c.power.seeds_for_effect),
+             signed_ci(c.result.low, c.result.high), pval(c.result.p_t), pval(c.p_adj),
+             pval(c.result.p_wilcoxon), size(c.power.mdd), seeds(c.power.seeds_for_effect),
              str(c.other_unfinished)] for c in ctx.comparisons]
     power = ctx.comparisons[0].power if ctx.comparisons else None
-    effect = _size(power.effect) if power else "—"
+    effect = size(power.effect) if power else "—"
     level = f"{power.power:.0%}" if power else ""
-    return _table(["question", "reference", "other", "paired seeds", "mean diff (other − ref)",
+    return table(["question", "reference", "other", "paired seeds", "mean diff (other − ref)",
                    f"{ctx.confidence:.0%} CI", "paired t p", "selection-adjusted p", "Wilcoxon p",
                    f"detectable at {level} power", f"seeds to detect {effect}",
                    "other's unfinished seeds"], rows)
-
-
-def _size(x: float) -> str:
-    return "—" if math.isnan(x) else abs_num(x)
-
-
-def _seeds(n: float) -> str:
-    return "—" if math.isnan(n) else ("> 10000" if math.isinf(n) else str(int(n)))
 
 
 def _config_table(configs: pd.DataFrame, loss_name: str = DEFAULT_LOSS_NAME) -> str:
@@ -311,15 +272,15 @@ def _config_table(configs: pd.DataFrame, loss_name: str = DEFAULT_LOSS_NAME) -> 
         rows.append([
             str(c["rank"]), f"`{c['label']}`", str(c.get("stability", "—")),
             f"{c['seeds_finished']}/{c['seeds']}",
-            str(c["seeds_diverged"] + c["seeds_failed"]), _pm(c["loss_mean"], c["loss_std"]),
-            _ci(c["loss_ci_low"], c["loss_ci_high"]), _pm(c["acc_mean"], c["acc_std"], 3),
+            str(c["seeds_diverged"] + c["seeds_failed"]), pm(c["loss_mean"], c["loss_std"]),
+            ci(c["loss_ci_low"], c["loss_ci_high"]), pm(c["acc_mean"], c["acc_std"], 3),
             fmt(c["clip_fraction_mean"], 3), fmt(c["skip_count_mean"], 1),
             fmt(c["underflow_mean"], 4), _wall(c),
-            signed(c["diff_vs_winner"]), _p(c.get("p_adj_vs_winner", c["p_vs_winner"])),
-            _size(c["mdd_vs_winner"]),
+            signed(c["diff_vs_winner"]), pval(c.get("p_adj_vs_winner", c["p_vs_winner"])),
+            size(c["mdd_vs_winner"]),
             c["flag"] or "",
         ])
-    return _table(["rank", "config", "stability", "finished", "unfinished",
+    return table(["rank", "config", "stability", "finished", "unfinished",
                    f"best val loss ({loss_name})", "CI",
                    "val acc", "clip frac", "skips", "fp16 underflow", "wall s (median, max)",
                    "diff vs winner", "p vs winner (selection-adjusted)", "detectable vs winner",
@@ -341,7 +302,7 @@ def _mlflow_state(s: SeedTestResult) -> str:
 def _test_table(t: WinnerTestResult, loss_name: str = DEFAULT_LOSS_NAME) -> str:
     rows = [[str(s.seed), f"`{s.run_id}`", fmt(s.test_loss), fmt(s.test_acc, 4),
              _mlflow_state(s), inert(s.note)] for s in t.seeds]
-    return _table(["seed", "run", f"test loss ({loss_name})", "test acc", "MLflow", "note"],
+    return table(["seed", "run", f"test loss ({loss_name})", "test acc", "MLflow", "note"],
                   rows)
 
 
