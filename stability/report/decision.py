@@ -65,7 +65,7 @@ class Replayed:
 
 @dataclass(frozen=True)
 class Sequential:
-    """An adaptive sweep's verdicts: its rule's final look, replayed (report/spending.py).
+    """An adaptive sweep's verdicts: its rule's final look, replayed (report/sections/spending.py).
 
     ``verdicts`` maps a contrast's name (``contrast_name``) to the rule's verdict.
     ``replayed=False``: the rule could not be replayed, so no verdict is valid for the sweep;
@@ -280,6 +280,24 @@ def guarantee(dec: Decision) -> str:
             f"±{_size(dec.margin)} of the best level of its factor (effects pooled over the other "
             f"settings and seeds; multiple comparisons with the best, α split over {groups} "
             f"choices){rest}.")
+
+
+def adaptive_line(seq: Sequential | None) -> list[str]:
+    """For an adaptive sweep: whose verdicts these are, and what the numbers beside them are."""
+    if seq is None:
+        return []
+    if not seq.replayed:
+        return ["**Adaptive sweep whose looks could not be replayed (see Problems): the "
+                "verdicts are withheld.** Re-testing the final runs at the full α as if the "
+                "seeds had been fixed in advance is not valid after adaptive seeding; the "
+                "numbers below are descriptive (unadjusted).", ""]
+    return ["**Adaptive sweep: the verdicts are the adaptive rule's** (its final look, "
+            "replayed; error held across the looks; section \"How the study spent its "
+            "runs\"), with the look that decided each. The effects, CIs and p-values beside "
+            "them re-test the final runs as if the seeds had been fixed in advance: "
+            "descriptive (unadjusted), not tests; so are the interactions. A contrast the "
+            "final runs cannot pair (its level left early) shows the estimate and plain 95% t "
+            "interval at its deciding look.", ""]
 
 
 def margin_of(spec: str | float, winner_loss: float) -> float:

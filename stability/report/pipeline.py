@@ -1,9 +1,11 @@
-"""``build_report``: fetch the sweep, select on validation, test the winner, plot, write, publish.
+"""``build_report``: fetch → select on validation → sealed test → sections → render → publish.
 
 Order matters for trust: the winner is fixed from validation numbers before the test split is
-opened, and only its runs are evaluated. A figure or the registry failing is written into the
-report as a problem instead of ending it; the report folder is complete before anything is
-uploaded, so a tracking failure at the end loses nothing.
+opened, and only its runs are evaluated. The frozen ``Study`` is assembled once from those
+stages; every block of report.md is a section that reads it (``sections.SECTIONS``). A figure
+or the registry failing is written into the report as a problem instead of ending it; the
+report folder is complete before anything is uploaded, so a tracking failure at the end loses
+nothing.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,29 +20,17 @@ from typing import Any
 
 import pandas as pd
 
-from stability.core.precision import SIMPLEST_FIRST, Precision
-from stability.report import (
-    advice,
-    compare,
-    effects_plot,
-    factors,
-    fetch,
-    health,
-    layers,
-    lr,
-    lr_plot,
-    plots,
-    publish,
-    select,
-    spending,
-)
+from stability.report import advice, compare, factors, fetch, health, lr, publish, select
 from stability.report.decision import margin_of
 from stability.report.evaluate import evaluate_winner, load_winner
 from stability.report.html import to_html
 from stability.report.options import ReportConfig, ReportError
+from stability.report.render import Header, render, write_sections, write_summary
+from stability.report.sections import spending
+from stability.report.sections.answer import answer_markdown
+from stability.report.study import Study
 from stability.report.trust import allowed_tasks
 from stability.report.winner import decide as decide_winner
-from stability.report.write import ReportContext, answer_markdown, render, write_summary
 from stability.tracking.contract import Artifact
 from stability.tracking.uri import (
     check_reachable,
@@ -52,8 +41,6 @@ from stability.tracking.uri import (
 )
 
 log = logging.getLogger(__name__)
-
-ROLE_COLORS = ("tab:red", "tab:blue", "tab:purple", "tab:olive", "tab:cyan")
 
 
 class NothingToReport(ReportError):
@@ -77,97 +64,6 @@ class ReportOutcome:
     model_version: str
     model_created: bool
     elapsed_s: float
-
-
-def _roles(configs: pd.DataFrame) -> list[tuple[str, str]]:
-    """``(role, fingerprint)`` of the plotted configs: winner, baseline, best of each precision."""
-    wanted = [("winner", configs.iloc[0]["fingerprint"]), ("baseline", select.baseline(configs))]
-    wanted += [(f"best {p}", select.best_of(configs, configs["precision"] == p))
-               for p in SIMPLEST_FIRST]
-    roles: dict[str, str] = {}
-    for role, fp in wanted:
-        if fp is not None:
-            roles[fp] = f"{roles[fp]} = {role}" if fp in roles else role
-    return [(role, fp) for fp, role in roles.items()]
-
-
-def _series(configs: pd.DataFrame, role: str, fp: str, color: str) -> plots.Series:
-    row = configs[configs["fingerprint"] == fp].iloc[0]
-    return plots.Series(role, str(row["label"]), color, float(row["max_norm"]))
-
-
-def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.DataFrame],
-         recs: list[advice.Recommendation], folder: Path, workers: int, notes: list[str],
-         cache: Path, remarks: list[str],
-         analysis: factors.FactorAnalysis | None = None,
-         lr_found: list[lr.LrCurve] | None = None) -> list[plots.Figure]:
-    """Draw from the fetched steps tables; fetch only what a few plotted configs need.
-
-    Beyond ``steps`` that is the val_loss histories of the plotted configs and the
-    ``layer_norms.csv`` of their representative runs (downloaded under ``cache``). A figure
-    that cannot be drawn adds a line to ``notes`` (problems); one with nothing to draw may
-    say why in ``remarks``.
-    """
-    roles = _roles(configs)
-    loss = fetch.loss_name(runs)  # the task's loss, on every loss axis
-    series = {fp: _series(configs, role, fp, ROLE_COLORS[i % len(ROLE_COLORS)])
-              for i, (role, fp) in enumerate(roles)}
-    rep = {fp: select.representative_seed(runs, fp) for fp in series}
-    fp16 = configs[configs["precision"] == Precision.FP16]
-    scaler_fps: list[str] = []
-    if len(fp16):  # the best fp16 config, and the one that skipped most if it skipped at all
-        most = fp16.sort_values("skip_count_mean", kind="stable").iloc[-1]
-        scaler_fps = list(dict.fromkeys([fp16.iloc[0]["fingerprint"]]
-                                        + ([most["fingerprint"]]
-                                           if most["skip_count_mean"] > 0 else [])))
-    for fp in scaler_fps:
-        rep.setdefault(fp, select.representative_seed(runs, fp))
-        series.setdefault(fp, _series(configs, "most skips fp16", fp, "tab:orange"))
-    rep_ids = {fp: r["run_id"] for fp, r in rep.items() if r is not None}
-    finished = runs[runs["fingerprint"].isin([fp for _, fp in roles])
-                    & (runs["outcome"] == "finished")]
-    histories = fetch.metric_histories(c, finished["run_id"], "val_loss", workers)
-    seeds_of = finished.groupby("fingerprint")
-
-    def curves(fp: str) -> dict[int, pd.Series]:
-        if fp not in seeds_of.groups:
-            return {}
-        g = seeds_of.get_group(fp)
-        return {int(s): histories[r] for s, r in zip(g["seed"], g["run_id"], strict=True)}
-
-    jobs: list[tuple[str, Callable[[], plots.Figure | None]]] = [
-        ("main effects", lambda: effects_plot.main_effects(analysis, folder, loss)
-         if analysis is not None else None),
-        ("LR sensitivity", lambda: lr_plot.lr_sensitivity(lr_found or [], folder, loss)),
-        ("grad norm", lambda: plots.grad_norm(
-            [(series[fp], steps[rep_ids[fp]]) for _, fp in roles
-             if rep_ids.get(fp) in steps], folder, configs["max_norm"].dropna().unique())),
-        ("clip fraction", lambda: plots.clip_fraction(configs, folder)),
-        ("validation curves", lambda: plots.val_loss_curves(
-            [(series[fp], curves(fp)) for _, fp in roles], folder, loss)),
-        ("fp16 scaler", lambda: plots.scaler_scale(
-            [(series[fp], steps[rep_ids[fp]]) for fp in scaler_fps
-             if rep_ids.get(fp) in steps], folder)),
-        ("skipped steps", lambda: plots.skipped_steps(configs, folder)),
-        ("heatmap", lambda: plots.heatmap(configs, folder, loss)),
-        ("max_norm advice", lambda: plots.max_norm_advice(recs, folder)),
-        ("per-layer norms", lambda: layers.figure(
-            c, [(series[fp], r) for fp, r in rep.items() if r is not None], steps, folder,
-            cache / "layers", workers, remarks)),
-    ]
-    figures = []
-    for name, job in jobs:
-        try:
-            fig = job()
-        except Exception as err:  # one broken figure must not cost the whole report
-            # one line on the terminal (the report's Problems say it too); the traceback at debug
-            log.warning("figure %s could not be drawn: %s: %s", name, type(err).__name__, err)
-            log.debug("figure %s failed", name, exc_info=True)
-            notes.append(f"figure '{name}' could not be drawn: {type(err).__name__}: {err}")
-            continue
-        if fig is not None:
-            figures.append(fig)
-    return figures
 
 
 def build_report(cfg: ReportConfig) -> ReportOutcome:
@@ -204,7 +100,6 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     commit = git_commit()
     report_run = publish.start_report_run(c, sweep, winner, commit)
     notes: list[str] = []
-    remarks: list[str] = []  # figure-section lines: a figure with nothing to draw says why
     try:
         # The report's files are made in a staging folder and moved into ``folder`` (never
         # written through whatever already sits there); only these files are uploaded.
@@ -233,21 +128,22 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             if cfg.register:
                 version, created = _register(c, uri, cfg, sweep, runs, winner, test, report_run,
                                              cache / "model", notes)
-            figures = draw(c, runs, configs, steps, recs, staging / "plots",
-                           cfg.history_workers, notes, cache, remarks, analysis, lr_found) \
-                if cfg.plots else []
-            spent, sequential = spending.replayed(c, sweep.parent_run_id, runs, configs, notes)
-            figures += [f for f in [spending.figure(spent, staging / "plots")]
-                        if f is not None] if spent is not None and cfg.plots else []
-            elapsed = time.perf_counter() - t0
+            replay_notes: list[str] = []
+            spent, sequential = spending.replayed(c, sweep.parent_run_id, runs, configs,
+                                                  replay_notes)
+            study = Study(sweep=sweep, tracking_uri=redact_uri(uri), options=cfg, client=c,
+                          cache=cache, runs=runs, configs=configs, steps=steps,
+                          loss_name=fetch.loss_name(runs), margin=margin, analysis=analysis,
+                          decision=decided, comparisons=tuple(comparisons), advice=tuple(recs),
+                          lr_curves=tuple(lr_found), lr_sentences=tuple(lr_text),
+                          spending=spent, sequential=sequential, test=test,
+                          model_version=version, model_uri=_model_uri(cfg, version))
+            written = write_sections(study, staging / "plots" if cfg.plots else None)
+            header = Header(report_run, version, time.perf_counter() - t0,
+                            datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit)
             write_summary(configs, staging / Artifact.SUMMARY_CSV)
-            ctx = ReportContext(sweep, redact_uri(uri), runs, configs, comparisons, test,
-                                figures, notes, cfg.confidence, cfg.alpha, report_run, version,
-                                elapsed, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                                commit, recs, remarks, analysis,
-                                _model_uri(cfg, version), fetch.loss_name(runs), lr_found,
-                                lr_text, spent, sequential, decided)
-            markdown = render(ctx)
+            markdown = render(study, written, header, [*notes, *written.notes, *replay_notes])
+            figures = written.figures
             (staging / Artifact.REPORT_MD).write_text(markdown)
             (staging / Artifact.REPORT_HTML).write_text(
                 to_html(markdown, staging, f"Training-stability report: sweep {sweep.sweep_id}"))
@@ -259,7 +155,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             "configs": float(len(configs)), "training_runs": float(len(runs)),
             "report_elapsed_s": time.perf_counter() - t0}
         publish.finish_report_run(c, report_run, folder, metrics, own_files)
-        publish.annotate_parent(c, sweep, report_run, configs.iloc[0], answer_markdown(ctx),
+        publish.annotate_parent(c, sweep, report_run, configs.iloc[0], answer_markdown(study),
                                 _model_uri(cfg, version))
     except BaseException as err:
         publish.fail_report_run(c, report_run, err)

@@ -32,6 +32,7 @@ from stability.report import factors as fa  # noqa: E402
 from stability.report.decision import Replayed, Sequential, level_name  # noqa: E402
 from stability.report.format import fixed_signed, save, table  # noqa: E402
 from stability.report.plots import Figure  # noqa: E402
+from stability.report.sections.section import Part, drawn, lines  # noqa: E402
 from stability.stats import looks  # noqa: E402
 from stability.stats import sequential as sq  # noqa: E402
 from stability.tracking.contract import Tag  # noqa: E402
@@ -278,3 +279,10 @@ def replayed(c: object, parent_run_id: str | None, runs: pd.DataFrame, configs: 
         return None, None
     return sp, Sequential({d.contrast: Replayed(d.factor, d.verdict, d.look, d.mean, d.low,
                                                 d.high, d.left) for d in sp.decisions})
+
+
+SECTION = Part("how the study spent its runs", lambda st: st.spending,
+               markdown=lambda sp: lines("## How the study spent its runs", "", section(sp)))
+# Its figure comes last among the figures, after the per-layer norms: a second registry entry.
+FIGURE = Part("adaptive seeds", lambda st: st.spending,
+              figures=lambda sp, folder: drawn(figure(sp, folder)))

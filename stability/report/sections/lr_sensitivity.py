@@ -16,6 +16,7 @@ from stability.core.task import DEFAULT_LOSS_NAME
 from stability.report.format import save
 from stability.report.lr import LrCurve
 from stability.report.plots import Figure, plt
+from stability.report.sections.section import Part, drawn
 
 FILE = "lr_sensitivity.png"
 
@@ -49,3 +50,8 @@ def lr_sensitivity(found: Sequence[LrCurve], folder: Path,
                   "training (loss_init), where runs that diverged or did not finish are drawn; "
                   "x: the setting does not train stably at that learning rate (its verdict is "
                   "unstable, or its loss is not below loss_init).")
+
+
+SECTION = Part("LR sensitivity", lambda st: st,
+               figures=lambda st, folder: drawn(lr_sensitivity(st.lr_curves, folder,
+                                                               st.loss_name)))
