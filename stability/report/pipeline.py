@@ -30,6 +30,7 @@ from stability.report.sections import spending
 from stability.report.sections.answer import answer_markdown
 from stability.report.study import Study
 from stability.report.trust import allowed_tasks
+from stability.report.winner import Decision
 from stability.report.winner import decide as decide_winner
 from stability.tracking.contract import Artifact
 from stability.tracking.uri import (
@@ -66,6 +67,59 @@ class ReportOutcome:
     elapsed_s: float
 
 
+@dataclass(frozen=True)
+class _Selected:
+    """What validation decided, before the test split is opened."""
+
+    margin: float
+    analysis: factors.FactorAnalysis
+    decided: Decision
+    configs: pd.DataFrame  # the winner first, with its comparisons against every config
+    comparisons: list[compare.Comparison]
+
+
+def _fetch(c: Any, cfg: ReportConfig) -> tuple[fetch.Sweep, pd.DataFrame, pd.DataFrame]:
+    """The sweep, its runs and their config table (ranked on validation)."""
+    sweep = fetch.find_sweep(c, cfg.experiment, cfg.sweep_id)
+    runs = fetch.fetch_runs(c, sweep)
+    runs["val_acc_at_best"] = fetch.val_acc_at_best(c, runs, cfg.history_workers)
+    configs = select.aggregate(runs, cfg.confidence)
+    if not (runs["outcome"] == "finished").any():
+        raise NothingToReport(
+            f"nothing to recommend: none of the {len(runs)} training runs of sweep "
+            f"{sweep.sweep_id!r} finished ({_outcomes(runs)})")
+    return sweep, runs, configs
+
+
+def _select(runs: pd.DataFrame, configs: pd.DataFrame, cfg: ReportConfig) -> _Selected:
+    """Choose the winner on validation and compare it with the rest, paired by seed."""
+    # The margin scales with the lowest config mean, before anything is chosen from it.
+    margin = margin_of(cfg.margin, float(configs.iloc[0]["loss_mean"]))
+    analysis = factors.analyse(runs, configs, margin, cfg.alpha, cfg.confidence, cfg.power)
+    decided = decide_winner(runs, configs, analysis, margin, cfg.alpha, cfg.cost_tolerance)
+    configs = select.put_first(configs, decided.fingerprint)  # row 0 is the winner from here on
+    configs = compare.versus_winner(runs, configs, cfg.confidence, cfg.alpha, cfg.power, margin)
+    comparisons = compare.comparisons(runs, configs, cfg.confidence, cfg.alpha, cfg.power,
+                                      cfg.min_effect, cfg.min_effect_sd, margin)
+    return _Selected(margin, analysis, decided, configs, comparisons)
+
+
+def _steps(c: Any, cfg: ReportConfig, runs: pd.DataFrame, dest: Path,
+           notes: list[str]) -> dict[str, pd.DataFrame]:
+    """The judged runs' ``steps.csv``; a run that cannot be read is a line in ``notes``."""
+    judged = runs[runs["outcome"].isin(["finished", "diverged"])]
+    unreadable: dict[str, str] = {}
+    steps = fetch.steps_tables(c, judged["run_id"], dest, cfg.history_workers,
+                               dict(zip(judged["run_id"], judged["artifact_uri"], strict=True)),
+                               unreadable)
+    notes += [f"run {rid} is unreadable, left out of the stability verdicts: {why}"
+              for rid, why in sorted(unreadable.items())]
+    notes += [f"run {r.run_id} is unreadable, counted as not finished: {r.reason}"
+              for r in runs[runs["outcome"] == fetch.UNREADABLE].itertuples()]
+    notes += select.missing_costs(runs)
+    return steps
+
+
 def build_report(cfg: ReportConfig) -> ReportOutcome:
     """Write the review report of one sweep and log it to MLflow.
 
@@ -77,24 +131,11 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     uri = resolve_tracking_uri(cfg.tracking_uri)
     check_reachable(uri)
     c = client(uri)
-    sweep = fetch.find_sweep(c, cfg.experiment, cfg.sweep_id)
-    runs = fetch.fetch_runs(c, sweep)
-    runs["val_acc_at_best"] = fetch.val_acc_at_best(c, runs, cfg.history_workers)
-    configs = select.aggregate(runs, cfg.confidence)
-    if not (runs["outcome"] == "finished").any():
-        raise NothingToReport(
-            f"nothing to recommend: none of the {len(runs)} training runs of sweep "
-            f"{sweep.sweep_id!r} finished ({_outcomes(runs)})")
-    # The margin scales with the lowest config mean, before anything is chosen from it.
-    margin = margin_of(cfg.margin, float(configs.iloc[0]["loss_mean"]))
-    analysis = factors.analyse(runs, configs, margin, cfg.alpha, cfg.confidence, cfg.power)
-    decided = decide_winner(runs, configs, analysis, margin, cfg.alpha, cfg.cost_tolerance)
-    configs = select.put_first(configs, decided.fingerprint)  # row 0 is the winner from here on
-    configs = compare.versus_winner(runs, configs, cfg.confidence, cfg.alpha, cfg.power, margin)
-    comparisons = compare.comparisons(runs, configs, cfg.confidence, cfg.alpha, cfg.power,
-                                      cfg.min_effect, cfg.min_effect_sd, margin)
-    winner = configs.iloc[0]
-    log.info("winner %s (%s) of %d configs", winner["label"], winner["fingerprint"], len(configs))
+    sweep, runs, configs = _fetch(c, cfg)
+    chosen = _select(runs, configs, cfg)
+    winner = chosen.configs.iloc[0]
+    log.info("winner %s (%s) of %d configs", winner["label"], winner["fingerprint"],
+             len(chosen.configs))
 
     folder = publish.report_folder(Path(cfg.output_dir), sweep.sweep_id)
     commit = git_commit()
@@ -106,22 +147,14 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
         with tempfile.TemporaryDirectory(prefix="stability-report-") as tmp, \
                 tempfile.TemporaryDirectory(prefix=".staging-", dir=folder) as staged:
             cache, staging = Path(tmp), Path(staged)
-            judged = runs[runs["outcome"].isin(["finished", "diverged"])]
-            unreadable: dict[str, str] = {}
-            steps = fetch.steps_tables(c, judged["run_id"], cache / "steps", cfg.history_workers,
-                                       dict(zip(judged["run_id"], judged["artifact_uri"],
-                                                strict=True)), unreadable)
-            notes += [f"run {rid} is unreadable, left out of the stability verdicts: {why}"
-                      for rid, why in sorted(unreadable.items())]
-            notes += [f"run {r.run_id} is unreadable, counted as not finished: {r.reason}"
-                      for r in runs[runs["outcome"] == fetch.UNREADABLE].itertuples()]
-            notes += select.missing_costs(runs)
-            configs = health.judge(runs, configs, steps, cfg.verdict)
+            steps = _steps(c, cfg, runs, cache / "steps", notes)
+            configs = health.judge(runs, chosen.configs, steps, cfg.verdict)
             lr_found = lr.curves(runs, configs)
-            lr_text = lr.sentences(lr_found, {f.name: f.reference for f in analysis.factors
-                                              if f.name != lr.LR})
+            lr_text = lr.sentences(lr_found, {f.name: f.reference
+                                              for f in chosen.analysis.factors if f.name != lr.LR})
             recs = advice.recommend(runs, configs, steps, cfg.advice)
             publish.tag_findings(c, report_run, configs, recs)
+            # The sealed test: opened once, after selection, for the winner's seeds only.
             test = evaluate_winner(c, runs, str(winner["fingerprint"]), cache / "winner",
                                    cfg.device, cfg.history_workers, allowed_tasks(cfg.task))
             version, created = "", False
@@ -133,8 +166,9 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                                                   replay_notes)
             study = Study(sweep=sweep, tracking_uri=redact_uri(uri), options=cfg, client=c,
                           cache=cache, runs=runs, configs=configs, steps=steps,
-                          loss_name=fetch.loss_name(runs), margin=margin, analysis=analysis,
-                          decision=decided, comparisons=tuple(comparisons), advice=tuple(recs),
+                          loss_name=fetch.loss_name(runs), margin=chosen.margin,
+                          analysis=chosen.analysis, decision=chosen.decided,
+                          comparisons=tuple(chosen.comparisons), advice=tuple(recs),
                           lr_curves=tuple(lr_found), lr_sentences=tuple(lr_text),
                           spending=spent, sequential=sequential, test=test,
                           model_version=version, model_uri=_model_uri(cfg, version))
@@ -143,12 +177,11 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                             datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit)
             write_summary(configs, staging / Artifact.SUMMARY_CSV)
             markdown = render(study, written, header, [*notes, *written.notes, *replay_notes])
-            figures = written.figures
             (staging / Artifact.REPORT_MD).write_text(markdown)
             (staging / Artifact.REPORT_HTML).write_text(
                 to_html(markdown, staging, f"Training-stability report: sweep {sweep.sweep_id}"))
             own_files = [Artifact.SUMMARY_CSV, Artifact.REPORT_MD, Artifact.REPORT_HTML,
-                         *(f"plots/{f.file}" for f in figures)]
+                         *(f"plots/{f.file}" for f in written.figures)]
             publish.install(staging, folder, own_files)
         metrics = publish.summary_metrics(test) | {
             "winner_best_val_loss_mean": float(winner["loss_mean"]),
@@ -156,7 +189,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             "report_elapsed_s": time.perf_counter() - t0}
         publish.finish_report_run(c, report_run, folder, metrics, own_files)
         publish.annotate_parent(c, sweep, report_run, configs.iloc[0], answer_markdown(study),
-                                _model_uri(cfg, version))
+                                study.model_uri)
     except BaseException as err:
         publish.fail_report_run(c, report_run, err)
         raise

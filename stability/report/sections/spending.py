@@ -20,22 +20,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from scipy import stats
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from scipy import stats  # noqa: E402
-
-from stability.report import factors as fa  # noqa: E402
-from stability.report.decision import Replayed, Sequential, level_name  # noqa: E402
-from stability.report.format import fixed_signed, save, table  # noqa: E402
-from stability.report.plots import Figure  # noqa: E402
-from stability.report.sections.section import Part, drawn, lines  # noqa: E402
-from stability.stats import looks  # noqa: E402
-from stability.stats import sequential as sq  # noqa: E402
-from stability.tracking.contract import Tag  # noqa: E402
+from stability.report import factors as fa
+from stability.report.decision import Replayed, Sequential, level_name
+from stability.report.format import fixed_signed, save, table
+from stability.report.plots import Figure, plt  # plt: with the Agg backend chosen
+from stability.report.sections.section import Part, drawn, lines
+from stability.stats import looks
+from stability.stats import sequential as sq
+from stability.tracking.contract import Tag
 
 MAX_SEEDS_READ = 1000  # a recorded plan beyond this is not believed (arrays are sized by it)
 
