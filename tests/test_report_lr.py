@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stability.report import factors, health, lr, lr_plot, select
+from stability.report import factors, health, lr, select
+from stability.report.sections import lr_sensitivity as lr_plot
 
 LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 LOSS_INIT = 0.7

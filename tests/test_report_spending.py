@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stability.report import decision, factors, spending
+from stability.report import decision, factors
 from stability.report.compare import versus_winner
+from stability.report.sections import spending
 from stability.report.select import aggregate
 from stability.stats import sequential as sq
 from stability.tracking.contract import Tag

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from stability.core.precision import SIMPLEST_FIRST
+from stability.report.format import signed, size
 from stability.report.select import baseline, best_of, per_seed
 from stability.stats import effects as fx
 from stability.stats.paired import Paired, min_detectable, paired, seeds_needed
@@ -183,13 +184,6 @@ def _word(c: Comparison, alpha: float) -> str:
                          np.asarray(1.0 if math.isnan(p_eq) else p_eq), alpha))
 
 
-def signed(x: float) -> str:
-    """A signed difference with enough digits to not print a real difference as +0.0000."""
-    if math.isnan(x):
-        return "—"
-    return f"{x:+.2e}" if 0 < abs(x) < 5e-4 else f"{x:+.4f}"
-
-
 def _numbers(c: Comparison) -> str:
     r = c.result
     return (f"mean difference {signed(r.mean_diff)} ({c.confidence:.0%} CI {signed(r.low)} to "
@@ -203,18 +197,13 @@ def unseen(c: Comparison) -> str:
     if math.isnan(s.mdd):
         return (f"the {n} per-seed differences are all equal (e.g. identical runs), so the "
                 "smallest detectable difference cannot be estimated")
-    text = (f"with {n} seeds a difference smaller than {abs_num(s.mdd)} would go unseen "
+    text = (f"with {n} seeds a difference smaller than {size(s.mdd, 'never')} would go unseen "
             f"({s.power:.0%} power, α = {s.alpha:.2g})")
     if math.isfinite(s.seeds_for_effect):
-        text += f"; detecting {abs_num(s.effect)} would take {int(s.seeds_for_effect)} seeds"
+        text += f"; detecting {size(s.effect, 'never')} would take {int(s.seeds_for_effect)} seeds"
     elif s.seeds_for_effect == math.inf:
-        text += f"; detecting {abs_num(s.effect)} would take more than 10000 seeds"
+        text += f"; detecting {size(s.effect, 'never')} would take more than 10000 seeds"
     return text
-
-
-def abs_num(x: float) -> str:
-    """A positive size with enough digits for small losses."""
-    return f"{x:.2e}" if 0 < abs(x) < 5e-4 else f"{x:.4f}"
 
 
 def verdict(c: Comparison, alpha: float) -> str:
@@ -227,14 +216,14 @@ def verdict(c: Comparison, alpha: float) -> str:
         return (f"**undecided**: cannot be tested, only {r.n} seed(s) finished in both "
                 f"{c.reference} and {c.other}.{lost}")
     if c.word == fx.EQUIVALENT:
-        return (f"**equivalent** within ±{abs_num(c.margin)}: {c.other} and the winner "
+        return (f"**equivalent** within ±{size(c.margin, 'never')}: {c.other} and the winner "
                 f"({_numbers(c)}, TOST selection-adjusted p {c.p_equiv_adj:.3g}).{lost}")
     if c.word == fx.HELPS:
         return f"**helps**: the winner is lower than {c.other} ({_numbers(c)}).{lost}"
     if c.word == fx.HURTS:
         return (f"**hurts**: on the seeds both finished {c.other} is lower ({_numbers(c)}), "
                 f"but it ranks below the winner.{lost}")
-    return (f"**undecided**: neither shown different nor within ±{abs_num(c.margin)}; "
+    return (f"**undecided**: neither shown different nor within ±{size(c.margin, 'never')}; "
             f"{unseen(c)} ({c.other} vs the winner: {_numbers(c)}).{lost}")
 
 

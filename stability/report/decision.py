@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from stability.report import format as fm
 from stability.report.factors import ACCUM, CLIP, PRECISION, Effect, FactorAnalysis
 from stability.report.winner import CHOSEN_WITHIN, Choice, Decision
 from stability.stats.effects import EQUIVALENT, HELPS, HURTS
@@ -20,18 +21,12 @@ TITLES = {CLIP: "Clipping", ACCUM: "Accumulation", PRECISION: "Precision",
           "train.lr": "Learning rate"}
 
 
-def num(x: float) -> str:
-    """A signed loss difference with enough digits for small effects."""
-    if not math.isfinite(x):
-        return "—"
-    return f"{x:+.2e}" if 0 < abs(x) < 5e-4 else f"{x:+.4f}"
+def _num(x: float) -> str:
+    return fm.signed(x, "nonfinite")
 
 
-def size(x: float) -> str:
-    """An unsigned size (a margin, a detectable difference)."""
-    if not math.isfinite(x):
-        return "—"
-    return f"{x:.2e}" if 0 < abs(x) < 5e-4 else f"{x:.4f}"
+def _size(x: float) -> str:
+    return fm.size(x, "nonfinite")
 
 
 def level_name(factor: str, level: str) -> str:
@@ -70,7 +65,7 @@ class Replayed:
 
 @dataclass(frozen=True)
 class Sequential:
-    """An adaptive sweep's verdicts: its rule's final look, replayed (report/spending.py).
+    """An adaptive sweep's verdicts: its rule's final look, replayed (report/sections/spending.py).
 
     ``verdicts`` maps a contrast's name (``contrast_name``) to the rule's verdict.
     ``replayed=False``: the rule could not be replayed, so no verdict is valid for the sweep;
@@ -104,30 +99,30 @@ def _seeds(n: float) -> str:
 
 def phrase(e: Effect, margin: float, confidence: float) -> str:
     """``helps: −0.0098 (95% CI −0.017 to −0.003, Holm p 0.04)``, and the other three words."""
-    ci = f"{confidence:.0%} CI {num(e.low)} to {num(e.high)}"
+    ci = f"{confidence:.0%} CI {_num(e.low)} to {_num(e.high)}"
     if e.verdict == EQUIVALENT:
-        real = "" if e.p_holm >= 0.05 else f"; a real but negligible {num(e.mean)}"
-        return (f"**equivalent** within ±{size(margin)} ({num(e.mean)}, {ci}, TOST Holm p "
+        real = "" if e.p_holm >= 0.05 else f"; a real but negligible {_num(e.mean)}"
+        return (f"**equivalent** within ±{_size(margin)} ({_num(e.mean)}, {ci}, TOST Holm p "
                 f"{e.p_equiv_holm:.2g}{real})")
     if e.verdict in (HELPS, HURTS):
         word = "lowers" if e.verdict == HELPS else "raises"
-        return (f"**{e.verdict}**: {word} the loss by {size(abs(e.mean))} ({ci}, Holm p "
+        return (f"**{e.verdict}**: {word} the loss by {_size(abs(e.mean))} ({ci}, Holm p "
                 f"{e.p_holm:.2g})")
     why = " (unfinished runs: never called equivalent)" if e.unfinished != (0, 0) else ""
-    return (f"**undecided**: {num(e.mean)} ({ci}, Holm p {e.p_holm:.2g}); "
+    return (f"**undecided**: {_num(e.mean)} ({ci}, Holm p {e.p_holm:.2g}); "
             f"{_seeds(e.seeds_to_decide)} would decide it{why}")
 
 
 def _adaptive_phrase(e: Effect, seq: Sequential, confidence: float) -> str:
     """The adaptive rule's verdict; the final runs' fixed-design numbers only as description."""
-    return (f"**{seq.word(e)}** (final runs: {num(e.mean)}, {confidence:.0%} CI {num(e.low)} "
-            f"to {num(e.high)}, descriptive, unadjusted)")
+    return (f"**{seq.word(e)}** (final runs: {_num(e.mean)}, {confidence:.0%} CI {_num(e.low)} "
+            f"to {_num(e.high)}, descriptive, unadjusted)")
 
 
 def _early(name: str, r: Replayed) -> str:
     """A contrast only the rule's looks saw: its verdict and the estimate it was decided on."""
-    return (f"{name.split(' vs ')[0]} **{r.word}** (at that look: {num(r.mean)}, 95% CI "
-            f"{num(r.low)} to {num(r.high)}, descriptive)")
+    return (f"{name.split(' vs ')[0]} **{r.word}** (at that look: {_num(r.mean)}, 95% CI "
+            f"{_num(r.low)} to {_num(r.high)}, descriptive)")
 
 
 def _cost(e: Effect) -> str:
@@ -152,10 +147,10 @@ def _depends(an: FactorAnalysis, factor: str) -> list[str]:
         else:
             continue
         simple = an.simple.get((factor, lvl, by), ())
-        parts = ", ".join(f"{num(s.mean)} at {level_name(by, s.at.rsplit(' ', 1)[1])}"
+        parts = ", ".join(f"{_num(s.mean)} at {level_name(by, s.at.rsplit(' ', 1)[1])}"
                           for s in simple)
         out.append(f"the effect of {level_name(factor, lvl)} depends on {by} "
-                   f"(interaction {num(i.mean)}, Holm p {i.p_holm:.2g}): {parts}")
+                   f"(interaction {_num(i.mean)}, Holm p {i.p_holm:.2g}): {parts}")
     return list(dict.fromkeys(out))
 
 
@@ -200,16 +195,16 @@ def factor_table(an: FactorAnalysis, seq: Sequential | None = None) -> list[list
     """
     rows = []
     for e in an.main:
-        rows.append([TITLES.get(e.factor, e.factor), contrast_name(e), num(e.mean),
-                     f"[{num(e.low)}, {num(e.high)}]", f"{e.p:.2g}", f"{e.p_holm:.2g}",
+        rows.append([TITLES.get(e.factor, e.factor), contrast_name(e), _num(e.mean),
+                     f"[{_num(e.low)}, {_num(e.high)}]", f"{e.p:.2g}", f"{e.p_holm:.2g}",
                      "—" if math.isnan(e.p_equiv_holm) else f"{e.p_equiv_holm:.2g}",
                      e.verdict if seq is None else seq.word(e), f"{e.cells} × {e.seeds}",
                      f"{e.df:g}",
-                     f"{e.unfinished[0]} / {e.unfinished[1]}", size(e.detectable),
+                     f"{e.unfinished[0]} / {e.unfinished[1]}", _size(e.detectable),
                      "—" if math.isnan(e.cost_ratio) else f"{e.cost_ratio:.2f}×"])
     for name, r in (seq.unpaired(an) if seq is not None else {}).items():
-        rows.append([TITLES.get(r.factor, r.factor), name, num(r.mean),
-                     f"[{num(r.low)}, {num(r.high)}]", *["—"] * 3, r.word, *["—"] * 5])
+        rows.append([TITLES.get(r.factor, r.factor), name, _num(r.mean),
+                     f"[{_num(r.low)}, {_num(r.high)}]", *["—"] * 3, r.word, *["—"] * 5])
     return rows
 
 
@@ -221,7 +216,7 @@ FACTOR_HEADER = ["factor", "contrast", "effect", "CI", "p", "Holm p", "TOST Holm
 def interaction_rows(an: FactorAnalysis) -> list[list[str]]:
     """Rows of the interaction table: the 2 x 2 differences of differences."""
     return [[f"{level_name(i.factor, i.level)} vs {level_name(i.factor, i.reference)}", i.at,
-             num(i.mean), f"[{num(i.low)}, {num(i.high)}]", f"{i.p_holm:.2g}",
+             _num(i.mean), f"[{_num(i.low)}, {_num(i.high)}]", f"{i.p_holm:.2g}",
              "depends" if i.p_holm < an.alpha else "no evidence"] for i in an.interactions]
 
 
@@ -236,8 +231,8 @@ def _level_word(choice: Choice, i: int) -> str:
 
 def _basis(choice: Choice, margin: float) -> str:
     if choice.basis == CHOSEN_WITHIN:
-        return f"shown within ±{size(margin)} of the best level"
-    return (f"not shown worse than the best; no level is shown within ±{size(margin)} of it, "
+        return f"shown within ±{_size(margin)} of the best level"
+    return (f"not shown worse than the best; no level is shown within ±{_size(margin)} of it, "
             "so the cheapest, then simplest")
 
 
@@ -249,8 +244,8 @@ def _effects_of(an: FactorAnalysis, factor: str, seq: Sequential | None) -> str:
             continue
         word = e.verdict if seq is None else seq.word(e)
         cost = "" if not math.isfinite(e.cost_ratio) else f", {e.cost_ratio:.2f}× the time"
-        parts.append(f"{level_name(factor, e.level)} {num(e.mean)} [{num(e.low)}, "
-                     f"{num(e.high)}] {word}{cost}")
+        parts.append(f"{level_name(factor, e.level)} {_num(e.mean)} [{_num(e.low)}, "
+                     f"{_num(e.high)}] {word}{cost}")
     ref = next((f.reference for f in an.factors if f.name == factor), "")
     return f"vs {level_name(factor, ref)}: " + "; ".join(parts) if parts else "no paired effect"
 
@@ -276,15 +271,33 @@ def guarantee(dec: Decision) -> str:
         return "Guarantee: one config, nothing to choose."
     named = ", ".join(" × ".join(TITLES.get(f, f) for f in c.factors) for c in within)
     if not within:
-        return (f"Guarantee: none of the {groups} choices is shown within ±{size(dec.margin)} "
+        return (f"Guarantee: none of the {groups} choices is shown within ±{_size(dec.margin)} "
                 f"of its best level; with probability ≥ {level:.0%} no chosen level is one the "
                 "data show worse than the best by more than the margin. More seeds would tell.")
     rest = "" if len(within) == groups else (
         "; the other choices only are not shown worse than their best by more than the margin")
     return (f"Guarantee: with probability ≥ {level:.0%}, each chosen level of {named} is within "
-            f"±{size(dec.margin)} of the best level of its factor (effects pooled over the other "
+            f"±{_size(dec.margin)} of the best level of its factor (effects pooled over the other "
             f"settings and seeds; multiple comparisons with the best, α split over {groups} "
             f"choices){rest}.")
+
+
+def adaptive_line(seq: Sequential | None) -> list[str]:
+    """For an adaptive sweep: whose verdicts these are, and what the numbers beside them are."""
+    if seq is None:
+        return []
+    if not seq.replayed:
+        return ["**Adaptive sweep whose looks could not be replayed (see Problems): the "
+                "verdicts are withheld.** Re-testing the final runs at the full α as if the "
+                "seeds had been fixed in advance is not valid after adaptive seeding; the "
+                "numbers below are descriptive (unadjusted).", ""]
+    return ["**Adaptive sweep: the verdicts are the adaptive rule's** (its final look, "
+            "replayed; error held across the looks; section \"How the study spent its "
+            "runs\"), with the look that decided each. The effects, CIs and p-values beside "
+            "them re-test the final runs as if the seeds had been fixed in advance: "
+            "descriptive (unadjusted), not tests; so are the interactions. A contrast the "
+            "final runs cannot pair (its level left early) shows the estimate and plain 95% t "
+            "interval at its deciding look.", ""]
 
 
 def margin_of(spec: str | float, winner_loss: float) -> float:

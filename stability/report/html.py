@@ -2,7 +2,7 @@
 
 The MLflow UI shows an ``.html`` artifact in a sandboxed iframe, so the page must carry
 everything itself: no external CSS, scripts or image files. Only the markdown that
-``write.render`` produces is converted (headings, paragraphs, lists, pipe tables, fenced code,
+``render.render`` produces is converted (headings, paragraphs, lists, pipe tables, fenced code,
 images, bold, inline code, links); a general markdown library would be a dependency for that.
 """
 
@@ -139,7 +139,7 @@ def _table(rows: list[str]) -> str:
 
 
 def to_html(markdown: str, folder: Path, title: str) -> str:
-    """The report page: ``markdown`` (as ``write.render`` writes it) with images from ``folder``.
+    """The report page: ``markdown`` (as ``render.render`` writes it) with images from ``folder``.
 
     The ``## Answer`` section is wrapped in ``<section id="answer">`` so it stands out.
     """

@@ -1,9 +1,11 @@
-"""``build_report``: fetch the sweep, select on validation, test the winner, plot, write, publish.
+"""``build_report``: fetch → select on validation → sealed test → sections → render → publish.
 
 Order matters for trust: the winner is fixed from validation numbers before the test split is
-opened, and only its runs are evaluated. A figure or the registry failing is written into the
-report as a problem instead of ending it; the report folder is complete before anything is
-uploaded, so a tracking failure at the end loses nothing.
+opened, and only its runs are evaluated. The frozen ``Study`` is assembled once from those
+stages; every block of report.md is a section that reads it (``sections.SECTIONS``). A figure
+or the registry failing is written into the report as a problem instead of ending it; the
+report folder is complete before anything is uploaded, so a tracking failure at the end loses
+nothing.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,30 +20,18 @@ from typing import Any
 
 import pandas as pd
 
-from stability.core.precision import SIMPLEST_FIRST, Precision
-from stability.report import (
-    advice,
-    check_runs,
-    compare,
-    effects_plot,
-    factors,
-    fetch,
-    health,
-    layers,
-    lr,
-    lr_plot,
-    plots,
-    publish,
-    select,
-    spending,
-)
+from stability.report import advice, compare, factors, fetch, health, lr, publish, select
 from stability.report.decision import margin_of
 from stability.report.evaluate import evaluate_winner, load_winner
 from stability.report.html import to_html
 from stability.report.options import ReportConfig, ReportError
+from stability.report.render import Header, render, write_sections, write_summary
+from stability.report.sections import spending
+from stability.report.sections.answer import answer_markdown
+from stability.report.study import Study
 from stability.report.trust import allowed_tasks
+from stability.report.winner import Decision
 from stability.report.winner import decide as decide_winner
-from stability.report.write import ReportContext, answer_markdown, render, write_summary
 from stability.tracking.contract import Artifact
 from stability.tracking.uri import (
     check_reachable,
@@ -53,8 +42,6 @@ from stability.tracking.uri import (
 )
 
 log = logging.getLogger(__name__)
-
-ROLE_COLORS = ("tab:red", "tab:blue", "tab:purple", "tab:olive", "tab:cyan")
 
 
 class NothingToReport(ReportError):
@@ -80,95 +67,57 @@ class ReportOutcome:
     elapsed_s: float
 
 
-def _roles(configs: pd.DataFrame) -> list[tuple[str, str]]:
-    """``(role, fingerprint)`` of the plotted configs: winner, baseline, best of each precision."""
-    wanted = [("winner", configs.iloc[0]["fingerprint"]), ("baseline", select.baseline(configs))]
-    wanted += [(f"best {p}", select.best_of(configs, configs["precision"] == p))
-               for p in SIMPLEST_FIRST]
-    roles: dict[str, str] = {}
-    for role, fp in wanted:
-        if fp is not None:
-            roles[fp] = f"{roles[fp]} = {role}" if fp in roles else role
-    return [(role, fp) for fp, role in roles.items()]
+@dataclass(frozen=True)
+class _Selected:
+    """What validation decided, before the test split is opened."""
+
+    margin: float
+    analysis: factors.FactorAnalysis
+    decided: Decision
+    configs: pd.DataFrame  # the winner first, with its comparisons against every config
+    comparisons: list[compare.Comparison]
 
 
-def _series(configs: pd.DataFrame, role: str, fp: str, color: str) -> plots.Series:
-    row = configs[configs["fingerprint"] == fp].iloc[0]
-    return plots.Series(role, str(row["label"]), color, float(row["max_norm"]))
+def _fetch(c: Any, cfg: ReportConfig) -> tuple[fetch.Sweep, pd.DataFrame, pd.DataFrame]:
+    """The sweep, its runs and their config table (ranked on validation)."""
+    sweep = fetch.find_sweep(c, cfg.experiment, cfg.sweep_id)
+    runs = fetch.fetch_runs(c, sweep)
+    runs["val_acc_at_best"] = fetch.val_acc_at_best(c, runs, cfg.history_workers)
+    configs = select.aggregate(runs, cfg.confidence)
+    if not (runs["outcome"] == "finished").any():
+        raise NothingToReport(
+            f"nothing to recommend: none of the {len(runs)} training runs of sweep "
+            f"{sweep.sweep_id!r} finished ({_outcomes(runs)})")
+    return sweep, runs, configs
 
 
-def draw(c: Any, runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.DataFrame],
-         recs: list[advice.Recommendation], folder: Path, workers: int, notes: list[str],
-         cache: Path, remarks: list[str],
-         analysis: factors.FactorAnalysis | None = None,
-         lr_found: list[lr.LrCurve] | None = None) -> list[plots.Figure]:
-    """Draw from the fetched steps tables; fetch only what a few plotted configs need.
+def _select(runs: pd.DataFrame, configs: pd.DataFrame, cfg: ReportConfig) -> _Selected:
+    """Choose the winner on validation and compare it with the rest, paired by seed."""
+    # The margin scales with the lowest config mean, before anything is chosen from it.
+    margin = margin_of(cfg.margin, float(configs.iloc[0]["loss_mean"]))
+    analysis = factors.analyse(runs, configs, margin, cfg.alpha, cfg.confidence, cfg.power)
+    decided = decide_winner(runs, configs, analysis, margin, cfg.alpha, cfg.cost_tolerance)
+    configs = select.put_first(configs, decided.fingerprint)  # row 0 is the winner from here on
+    configs = compare.versus_winner(runs, configs, cfg.confidence, cfg.alpha, cfg.power, margin)
+    comparisons = compare.comparisons(runs, configs, cfg.confidence, cfg.alpha, cfg.power,
+                                      cfg.min_effect, cfg.min_effect_sd, margin)
+    return _Selected(margin, analysis, decided, configs, comparisons)
 
-    Beyond ``steps`` that is the val_loss histories of the plotted configs and the
-    ``layer_norms.csv`` of their representative runs (downloaded under ``cache``). A figure
-    that cannot be drawn adds a line to ``notes`` (problems); one with nothing to draw may
-    say why in ``remarks``.
-    """
-    roles = _roles(configs)
-    loss = fetch.loss_name(runs)  # the task's loss, on every loss axis
-    series = {fp: _series(configs, role, fp, ROLE_COLORS[i % len(ROLE_COLORS)])
-              for i, (role, fp) in enumerate(roles)}
-    rep = {fp: select.representative_seed(runs, fp) for fp in series}
-    fp16 = configs[configs["precision"] == Precision.FP16]
-    scaler_fps: list[str] = []
-    if len(fp16):  # the best fp16 config, and the one that skipped most if it skipped at all
-        most = fp16.sort_values("skip_count_mean", kind="stable").iloc[-1]
-        scaler_fps = list(dict.fromkeys([fp16.iloc[0]["fingerprint"]]
-                                        + ([most["fingerprint"]]
-                                           if most["skip_count_mean"] > 0 else [])))
-    for fp in scaler_fps:
-        rep.setdefault(fp, select.representative_seed(runs, fp))
-        series.setdefault(fp, _series(configs, "most skips fp16", fp, "tab:orange"))
-    rep_ids = {fp: r["run_id"] for fp, r in rep.items() if r is not None}
-    finished = runs[runs["fingerprint"].isin([fp for _, fp in roles])
-                    & (runs["outcome"] == "finished")]
-    histories = fetch.metric_histories(c, finished["run_id"], "val_loss", workers)
-    seeds_of = finished.groupby("fingerprint")
 
-    def curves(fp: str) -> dict[int, pd.Series]:
-        if fp not in seeds_of.groups:
-            return {}
-        g = seeds_of.get_group(fp)
-        return {int(s): histories[r] for s, r in zip(g["seed"], g["run_id"], strict=True)}
-
-    jobs: list[tuple[str, Callable[[], plots.Figure | None]]] = [
-        ("main effects", lambda: effects_plot.main_effects(analysis, folder, loss)
-         if analysis is not None else None),
-        ("LR sensitivity", lambda: lr_plot.lr_sensitivity(lr_found or [], folder, loss)),
-        ("grad norm", lambda: plots.grad_norm(
-            [(series[fp], steps[rep_ids[fp]]) for _, fp in roles
-             if rep_ids.get(fp) in steps], folder, configs["max_norm"].dropna().unique())),
-        ("clip fraction", lambda: plots.clip_fraction(configs, folder)),
-        ("validation curves", lambda: plots.val_loss_curves(
-            [(series[fp], curves(fp)) for _, fp in roles], folder, loss)),
-        ("fp16 scaler", lambda: plots.scaler_scale(
-            [(series[fp], steps[rep_ids[fp]]) for fp in scaler_fps
-             if rep_ids.get(fp) in steps], folder)),
-        ("skipped steps", lambda: plots.skipped_steps(configs, folder)),
-        ("heatmap", lambda: plots.heatmap(configs, folder, loss)),
-        ("max_norm advice", lambda: plots.max_norm_advice(recs, folder)),
-        ("per-layer norms", lambda: layers.figure(
-            c, [(series[fp], r) for fp, r in rep.items() if r is not None], steps, folder,
-            cache / "layers", workers, remarks)),
-    ]
-    figures = []
-    for name, job in jobs:
-        try:
-            fig = job()
-        except Exception as err:  # one broken figure must not cost the whole report
-            # one line on the terminal (the report's Problems say it too); the traceback at debug
-            log.warning("figure %s could not be drawn: %s: %s", name, type(err).__name__, err)
-            log.debug("figure %s failed", name, exc_info=True)
-            notes.append(f"figure '{name}' could not be drawn: {type(err).__name__}: {err}")
-            continue
-        if fig is not None:
-            figures.append(fig)
-    return figures
+def _steps(c: Any, cfg: ReportConfig, runs: pd.DataFrame, dest: Path,
+           notes: list[str]) -> dict[str, pd.DataFrame]:
+    """The judged runs' ``steps.csv``; a run that cannot be read is a line in ``notes``."""
+    judged = runs[runs["outcome"].isin(["finished", "diverged"])]
+    unreadable: dict[str, str] = {}
+    steps = fetch.steps_tables(c, judged["run_id"], dest, cfg.history_workers,
+                               dict(zip(judged["run_id"], judged["artifact_uri"], strict=True)),
+                               unreadable)
+    notes += [f"run {rid} is unreadable, left out of the stability verdicts: {why}"
+              for rid, why in sorted(unreadable.items())]
+    notes += [f"run {r.run_id} is unreadable, counted as not finished: {r.reason}"
+              for r in runs[runs["outcome"] == fetch.UNREADABLE].itertuples()]
+    notes += select.missing_costs(runs)
+    return steps
 
 
 def build_report(cfg: ReportConfig) -> ReportOutcome:
@@ -182,87 +131,65 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     uri = resolve_tracking_uri(cfg.tracking_uri)
     check_reachable(uri)
     c = client(uri)
-    sweep = fetch.find_sweep(c, cfg.experiment, cfg.sweep_id)
-    runs = fetch.fetch_runs(c, sweep)
-    runs["val_acc_at_best"] = fetch.val_acc_at_best(c, runs, cfg.history_workers)
-    configs = select.aggregate(runs, cfg.confidence)
-    if not (runs["outcome"] == "finished").any():
-        raise NothingToReport(
-            f"nothing to recommend: none of the {len(runs)} training runs of sweep "
-            f"{sweep.sweep_id!r} finished ({_outcomes(runs)})")
-    # The margin scales with the lowest config mean, before anything is chosen from it.
-    margin = margin_of(cfg.margin, float(configs.iloc[0]["loss_mean"]))
-    analysis = factors.analyse(runs, configs, margin, cfg.alpha, cfg.confidence, cfg.power)
-    decided = decide_winner(runs, configs, analysis, margin, cfg.alpha, cfg.cost_tolerance)
-    configs = select.put_first(configs, decided.fingerprint)  # row 0 is the winner from here on
-    configs = compare.versus_winner(runs, configs, cfg.confidence, cfg.alpha, cfg.power, margin)
-    comparisons = compare.comparisons(runs, configs, cfg.confidence, cfg.alpha, cfg.power,
-                                      cfg.min_effect, cfg.min_effect_sd, margin)
-    winner = configs.iloc[0]
-    log.info("winner %s (%s) of %d configs", winner["label"], winner["fingerprint"], len(configs))
+    sweep, runs, configs = _fetch(c, cfg)
+    chosen = _select(runs, configs, cfg)
+    winner = chosen.configs.iloc[0]
+    log.info("winner %s (%s) of %d configs", winner["label"], winner["fingerprint"],
+             len(chosen.configs))
 
     folder = publish.report_folder(Path(cfg.output_dir), sweep.sweep_id)
     commit = git_commit()
     report_run = publish.start_report_run(c, sweep, winner, commit)
     notes: list[str] = []
-    remarks: list[str] = []  # figure-section lines: a figure with nothing to draw says why
     try:
         # The report's files are made in a staging folder and moved into ``folder`` (never
         # written through whatever already sits there); only these files are uploaded.
         with tempfile.TemporaryDirectory(prefix="stability-report-") as tmp, \
                 tempfile.TemporaryDirectory(prefix=".staging-", dir=folder) as staged:
             cache, staging = Path(tmp), Path(staged)
-            judged = runs[runs["outcome"].isin(["finished", "diverged"])]
-            unreadable: dict[str, str] = {}
-            steps = fetch.steps_tables(c, judged["run_id"], cache / "steps", cfg.history_workers,
-                                       dict(zip(judged["run_id"], judged["artifact_uri"],
-                                                strict=True)), unreadable)
-            notes += [f"run {rid} is unreadable, left out of the stability verdicts: {why}"
-                      for rid, why in sorted(unreadable.items())]
-            notes += [f"run {r.run_id} is unreadable, counted as not finished: {r.reason}"
-                      for r in runs[runs["outcome"] == fetch.UNREADABLE].itertuples()]
-            notes += select.missing_costs(runs)
-            configs = health.judge(runs, configs, steps, cfg.verdict)
+            steps = _steps(c, cfg, runs, cache / "steps", notes)
+            configs = health.judge(runs, chosen.configs, steps, cfg.verdict)
             lr_found = lr.curves(runs, configs)
-            lr_text = lr.sentences(lr_found, {f.name: f.reference for f in analysis.factors
-                                              if f.name != lr.LR})
+            lr_text = lr.sentences(lr_found, {f.name: f.reference
+                                              for f in chosen.analysis.factors if f.name != lr.LR})
             recs = advice.recommend(runs, configs, steps, cfg.advice)
             publish.tag_findings(c, report_run, configs, recs)
+            # The sealed test: opened once, after selection, for the winner's seeds only.
             test = evaluate_winner(c, runs, str(winner["fingerprint"]), cache / "winner",
                                    cfg.device, cfg.history_workers, allowed_tasks(cfg.task))
             version, created = "", False
             if cfg.register:
                 version, created = _register(c, uri, cfg, sweep, runs, winner, test, report_run,
                                              cache / "model", notes)
-            figures = draw(c, runs, configs, steps, recs, staging / "plots",
-                           cfg.history_workers, notes, cache, remarks, analysis, lr_found) \
-                if cfg.plots else []
-            spent, sequential = spending.replayed(c, sweep.parent_run_id, runs, configs, notes)
-            figures += [f for f in [spending.figure(spent, staging / "plots")]
-                        if f is not None] if spent is not None and cfg.plots else []
-            elapsed = time.perf_counter() - t0
+            replay_notes: list[str] = []
+            spent, sequential = spending.replayed(c, sweep.parent_run_id, runs, configs,
+                                                  replay_notes)
+            study = Study(sweep=sweep, tracking_uri=redact_uri(uri), options=cfg, client=c,
+                          cache=cache, runs=runs, configs=configs, steps=steps,
+                          loss_name=fetch.loss_name(runs), margin=chosen.margin,
+                          analysis=chosen.analysis, decision=chosen.decided,
+                          comparisons=tuple(chosen.comparisons), advice=tuple(recs),
+                          lr_curves=tuple(lr_found), lr_sentences=tuple(lr_text),
+                          spending=spent, sequential=sequential, test=test,
+                          model_version=version, model_uri=_model_uri(cfg, version))
+            written = write_sections(study, staging / "plots" if cfg.plots else None)
+            header = Header(report_run, version, time.perf_counter() - t0,
+                            datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit)
             write_summary(configs, staging / Artifact.SUMMARY_CSV)
-            ctx = ReportContext(sweep, redact_uri(uri), runs, configs, comparisons, test,
-                                figures, notes, cfg.confidence, cfg.alpha, report_run, version,
-                                elapsed, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                                commit, recs, remarks, analysis,
-                                _model_uri(cfg, version), fetch.loss_name(runs), lr_found,
-                                lr_text, spent, sequential, decided,
-                                check_runs.lines(c, sweep.experiment_id, runs))
-            markdown = render(ctx)
+            markdown = render(study, written, header, [*notes, *written.notes, *replay_notes])
             (staging / Artifact.REPORT_MD).write_text(markdown)
             (staging / Artifact.REPORT_HTML).write_text(
                 to_html(markdown, staging, f"Training-stability report: sweep {sweep.sweep_id}"))
             own_files = [Artifact.SUMMARY_CSV, Artifact.REPORT_MD, Artifact.REPORT_HTML,
-                         *(f"plots/{f.file}" for f in figures)]
+                         *(f"plots/{f.file}" for f in written.figures)]
             publish.install(staging, folder, own_files)
         metrics = publish.summary_metrics(test) | {
             "winner_best_val_loss_mean": float(winner["loss_mean"]),
             "configs": float(len(configs)), "training_runs": float(len(runs)),
             "report_elapsed_s": time.perf_counter() - t0}
         publish.finish_report_run(c, report_run, folder, metrics, own_files)
-        publish.annotate_parent(c, sweep, report_run, configs.iloc[0], answer_markdown(ctx),
-                                _model_uri(cfg, version))
+        publish.annotate_parent(c, sweep, report_run, configs.iloc[0], answer_markdown(study),
+                                study.model_uri)
     except BaseException as err:
         publish.fail_report_run(c, report_run, err)
         raise

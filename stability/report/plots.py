@@ -24,9 +24,9 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from stability.core.precision import Precision  # noqa: E402
 from stability.core.steplog import COLUMN  # noqa: E402
 from stability.core.task import DEFAULT_LOSS_NAME  # noqa: E402
+from stability.report.format import save  # noqa: E402
 from stability.report.select import PRECISION_ORDER  # noqa: E402
 
-DPI = 130
 PRECISION_COLORS = {Precision.FP32: "tab:blue", Precision.BF16: "tab:green",
                     Precision.FP16: "tab:orange"}
 
@@ -60,14 +60,6 @@ def _log_if_wide(ax: plt.Axes, values: Sequence[float] | np.ndarray, axis: str =
     return False
 
 
-def _save(fig: plt.Figure, folder: Path, name: str) -> str:
-    folder.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(folder / name, dpi=DPI)
-    plt.close(fig)
-    return name
-
-
 def grad_norm(curves: Sequence[tuple[Series, pd.DataFrame]], folder: Path,
               thresholds: Sequence[float] = ()) -> Figure | None:
     """Pre-clip gradient norm over optimizer steps, with each clipped config's max_norm.
@@ -98,7 +90,7 @@ def grad_norm(curves: Sequence[tuple[Series, pd.DataFrame]], folder: Path,
            xlabel="optimizer step", ylabel="global L2 norm of gradients before clipping")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: lines are dense
     ax.grid(alpha=0.3)
-    name = _save(fig, folder, "grad_norm.png")
+    name = save(fig, folder, "grad_norm.png")
     return Figure(name, "Pre-clip gradient norm",
                   "Global L2 gradient norm before clipping at each optimizer step, for the seed "
                   "with the median best validation loss of each config; dashed lines are the "
@@ -126,7 +118,7 @@ def clip_fraction(configs: pd.DataFrame, folder: Path) -> Figure | None:
     axes[0][0].set_ylabel("fraction of optimizer steps clipped")
     axes[0][-1].legend(title="precision")
     fig.suptitle("Clip fraction vs max_norm (mean over seeds, error bars: ±1 std)")
-    name = _save(fig, folder, "clip_fraction.png")
+    name = save(fig, folder, "clip_fraction.png")
     return Figure(name, "Clip fraction vs max_norm",
                   "Fraction of optimizer steps whose pre-clip norm exceeded max_norm; one line "
                   "per precision, one panel per accumulation setting.")
@@ -156,7 +148,7 @@ def val_loss_curves(curves: Sequence[tuple[Series, dict[int, pd.Series]]],
            xlabel="epoch", ylabel=f"validation loss ({loss_name})")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    name = _save(fig, folder, "val_loss_curves.png")
+    name = save(fig, folder, "val_loss_curves.png")
     return Figure(name, "Validation loss curves",
                   "Winner vs baseline vs the best config of each precision; seeds that "
                   "diverged are not averaged in (they count as +inf in the ranking).")
@@ -181,7 +173,7 @@ def scaler_scale(curves: Sequence[tuple[Series, pd.DataFrame]], folder: Path) ->
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("optimizer step")
     fig.suptitle("fp16 GradScaler scale per optimizer step (one representative seed)")
-    name = _save(fig, folder, "fp16_scaler.png")
+    name = save(fig, folder, "fp16_scaler.png")
     return Figure(name, "fp16 GradScaler scale",
                   "The dynamic loss scale halves on each overflow (red x: step skipped) and "
                   "doubles after growth_interval clean steps.")
@@ -210,7 +202,7 @@ def skipped_steps(configs: pd.DataFrame, folder: Path) -> Figure | None:
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PRECISION_COLORS.values()]
     ax.legend(handles, list(PRECISION_COLORS), title="precision", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
-    name = _save(fig, folder, "skipped_steps.png")
+    name = save(fig, folder, "skipped_steps.png")
     return Figure(name, "Skipped steps per config",
                   "Steps skipped for a non-finite loss or gradient (parameters, optimizer "
                   "state and LR schedule untouched).")
@@ -262,9 +254,7 @@ def heatmap(configs: pd.DataFrame, folder: Path,
     fig.colorbar(image, ax=axes[0].tolist(), label=f"mean best validation loss ({loss_name})")
     fig.suptitle("Mean best validation loss by clipping x accumulation\n(red box: winner; "
                  "a cell's second line: its verdict when not stable)", fontsize=10)
-    folder.mkdir(parents=True, exist_ok=True)
-    fig.savefig(folder / "heatmap.png", dpi=DPI)  # constrained layout: no tight_layout
-    plt.close(fig)
+    save(fig, folder, "heatmap.png", tight=False)  # constrained layout: no tight_layout
     return Figure("heatmap.png", "Best validation loss heatmap",
                   "Mean over seeds of each config's best validation loss; 'diverged' marks a "
                   "config with a seed that did not finish (+inf), 'n/a' a cell not in the sweep; "
@@ -300,7 +290,7 @@ def max_norm_advice(recs: Sequence, folder: Path) -> Figure | None:
         ax.grid(alpha=0.3)
     fig.suptitle("Where to clip: gradient norms of the clip-off runs, recommended max_norm in red "
                  "(grey: swept values, % of these steps each would clip)", fontsize=10)
-    name = _save(fig, folder, "max_norm_advice.png")
+    name = save(fig, folder, "max_norm_advice.png")
     return Figure(name, "Recommended max_norm",
                   "Distribution of pre-clip gradient norms of every finished clip-off run (all "
                   "seeds and precisions of an accumulation setting, skipped steps left out). The "

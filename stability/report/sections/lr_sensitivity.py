@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stability.core.task import DEFAULT_LOSS_NAME
+from stability.report.format import save
 from stability.report.lr import LrCurve
-from stability.report.plots import Figure, _save, plt
+from stability.report.plots import Figure, plt
+from stability.report.sections.section import Part, drawn
 
 FILE = "lr_sensitivity.png"
 
@@ -42,9 +44,14 @@ def lr_sensitivity(found: Sequence[LrCurve], folder: Path,
            ylabel=f"final validation loss ({loss_name}), capped at loss_init")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
-    name = _save(fig, folder, FILE)
+    name = save(fig, folder, FILE)
     return Figure(name, "LR sensitivity",
                   "One curve per setting of the other factors; dotted: the loss before "
                   "training (loss_init), where runs that diverged or did not finish are drawn; "
                   "x: the setting does not train stably at that learning rate (its verdict is "
                   "unstable, or its loss is not below loss_init).")
+
+
+SECTION = Part("LR sensitivity", lambda st: st,
+               figures=lambda st, folder: drawn(lr_sensitivity(st.lr_curves, folder,
+                                                               st.loss_name)))

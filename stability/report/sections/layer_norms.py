@@ -3,7 +3,7 @@
 ``telemetry.per_layer`` (on by default) writes every parameter's pre-clip gradient norm per
 optimizer step into the run's ``layer_norms.csv`` artifact (``stability/core/layers.py``).
 The report fetches that table only for the runs it already plots, one representative seed
-per plotted config (``pipeline.draw``), and draws parameters x steps with the colour the
+per plotted config (``sections.plotted``), and draws parameters x steps with the colour the
 log10 norm. A skipped step keeps its ``inf``/``nan``: those cells are marked, and on the first
 skipped step with one the first non-finite parameter (in ``named_parameters`` order, the order
 ``TrainStep`` checks them in) is named. Runs from before the table existed, or with it off,
@@ -25,7 +25,11 @@ from matplotlib.ticker import MaxNLocator
 
 from stability.core.steplog import COLUMN
 from stability.report import fetch
-from stability.report.plots import DPI, Figure, Series, plt  # plt: with the Agg backend chosen
+from stability.report.format import save
+from stability.report.plots import Figure, Series, plt  # plt: with the Agg backend chosen
+from stability.report.sections.plotted import plotted
+from stability.report.sections.section import Drawn, Part
+from stability.report.study import Study
 from stability.tracking.contract import Artifact
 
 log = logging.getLogger(__name__)
@@ -209,9 +213,7 @@ def heatmap(panels: Sequence[Panel], folder: Path) -> tuple[Figure | None, list[
     fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8)
     fig.suptitle("Per-parameter pre-clip gradient norm per optimizer step "
                  "(one representative seed per config)", fontsize=10)
-    folder.mkdir(parents=True, exist_ok=True)
-    fig.savefig(folder / FILE, dpi=DPI)  # constrained layout: no tight_layout
-    plt.close(fig)
+    save(fig, folder, FILE, tight=False)  # constrained layout: no tight_layout
     return Figure(FILE, TITLE, ""), notes
 
 
@@ -258,3 +260,14 @@ def figure(c: Any, runs: Sequence[tuple[Series, pd.Series]], steps: dict[str, pd
         + ("; ".join(notes) + "." if notes else "No plotted run has a non-finite norm.")
         + (f" Without `{Artifact.LAYER_NORMS}`: {', '.join(missing)}." if missing else ""))
     return Figure(fig.file, fig.title, caption)
+
+
+def _figures(st: Study, folder: Path) -> Sequence[Drawn]:
+    p = plotted(st)
+    remarks: list[str] = []
+    fig = figure(st.client, [(p.series[fp], r) for fp, r in p.rep.items() if r is not None],
+                 dict(st.steps), folder, st.cache / "layers", st.options.history_workers, remarks)
+    return [*remarks, *([fig] if fig is not None else [])]
+
+
+SECTION = Part("per-layer norms", lambda st: st, figures=_figures)

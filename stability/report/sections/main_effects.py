@@ -7,12 +7,16 @@ equivalence margin as a grey band, and the verdict beside each point.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.report.decision import TITLES, level_name
 from stability.report.factors import FactorAnalysis
-from stability.report.plots import DPI, Figure, plt
+from stability.report.format import save
+from stability.report.plots import Figure, plt
+from stability.report.sections.section import Drawn, Part, drawn
+from stability.report.study import Study
 from stability.stats.effects import EQUIVALENT, HELPS, HURTS
 
 COLORS = {HELPS: "tab:green", HURTS: "tab:red", EQUIVALENT: "tab:blue"}
@@ -49,12 +53,21 @@ def main_effects(an: FactorAnalysis, folder: Path,
         ax.margins(y=0.12)  # room for the verdict above the highest interval
     axes[0][0].set_ylabel(f"Δ best val loss vs reference ({loss_name})")
     axes[0][0].legend(fontsize=8, loc="best")
-    folder.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(folder / FILE, dpi=DPI)
-    plt.close(fig)
+    save(fig, folder, FILE)
     return Figure(FILE, "Main effects (every run, seeds as blocks)",
                   f"Each level's effect on best validation loss against its factor's reference, "
                   f"pooled over every other setting and seed, with its {an.confidence:.0%} CI; "
                   f"grey: the equivalence margin ±{an.margin:.3g}; the word is the verdict "
                   "(Holm over the table). Below zero lowers the loss.")
+
+
+def _analyse(st: Study) -> Study | None:
+    return st if st.analysis is not None else None
+
+
+def _figures(st: Study, folder: Path) -> Sequence[Drawn]:
+    assert st.analysis is not None  # _analyse leaves a study without one out
+    return drawn(main_effects(st.analysis, folder, st.loss_name))
+
+
+SECTION = Part("main effects", _analyse, figures=_figures)

@@ -20,20 +20,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from scipy import stats
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from scipy import stats  # noqa: E402
-
-from stability.report import factors as fa  # noqa: E402
-from stability.report.decision import Replayed, Sequential, level_name  # noqa: E402
-from stability.report.plots import Figure  # noqa: E402
-from stability.stats import looks  # noqa: E402
-from stability.stats import sequential as sq  # noqa: E402
-from stability.tracking.contract import Tag  # noqa: E402
+from stability.report import factors as fa
+from stability.report.decision import Replayed, Sequential, level_name
+from stability.report.format import fixed_signed, save, table
+from stability.report.plots import Figure, plt  # plt: with the Agg backend chosen
+from stability.report.sections.section import Part, drawn, lines
+from stability.stats import looks
+from stability.stats import sequential as sq
+from stability.tracking.contract import Tag
 
 MAX_SEEDS_READ = 1000  # a recorded plan beyond this is not believed (arrays are sized by it)
 
@@ -197,22 +195,11 @@ def figure(sp: Spending, folder: Path) -> Figure | None:
     ax.set_xticks(range(len(sp.seeds)), sp.seeds.index, rotation=90, fontsize=6)
     ax.set(ylabel="seeds", title="Seeds per config, by the round that added them")
     ax.legend(fontsize=7)
-    folder.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(folder / "adaptive_seeds.png", dpi=110)
-    plt.close(fig)
+    save(fig, folder, "adaptive_seeds.png", dpi=110)
     return Figure("adaptive_seeds.png", "Seeds per config over rounds",
                   "Each bar is a config; its segments are the seeds each round added. A config "
                   "stops getting seeds when every contrast it is read by is decided or given up, "
                   "or its level was decided to hurt.")
-
-
-def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(" ".join(str(c).split()).replace("|", "\\|") for c in cells) + " |"
-
-
-def _num(x: float) -> str:
-    return "—" if not math.isfinite(x) else f"{x:+.4f}"
 
 
 def section(sp: Spending) -> list[str]:
@@ -224,18 +211,18 @@ def section(sp: Spending) -> list[str]:
              f"seeds, α = {p.alpha} spent over them (Holm over the contrasts at each look), "
              f"equivalence margin ±{sp.margin:.4g} fixed at the first look (docs/sweeps.md, "
              "\"Adaptive studies\"). Replayed here from the sweep's runs.", "",
-             _row(["round", "seeds per needed config", "configs run", "runs", "CPU-s",
-                   "decided at its look"]), "|" + "---|" * 6]
-    for r in sp.rounds:
-        said = "; ".join(f"{d.contrast} **{d.verdict}**" for d in r.decided) or (
-            "nothing" if r.looked else "no look (a needed config lacks seeds)")
-        lines.append(_row([str(r.round), str(r.seeds), str(r.configs), str(r.runs),
-                           f"{r.cpu_s:.0f}", said]))
-    lines += ["", _row(["contrast", "verdict", "decided at look", "seeds", "effect",
-                        "95% CI (plain t)", "given up at look"]), "|" + "---|" * 7]
-    for d in sp.decisions:
-        lines.append(_row([d.contrast, d.verdict, str(d.look or "—"), str(d.seeds), _num(d.mean),
-                           f"[{_num(d.low)}, {_num(d.high)}]", str(d.futile_at or "—")]))
+             table(["round", "seeds per needed config", "configs run", "runs", "CPU-s",
+                    "decided at its look"],
+                   [[str(r.round), str(r.seeds), str(r.configs), str(r.runs), f"{r.cpu_s:.0f}",
+                     "; ".join(f"{d.contrast} **{d.verdict}**" for d in r.decided) or (
+                         "nothing" if r.looked else "no look (a needed config lacks seeds)")]
+                    for r in sp.rounds]),
+             "",
+             table(["contrast", "verdict", "decided at look", "seeds", "effect",
+                    "95% CI (plain t)", "given up at look"],
+                   [[d.contrast, d.verdict, str(d.look or "—"), str(d.seeds),
+                     fixed_signed(d.mean), f"[{fixed_signed(d.low)}, {fixed_signed(d.high)}]",
+                     str(d.futile_at or "—")] for d in sp.decisions])]
     share = sp.cpu_s / sp.fixed_cpu_s if sp.fixed_cpu_s > 0 else math.nan
     lines += ["", f"Spent {sp.runs} runs and {sp.cpu_s:.0f} training CPU-seconds (the runs' "
               f"`wall_time_s`, one core each); the fixed grid with {p.max_seeds} seeds per "
@@ -288,3 +275,10 @@ def replayed(c: object, parent_run_id: str | None, runs: pd.DataFrame, configs: 
         return None, None
     return sp, Sequential({d.contrast: Replayed(d.factor, d.verdict, d.look, d.mean, d.low,
                                                 d.high, d.left) for d in sp.decisions})
+
+
+SECTION = Part("how the study spent its runs", lambda st: st.spending,
+               markdown=lambda sp: lines("## How the study spent its runs", "", section(sp)))
+# Its figure comes last among the figures, after the per-layer norms: a second registry entry.
+FIGURE = Part("adaptive seeds", lambda st: st.spending,
+              figures=lambda sp, folder: drawn(figure(sp, folder)))

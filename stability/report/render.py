@@ -1,0 +1,129 @@
+"""report.md from the sections, and ``summary.csv``: the frame around what the sections write.
+
+The frame is the title (where the study was read, when and by which report run), then each
+section's Markdown in registry order, "Problems" (what went wrong without stopping the report),
+"Figures" and how to reproduce. Every number comes from the sweep's runs or from the winner's
+test evaluation; nothing is typed in by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from stability.report.html import inert
+from stability.report.plots import Figure
+from stability.report.sections import SECTIONS, Section
+from stability.report.study import Study
+
+log = logging.getLogger(__name__)
+
+SUMMARY_COLUMNS = [
+    "rank", "label", "fingerprint", "precision", "clip_enabled", "clip_method", "max_norm",
+    "accum_steps", "seeds", "seeds_finished", "seeds_diverged", "seeds_failed", "seeds_missing",
+    "flag", "loss_mean", "loss_std", "loss_ci_low", "loss_ci_high", "acc_mean", "acc_std",
+    "acc_ci_low", "acc_ci_high", "clip_fraction_mean", "clip_fraction_std", "skip_count_mean",
+    "skip_count_std", "underflow_mean", "wall_time_s_mean",
+    "wall_time_s_median", "wall_time_s_max", "n_paired", "diff_vs_winner",
+    "p_vs_winner", "p_wilcoxon_vs_winner", "mdd_vs_winner", "within_ci", "within_noise",
+    "stability", "stability_reason", "seed_list",
+]
+
+
+@dataclass(frozen=True)
+class Written:
+    """What the sections produced.
+
+    Attributes:
+        body: each section's Markdown, in registry order.
+        figures: the figures drawn, in registry order.
+        remarks: one line each for a figure that had nothing to draw, and why.
+        notes: one line each for a figure that could not be drawn (for "Problems").
+    """
+
+    body: tuple[str, ...]
+    figures: tuple[Figure, ...]
+    remarks: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Header:
+    """The report run's own facts for the title lines."""
+
+    report_run_id: str
+    model_version: str  # "" when not registered
+    elapsed_s: float
+    generated_at: str
+    git_commit: str
+
+
+def write_sections(study: Study, plots: Path | None,
+                   sections: Sequence[Section] = SECTIONS) -> Written:
+    """Analyse every section, draw its figures into ``plots`` (None: no figures), write it.
+
+    A figure that fails is one line under Problems, never the end of the report.
+    """
+    body: list[str] = []
+    figures: list[Figure] = []
+    remarks: list[str] = []
+    notes: list[str] = []
+    for section in sections:
+        result = section.analyse(study)
+        if result is None:
+            continue
+        if plots is not None:
+            try:
+                drawn = section.figures(result, plots)
+            except Exception as err:  # one broken figure must not cost the whole report
+                # one line on the terminal (the report's Problems say it too); traceback at debug
+                log.warning("figure %s could not be drawn: %s: %s", section.name,
+                            type(err).__name__, err)
+                log.debug("figure %s failed", section.name, exc_info=True)
+                notes.append(f"figure '{section.name}' could not be drawn: "
+                             f"{type(err).__name__}: {err}")
+                drawn = ()
+            figures += [d for d in drawn if isinstance(d, Figure)]
+            remarks += [d for d in drawn if isinstance(d, str)]
+        text = section.markdown(result)
+        if text:
+            body.append(text)
+    return Written(tuple(body), tuple(figures), tuple(remarks), tuple(notes))
+
+
+def render(study: Study, written: Written, header: Header, notes: Sequence[str]) -> str:
+    """The whole report.md; ``notes`` are its Problems (every one made inert: they hold data)."""
+    s, runs = study.sweep, study.runs
+    seeds = sorted(runs["seed"].unique())
+    parts = [
+        f"# Training-stability report: sweep `{s.sweep_id}`", "",
+        f"Experiment `{s.experiment}` at `{study.tracking_uri}`; {len(runs)} training runs, "
+        f"{len(study.configs)} configs, seeds {', '.join(map(str, seeds))}. Generated "
+        f"{header.generated_at} (git `{header.git_commit[:12] or 'unknown'}`) in "
+        f"{header.elapsed_s:.1f} s; MLflow report run `{header.report_run_id}`"
+        + (f", registered model version {header.model_version}." if header.model_version
+           else "."), "",
+        *written.body,
+    ]
+    if notes:
+        parts += ["## Problems while writing this report", "",
+                  *[f"- {inert(note)}" for note in notes], ""]
+    parts += ["## Figures", ""]
+    for remark in written.remarks:
+        parts += [remark, ""]
+    for f in written.figures:
+        parts += [f"### {f.title}", "", f"![{f.title}](plots/{f.file})", "", f.caption, ""]
+    parts += ["## Reproduce", "", "```bash",
+              f"python experiments/report.py experiment={s.experiment} sweep_id={s.sweep_id}",
+              "```", "", "`summary.csv` holds the ranked table with every aggregate above.", ""]
+    return "\n".join(parts)
+
+
+def write_summary(configs: pd.DataFrame, path: Path) -> None:
+    """One row per config, ranked, with every aggregate the report uses."""
+    cols = [c for c in SUMMARY_COLUMNS if c in configs.columns]
+    configs[cols].assign(winner=configs["rank"] == 1).to_csv(path, index=False)

@@ -1,0 +1,23 @@
+"""Figure: the pre-clip gradient norm per step of each plotted config's representative run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from stability.report import plots
+from stability.report.sections.plotted import plotted
+from stability.report.sections.section import Drawn, Part, drawn
+from stability.report.study import Study
+
+
+def figures(st: Study, folder: Path) -> Sequence[Drawn]:
+    """One curve per plotted config that has a ``steps.csv``; the swept max_norms as lines."""
+    p = plotted(st)
+    ids = p.rep_ids
+    return drawn(plots.grad_norm([(p.series[fp], st.steps[ids[fp]]) for _, fp in p.roles
+                                  if ids.get(fp) in st.steps],
+                                 folder, st.configs["max_norm"].dropna().unique()))
+
+
+SECTION = Part("grad norm", lambda st: st, figures=figures)

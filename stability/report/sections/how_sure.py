@@ -1,0 +1,41 @@
+"""The "How sure" section: the winner against its named alternatives, paired by seed."""
+
+from __future__ import annotations
+
+from stability.report.format import pval, seeds, signed, signed_ci, size, table
+from stability.report.sections.section import Part, lines
+from stability.report.study import Study
+from stability.stats.paired import wilcoxon_min_p
+
+
+def _table(st: Study) -> str:
+    rows = [[c.question, c.reference, c.other, str(c.result.n), signed(c.result.mean_diff),
+             signed_ci(c.result.low, c.result.high), pval(c.result.p_t), pval(c.p_adj),
+             pval(c.result.p_wilcoxon), size(c.power.mdd), seeds(c.power.seeds_for_effect),
+             str(c.other_unfinished)] for c in st.comparisons]
+    power = st.comparisons[0].power if st.comparisons else None
+    effect = size(power.effect) if power else "—"
+    level = f"{power.power:.0%}" if power else ""
+    return table(["question", "reference", "other", "paired seeds", "mean diff (other − ref)",
+                  f"{st.options.confidence:.0%} CI", "paired t p", "selection-adjusted p",
+                  "Wilcoxon p", f"detectable at {level} power", f"seeds to detect {effect}",
+                  "other's unfinished seeds"], rows)
+
+
+def markdown(st: Study) -> str:
+    """The comparison table and how it decides."""
+    n = len(st.runs["seed"].unique())
+    return lines(
+        "## How sure (paired by seed)", "", _table(st), "",
+        f"Differences are `other − reference` in best validation loss over the seeds both "
+        f"finished ({st.options.confidence:.0%} t interval). The decision uses the paired t-test "
+        f"with Holm's correction over this table at α = {st.options.alpha}; the Wilcoxon "
+        f"signed-rank test is a distribution-free check. With {n} seeds the exact two-sided "
+        f"Wilcoxon p-value cannot go below {wilcoxon_min_p(n):.4g}, which is why it is not the "
+        "decision. `detectable` is the minimum detectable difference: the mean difference the "
+        "paired t-test on these seeds would find with the stated power, from the observed SD of "
+        "the per-seed differences (noncentral t; docs/report.md). A non-significant result says "
+        "nothing about differences smaller than that.", "")
+
+
+SECTION = Part("how sure", lambda st: st, markdown=markdown)

@@ -1,0 +1,78 @@
+"""Which configs the run-level figures plot, in which role and colour, and from which seed.
+
+The winner, the baseline and the best config of each precision (a config in two roles is
+plotted once, both roles named), plus for fp16 the best config and the one that skipped most.
+Each is drawn from one representative seed (``select.representative_seed``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from stability.core.precision import SIMPLEST_FIRST, Precision
+from stability.report import select
+from stability.report.plots import Series
+from stability.report.study import Study
+
+ROLE_COLORS = ("tab:red", "tab:blue", "tab:purple", "tab:olive", "tab:cyan")
+
+
+def roles(configs: pd.DataFrame) -> list[tuple[str, str]]:
+    """``(role, fingerprint)`` of the plotted configs: winner, baseline, best of each precision."""
+    wanted = [("winner", configs.iloc[0]["fingerprint"]), ("baseline", select.baseline(configs))]
+    wanted += [(f"best {p}", select.best_of(configs, configs["precision"] == p))
+               for p in SIMPLEST_FIRST]
+    named: dict[str, str] = {}
+    for role, fp in wanted:
+        if fp is not None:
+            named[fp] = f"{named[fp]} = {role}" if fp in named else role
+    return [(role, fp) for fp, role in named.items()]
+
+
+def _series(configs: pd.DataFrame, role: str, fp: str, color: str) -> Series:
+    row = configs[configs["fingerprint"] == fp].iloc[0]
+    return Series(role, str(row["label"]), color, float(row["max_norm"]))
+
+
+@dataclass(frozen=True)
+class Plotted:
+    """The plotted configs of a study.
+
+    Attributes:
+        roles: ``(role, fingerprint)`` in the figures' order.
+        series: each plotted config's legend entry, by fingerprint (roles, then fp16 extras).
+        rep: each plotted config's representative run row (None: no finished seed).
+        scaler: the fp16 configs the GradScaler figure shows.
+    """
+
+    roles: list[tuple[str, str]]
+    series: dict[str, Series]
+    rep: dict[str, pd.Series | None]
+    scaler: list[str]
+
+    @property
+    def rep_ids(self) -> dict[str, str]:
+        """The representative run id of each plotted config that has one."""
+        return {fp: r["run_id"] for fp, r in self.rep.items() if r is not None}
+
+
+def plotted(st: Study) -> Plotted:
+    """The study's plotted configs and their representative runs."""
+    configs, runs = st.configs, st.runs
+    found = roles(configs)
+    series = {fp: _series(configs, role, fp, ROLE_COLORS[i % len(ROLE_COLORS)])
+              for i, (role, fp) in enumerate(found)}
+    rep = {fp: select.representative_seed(runs, fp) for fp in series}
+    fp16 = configs[configs["precision"] == Precision.FP16]
+    scaler: list[str] = []
+    if len(fp16):  # the best fp16 config, and the one that skipped most if it skipped at all
+        most = fp16.sort_values("skip_count_mean", kind="stable").iloc[-1]
+        scaler = list(dict.fromkeys([fp16.iloc[0]["fingerprint"]]
+                                    + ([most["fingerprint"]]
+                                       if most["skip_count_mean"] > 0 else [])))
+    for fp in scaler:
+        rep.setdefault(fp, select.representative_seed(runs, fp))
+        series.setdefault(fp, _series(configs, "most skips fp16", fp, "tab:orange"))
+    return Plotted(found, series, rep, scaler)

@@ -1,0 +1,21 @@
+"""The "Stability verdicts" section: each config that is not stable, and why."""
+
+from __future__ import annotations
+
+from stability.report import check_runs
+from stability.report.sections.section import Part, lines
+from stability.report.study import Study
+
+
+def markdown(st: Study) -> str:
+    """One line per config that is not stable (the reason comes from ``health.judge``), then a
+    failed ``stability check`` of the same task, if the experiment holds one."""
+    named = [f"- `{r['label']}`: **{r['stability']}**: {r['stability_reason']}"
+             for _, r in st.configs.iterrows() if r.get("stability", "stable") != "stable"]
+    return lines("## Stability verdicts", "", named or ["- every config is stable."],
+                 check_runs.lines(st.client, st.sweep.experiment_id, st.runs), "",
+                 "Judged per seed from `steps.csv` and the run's outcome, worst seed wins; "
+                 "thresholds are `verdict.*` in `conf/report.yaml` (docs/report.md).", "")
+
+
+SECTION = Part("stability verdicts", lambda st: st, markdown=markdown)

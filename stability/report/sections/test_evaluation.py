@@ -1,0 +1,33 @@
+"""The "Test evaluation" section: the winner's seeds on the sealed test split."""
+
+from __future__ import annotations
+
+import math
+
+from stability.report.evaluate import SeedTestResult
+from stability.report.format import fmt, table
+from stability.report.html import inert
+from stability.report.sections.section import Part, lines
+from stability.report.study import Study
+
+
+def _mlflow_state(s: SeedTestResult) -> str:
+    """What the report did with a seed's test metrics in MLflow."""
+    if s.logged:
+        return "logged now"
+    return "already logged" if math.isfinite(s.test_loss) else "not evaluated"
+
+
+def markdown(st: Study) -> str:
+    """One row per seed of the winner (a note from the run is data: made inert)."""
+    t = st.test
+    rows = [[str(s.seed), f"`{s.run_id}`", fmt(s.test_loss), fmt(s.test_acc, 4),
+             _mlflow_state(s), inert(s.note)] for s in t.seeds]
+    return lines(
+        "## Test evaluation (winner only)", "",
+        table(["seed", "run", f"test loss ({st.loss_name})", "test acc", "MLflow", "note"], rows),
+        "", f"Evaluated on `{t.device}` under each run's own precision from its "
+        "`checkpoints/best.pt` artifact (the best-validation epoch).", "")
+
+
+SECTION = Part("test evaluation", lambda st: st, markdown=markdown)
