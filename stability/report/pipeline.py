@@ -21,6 +21,7 @@ import pandas as pd
 
 from stability.core.precision import SIMPLEST_FIRST, Precision
 from stability.report import (
+    adoption,
     advice,
     compare,
     effects_plot,
@@ -182,7 +183,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     check_reachable(uri)
     c = client(uri)
     sweep = fetch.find_sweep(c, cfg.experiment, cfg.sweep_id)
-    runs = fetch.fetch_runs(c, sweep)
+    runs = fetch.fetch_runs(c, sweep, allowed_tasks(cfg.task), cfg.history_workers)
     runs["val_acc_at_best"] = fetch.val_acc_at_best(c, runs, cfg.history_workers)
     configs = select.aggregate(runs, cfg.confidence)
     if not (runs["outcome"] == "finished").any():
@@ -220,6 +221,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                       for rid, why in sorted(unreadable.items())]
             notes += [f"run {r.run_id} is unreadable, counted as not finished: {r.reason}"
                       for r in runs[runs["outcome"] == fetch.UNREADABLE].itertuples()]
+            notes += adoption.other_users(c, sweep.parent_run_id, runs)
             notes += select.missing_costs(runs)
             configs = health.judge(runs, configs, steps, cfg.verdict)
             lr_found = lr.curves(runs, configs)
