@@ -5,18 +5,28 @@ Hypothesis feeds interpolations, backticks, ``](``, markup, path traversal, huge
 MLflow ``Run`` entity), into a recorded ``config.yaml`` (``trust.trusted_config``), into the
 labels built from them and into the report's markdown (``html.to_html``, ``note_markdown``).
 Each must end in data or one refusal: no crash, no module imported, no markup from a value.
+Headless Chromium renders a few such pages: no request leaves the page, no link or image but
+the report's own kinds (an in-page anchor, a relative path, an embedded figure).
 The real reports over a store with a fixed set of these values are in
 tests/test_report_trust.py and tests/test_report_bad_runs.py.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import re
+import shutil
+import socketserver
+import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from stability.core.config import ConfigError, to_run_config, to_yaml_dict
@@ -26,7 +36,7 @@ from stability.report.html import inert, inline, note_markdown, to_html
 from stability.report.trust import BUILTIN_TASKS, Untrusted, trusted_config
 from stability.tracking.contract import Tag
 from tests.test_report_bad_runs import a_run
-from tests.test_report_trust import assert_inert
+from tests.test_report_trust import ALLOWED_TAGS, Page, assert_inert
 
 KNOWN = ["${oc.create:'{_target_: builtins.open, file: /tmp/x, mode: w}'}", "${oc.env:HOME}",
          "`", "](", "[x](/etc/passwd)", "![i](http://evil/x.png)", "<script>alert(1)</script>",
@@ -116,3 +126,124 @@ def test_the_page_and_the_note_hold_no_markup_from_a_value(values, tmp_path_fact
     assert "<a " not in page and "<img" not in page
     note = note_markdown(md)
     assert "](" not in note and "![" not in note
+
+
+# -- Chromium: the page makes no outside request and links nowhere else ------------------------
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# One pixel: a figure the report embeds (``plots/*.png`` in its folder becomes a data: URI).
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQ"
+                       "DwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+
+
+class _Requests(socketserver.ThreadingTCPServer):
+    """A loopback proxy that records the first line of every request and answers 404: what
+    Chromium would have fetched from outside, had it been allowed to."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(inner) -> None:  # noqa: N805 - the server's own record
+                line = inner.rfile.readline(2000).decode("latin-1").strip()
+                if line:
+                    self.seen.append(line)
+                inner.wfile.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n"
+                                  b"Connection: close\r\n\r\n")
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+@pytest.fixture
+def proxy() -> Iterator[_Requests]:
+    server = _Requests()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _render(page: Path, port: int, profile: Path) -> str:
+    """The DOM headless Chromium builds from ``page``, every request it makes through the
+    recording proxy (loopback included: ``<-loopback>``)."""
+    done = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+         "--disable-background-networking", "--disable-component-update", "--no-first-run",
+         "--disable-sync", "--disable-default-apps", "--no-pings", "--disable-domain-reliability",
+         f"--user-data-dir={profile}", f"--proxy-server=http://127.0.0.1:{port}",
+         "--proxy-bypass-list=<-loopback>", "--virtual-time-budget=3000", "--dump-dom",
+         page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def _hostile_page(folder: Path, values: list[str]) -> Path:
+    """report.html as ``to_html`` writes it from markdown holding ``values`` where a run's
+    strings go (headings, list items, table cells, code spans) and one real figure."""
+    (folder / "plots").mkdir(parents=True)
+    (folder / "plots" / "f.png").write_bytes(PNG)
+    cells = [" ".join(inert(v).replace("|", "\\|").split()) for v in values]
+    md = "\n".join([f"# `{cells[0]}`", "## Answer", f"- `{cells[-1]}`: {cells[0]}", cells[-1],
+                    "| a | b |", "|---|---|", f"| `{cells[0]}` | {cells[-1]} |",
+                    "![figure](plots/f.png)", f"![{cells[0]}](plots/f.png)",
+                    "[the answer](#answer)"])
+    page = folder / "report.html"
+    page.write_text(to_html(md, folder, values[0]))
+    return page
+
+
+REQUESTING = ["<img src=http://evil.test/a.png>", "![i](http://evil.test/b.png)",
+              "<link rel=stylesheet href=//evil.test/c.css>", "[x](https://evil.test/d)",
+              "<iframe src=http://evil.test/e></iframe>", "`](http://evil.test/f)"]
+
+
+# Chromium's own services (its network-time and component queries) go through the proxy too;
+# they are the browser's, not the page's: every other host is an outside request of the page.
+BROWSER_OWN = re.compile(r"^(GET|POST|CONNECT) (https?://)?[\w.-]*\.(google\.com|gstatic\.com|"
+                         r"googleapis\.com)[:/ ]")
+
+
+def _outside(seen: list[str]) -> list[str]:
+    return [line for line in seen if not BROWSER_OWN.match(line)]
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@settings(max_examples=2, deadline=None, phases=[Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(values=st.lists(HOSTILE, min_size=2, max_size=4))
+def test_chromium_renders_a_hostile_page_without_an_outside_request_or_link(
+        values, proxy, tmp_path_factory) -> None:
+    """The page from hostile values (and every kind of outside reference), rendered by
+    Chromium: no request of the page reaches the (recording) network, and the DOM holds no
+    link or image but the in-page anchor and the embedded figures."""
+    assert Path(CHROMIUM).exists(), "install Chromium: apt-get install chromium"
+    tmp = Path(tmp_path_factory.mktemp("chromium"))
+    before = len(proxy.seen)
+    dom = _render(_hostile_page(tmp / "report", [*values, *REQUESTING]),
+                  proxy.server_address[1], tmp / "profile")
+    assert _outside(proxy.seen[before:]) == []
+    page = Page()
+    page.feed(dom)
+    assert "body" in {t for t, _ in page.tags}
+    assert {t for t, _ in page.tags} <= ALLOWED_TAGS, page.tags
+    hrefs = [a.get("href") or "" for t, a in page.tags if t == "a"]
+    srcs = [a.get("src") or "" for t, a in page.tags if t == "img"]
+    assert hrefs == ["#answer"], hrefs
+    assert len(srcs) == 2 and all(s.startswith("data:image/png;base64,") for s in srcs), srcs
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_request_recorder_sees_a_raw_pages_requests(proxy, tmp_path: Path) -> None:
+    """The control: the same outside references as raw HTML do reach the recorder, so the
+    test above would see a request the page made."""
+    raw = tmp_path / "raw.html"
+    raw.write_text("<!doctype html><html><body>" + "".join(REQUESTING) + "</body></html>")
+    _render(raw, proxy.server_address[1], tmp_path / "profile")
+    assert any("evil.test" in line for line in _outside(proxy.seen)), proxy.seen

@@ -382,3 +382,43 @@ def test_a_backtick_in_a_value_makes_no_link_and_no_image(tmp_path: Path) -> Non
     assert_inert(page)
     note = c.get_run(parent).data.tags[Tag.NOTE]
     assert "/etc/passwd" in note and "](/etc/passwd)" not in note and "![i](" not in note
+
+
+@pytest.mark.slow
+def test_a_planted_finished_run_is_unreadable_and_other_users_runs_are_named(
+        tmp_path: Path) -> None:
+    """G, the report: a FINISHED run planted for a point the sweep never ran (adopted by its
+    parent, best_val_loss 0.0001, no artifacts, created by another MLflow user) is one
+    unreadable run named with its reason, not the winner; the page names it among the runs
+    another user created, escaped."""
+    import json
+
+    uri, sweep = f"sqlite:///{tmp_path / 'mlflow.db'}", "g31"
+    make_sweep(uri, "g31", sweep, [WINNER, BASELINE], tmp_path / "runs")
+    c = MlflowClient(uri)
+    exp_id = c.get_experiment_by_name("g31").experiment_id
+    parent = c.search_runs([exp_id], "tags.`stability.kind` = 'sweep'")[0].info.run_id
+    other = Spec("fp16", 5.0, 1, {0: 0.0001})
+    user = "mallory<b>`](x)"
+    planted = c.create_run(exp_id, tags={
+        Tag.KIND: "train", Tag.FINGERPRINT: fingerprint(run_config(other, 0, tmp_path)),
+        Tag.SEED: "0", Tag.OUTCOME: "finished", "mlflow.user": user}).info.run_id
+    c.log_metric(planted, "best_val_loss", 0.0001)
+    c.set_terminated(planted)
+    listing = tmp_path / "adopted" / "adopted_runs.json"
+    listing.parent.mkdir()
+    listing.write_text(json.dumps([planted]))
+    c.log_artifact(parent, str(listing))
+
+    result = build_report(ReportConfig(tracking_uri=uri, experiment="g31", sweep_id=sweep,
+                                       output_dir=str(tmp_path / "out"), device="cpu",
+                                       register=False, plots=False))
+    assert result.winner == fingerprint(run_config(WINNER, 0, tmp_path))
+    text = (tmp_path / "out" / sweep / "report.md").read_text()
+    assert (f"run {planted} is unreadable, counted as not finished: unreadable run: it has no "
+            "config.yaml") in text
+    assert (f"1 of the sweep's 5 runs were created by another MLflow user than the sweep's "
+            f"(unknown): {planted} (mallory") in text
+    page = (tmp_path / "out" / sweep / "report.html").read_text()
+    assert_inert(page)
+    assert "mallory&lt;b&gt;" in page and "mallory<b>" not in page

@@ -244,3 +244,95 @@ def test_a_password_with_at_colon_or_percent_is_redacted_as_urlsplit_reads_it(
     assert urlsplit(uri).hostname == "host"
     assert redact_uri(f"at {uri} and sqlite:////tmp/a@b/mlflow.db") == (
         "at http://host:5000/path?q=1 and sqlite:////tmp/a@b/mlflow.db")
+
+
+# -- G: a FINISHED run counts as done only when its artifacts back it ---------------------------
+
+def _trained(tmp: Path, uri: str, exp: str, seed: int) -> Any:
+    """A real tracked run of the tiny default config (its artifacts uploaded at its end)."""
+    from stability.core.config import to_run_config
+    from stability.sweep.job import train_tracked
+
+    cfg = to_run_config({"seed": seed, "device": "cpu", "output_dir": str(tmp / f"own{seed}"),
+                         "data": {"num_samples": 200}, "train": {"epochs": 1},
+                         "telemetry": {"per_layer": False},
+                         "tracking": {"uri": uri, "experiment": exp}})
+    assert train_tracked(cfg).status == "finished"
+    return cfg
+
+
+def _planted(c: Any, exp_id: str, fp: str, seed: int, metrics: dict[str, float],
+             files: dict[str, str] | None = None, val_loss: float | None = None) -> str:
+    """A FINISHED training run as anyone with write access can log one."""
+    import tempfile
+
+    from stability.tracking.contract import Kind, Tag
+
+    rid = c.create_run(exp_id, tags={Tag.KIND: Kind.TRAIN, Tag.FINGERPRINT: fp,
+                                     Tag.SEED: str(seed), Tag.OUTCOME: "finished"}).info.run_id
+    for k, v in metrics.items():
+        c.log_metric(rid, k, v)
+    if val_loss is not None:
+        c.log_metric(rid, "val_loss", val_loss, step=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in (files or {}).items():
+            (Path(tmp) / name).write_text(text)
+            c.log_artifact(rid, str(Path(tmp) / name))
+    c.set_terminated(rid, "FINISHED")
+    return rid
+
+
+def test_a_planted_finished_run_is_not_adopted_and_the_point_runs_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """G: FINISHED runs planted for points the sweep has not run (no artifacts; another
+    config's config.yaml; a best_val_loss its own val_loss series contradicts; a steps.csv
+    that ends elsewhere than its metrics) are not skipped as done, one line each; a real
+    FINISHED run is, and of a point with both, the newest run that is backed stands."""
+    from stability.core.config import TrackingConfig
+    from stability.core.identity import fingerprint
+    from stability.sweep.parent import open_sweep_run
+    from stability.tracking.uri import client, ensure_experiment
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp_id = ensure_experiment(uri, "g31")
+    cfg = _trained(tmp_path, uri, "g31", seed=0)
+    fp, c = fingerprint(cfg), client(uri)
+    config = (tmp_path / "own0" / "config.yaml").read_text()
+    steps = (tmp_path / "own0" / "steps.csv").read_text()
+    other = config.replace("hidden_size: 48", "hidden_size: 47")
+    assert other != config
+    backed = {"config.yaml": config, "steps.csv": steps}
+    planted = {
+        1: _planted(c, exp_id, fp, 1, {"best_val_loss": 0.0001}),
+        2: _planted(c, exp_id, fp, 2, {"best_val_loss": 0.0001},
+                    {"config.yaml": other, "steps.csv": steps}),
+        3: _planted(c, exp_id, fp, 3, {"best_val_loss": 0.0001, "val_loss": 0.5}, backed,
+                    val_loss=0.5),
+        4: _planted(c, exp_id, fp, 4, {"best_val_loss": 0.0001, "optimizer_steps": 9}, backed),
+        0: _planted(c, exp_id, fp, 0, {"best_val_loss": 0.0001}),  # newer than the real seed 0
+    }
+    with caplog.at_level("WARNING"):
+        run, done = open_sweep_run(TrackingConfig(uri=uri, experiment="g31"), "g31", 5, 5, [],
+                                   {}, True, tmp_path / "sweep", [cfg.task.target])
+        assert [(fp, s) in done for s in range(5)] == [True, False, False, False, False]
+    own = c.search_runs([exp_id], f"tags.`stability.seed` = '0' and tags.`stability.outcome` "
+                        f"= 'finished' and attributes.run_id != '{planted[0]}'")[0]
+    assert done[(fp, 0)].run_id == own.info.run_id
+    lines = {rid: [r.getMessage() for r in caplog.records if rid in r.getMessage()]
+             for rid in planted.values()}
+    assert lines == {
+        planted[0]: [f"not adopting FINISHED run {planted[0]} (config {fp}, seed 0): it has no "
+                     "config.yaml; an older run of the point is checked"],
+        planted[1]: [f"not adopting FINISHED run {planted[1]} (config {fp}, seed 1): it has no "
+                     "config.yaml; the point runs again"],
+        planted[2]: [f"not adopting FINISHED run {planted[2]} (config {fp}, seed 2): its "
+                     "config.yaml is refused: config.yaml does not match the run's fingerprint "
+                     "tag; the point runs again"],
+        planted[3]: [f"not adopting FINISHED run {planted[3]} (config {fp}, seed 3): its "
+                     "best_val_loss 0.0001 is not the lowest of its val_loss series (0.5); the "
+                     "point runs again"],
+        planted[4]: [f"not adopting FINISHED run {planted[4]} (config {fp}, seed 4): its "
+                     "steps.csv ends at step 3, its optimizer_steps metric says 9; the point "
+                     "runs again"],
+    }
+    run.close("FINISHED", {})

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -370,3 +371,91 @@ def test_a_lost_migration_race_is_recognised(tmp_path: Path) -> None:
         except sqlalchemy.exc.OperationalError as err:
             errors.append(err)
     assert [already_exists(e) for e in errors] == [True, True, False]
+
+
+# -- L: a sync writes only into the run its own journal created for that folder ----------------
+
+def _handed_over(folder: Path, uri: str, run_id: str | None, secret: Path) -> Path:
+    """A run folder as an attacker hands it over: its journal names ``run_id`` (or no run),
+    asks for new params and a FAILED end, and its ``config.yaml`` is a symlink to a secret."""
+    folder.mkdir(parents=True)
+    j = journal.Journal(folder, append=False)
+    j.write("run", run_id=run_id, uri=uri, experiment="l31", run_name="handed over",
+            tags={"stability.kind": "train", "stability.outcome": "failed"})
+    j.write("params", params={"train.lr": "999", "planted": "1"})
+    j.write("end", status="FAILED", outcome="failed")
+    j.close()
+    (folder / rundir.CONFIG_NAME).symlink_to(secret)
+    (folder / rundir.CSV_NAME).write_text("step,epoch,loss\n")
+    journal.mark_pending(folder, "handed over")
+    return folder
+
+
+def test_sync_writes_only_into_the_folders_own_run_and_never_through_a_symlink(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """L: a handed-over folder whose journal names the victim's run id changes nothing of it
+    (another folder's run, or a FINISHED one), in one line each; a folder whose run never
+    reached the server gets a run of its own, and its symlinked config.yaml stays local."""
+    from stability.cli import sync
+    from stability.tracking.artifacts import uploaded
+    from stability.tracking.contract import Tag
+    from stability.tracking.sync import SyncError, sync_folder
+    from stability.tracking.uri import ensure_experiment
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = MlflowClient(uri)
+    exp_id = ensure_experiment(uri, "l31")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET-l31\n")
+    victim_dir = tmp_path / "victim"
+    victim_dir.mkdir()
+
+    def victim(folder: Path) -> str:
+        rid = c.create_run(exp_id, tags={Tag.OUTPUT_DIR: str(folder),
+                                         Tag.OUTCOME: "finished"}).info.run_id
+        c.log_param(rid, "train.lr", "0.002")
+        c.set_terminated(rid, "FINISHED")
+        return rid
+
+    def state(rid: str) -> tuple[Any, ...]:
+        r = c.get_run(rid)
+        return r.info.status, r.data.params, r.data.tags, uploaded(c, rid)
+
+    theirs = victim(victim_dir)
+    before = state(theirs)
+    folder = _handed_over(tmp_path / "handed" / "a", uri, theirs, secret)
+    with pytest.raises(SyncError) as err:
+        sync_folder(folder, uri)
+    assert str(err.value) == (
+        f"run {theirs} records folder '{victim_dir}' (stability.output_dir), not "
+        f"{folder.resolve()}: a sync writes only into the folder's own run; nothing was sent, "
+        "the folder stays pending")
+    assert state(theirs) == before and journal.is_pending(folder)
+    # the command: the folder stays pending (exit 1), its reason on one line
+    assert sync([str(folder), "--uri", uri]) == 1
+    out = capsys.readouterr()
+    assert "synced 0 of 1 pending runs; 1 stay pending" in out.out
+    [line] = [r.getMessage() for r in caplog.records if theirs in r.getMessage()]
+    assert line.startswith(f"not synced, stays pending: {folder.resolve()}: run {theirs} "
+                           "records folder") and "\n" not in line
+    assert state(theirs) == before
+
+    # a FINISHED run that does record this folder: nothing of it changes either
+    own = _handed_over(tmp_path / "handed" / "b", uri, None, secret)
+    finished = victim(own)
+    journal.append(own, "run_id", run_id=finished)
+    before = state(finished)
+    with pytest.raises(SyncError, match=(
+            rf"^run {finished} is FINISHED: a sync never changes a finished run \(this one "
+            r"would send 1 params; tags stability.kind, stability.outcome; artifacts steps.csv; "
+            rf"status FAILED\); nothing was sent, {own} stays pending$")):
+        sync_folder(own, uri)
+    assert state(finished) == before
+
+    # never reached the server: created, everything sent but the symlink
+    fresh = _handed_over(tmp_path / "handed" / "c", uri, None, secret)
+    done = sync_folder(fresh, uri)
+    assert done.created and done.status == "FAILED"
+    assert set(uploaded(c, done.run_id)) == {rundir.CSV_NAME}
+    assert c.get_run(done.run_id).data.params == {"train.lr": "999", "planted": "1"}

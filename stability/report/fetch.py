@@ -14,7 +14,7 @@ import logging
 import math
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +26,7 @@ from stability.core.config import ClipConfig, TrainConfig
 from stability.core.steplog import TEXT_COLUMNS
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
+from stability.report import adoption
 from stability.report.html import inert
 from stability.report.options import ReportError
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
@@ -126,8 +127,12 @@ def find_sweep(c: Any, experiment: str, sweep_id: str | None) -> Sweep:
     return Sweep(experiment, exp_id, sweep_id, parents[0].info.run_id if parents else None)
 
 
-def _one_line(value: str) -> str:
+def one_line(value: str) -> str:
+    """A string read from a run as one inert line (no control character, no markup)."""
     return inert("".join(ch if ch.isprintable() else " " for ch in value))
+
+
+_one_line = one_line
 
 
 def _typed(key: str, value: str) -> Any:
@@ -153,6 +158,7 @@ def _row(run: Any) -> dict[str, Any]:
         "outcome": str(outcome),
         "reason": tags.get(Tag.REASON, ""),
         "loss_name": tags.get(Tag.LOSS_NAME, ""),
+        "user": adoption.user_of(run),  # who created it (the report names other users' runs)
     }
     row.update(run.data.metrics)
     # Text read from runs is data: control characters (newlines) would restructure the
@@ -268,12 +274,15 @@ def adopted_runs(c: Any, sweep: Sweep) -> list[Any]:
     return runs
 
 
-def fetch_runs(c: Any, sweep: Sweep) -> pd.DataFrame:
+def fetch_runs(c: Any, sweep: Sweep, allowed: Sequence[str] | None = None,
+               workers: int = 8) -> pd.DataFrame:
     """Every training run of the sweep, one row each: tags, typed params, summary metrics.
 
     The sweep's runs are those tagged with its id plus those it adopted (a resumed sweep
-    skipped their points as already FINISHED: ``adopted_runs``). A (config, seed) point
-    logged more than once keeps its finished run, else its newest one.
+    skipped their points as already FINISHED: ``adopted_runs``). Given ``allowed`` (the task
+    import paths a config may name), a FINISHED run whose artifacts do not back it is
+    unreadable, with the reason (``adoption.unbacked``). A (config, seed) point logged more
+    than once keeps its finished run, else its newest one.
 
     Raises:
         ReportError: the sweep has no training runs.
@@ -291,7 +300,17 @@ def fetch_runs(c: Any, sweep: Sweep) -> pd.DataFrame:
     bad = [r.info.run_id for r in runs if not is_safe_name(r.info.run_id)]
     if bad:  # run ids become folder names of the downloads
         log.warning("runs with invalid ids left out: %s", ", ".join(map(repr, bad[:5])))
-    df = pd.DataFrame([_row(r) for r in runs if is_safe_name(r.info.run_id)])
+    runs = [r for r in runs if is_safe_name(r.info.run_id)]
+    unbacked = adoption.unbacked(c, runs, allowed, workers) if allowed is not None else {}
+    df = pd.DataFrame([_row(r) for r in runs])
+    for key in (k for k in TYPED_PARAMS if k in df.columns):  # absent: as one that does not parse
+        for i in df.index[df[key].isna()]:
+            unbacked.setdefault(df.at[i, "run_id"], f"param {key} is missing")
+            df.at[i, key] = _neutral()[key]
+    for i in df.index[df["run_id"].isin(list(unbacked))]:
+        why = one_line(unbacked[df.at[i, "run_id"]])
+        log.warning("run %s is unreadable: %s", df.at[i, "run_id"], why)
+        df.loc[i, ["outcome", "reason"]] = [UNREADABLE, f"unreadable run: {why}"[:300]]
     df["_finished"] = df["outcome"] == "finished"
     df = df.sort_values(["_finished", "start_time"], ascending=False)
     dropped = df.duplicated(["fingerprint", "seed"]).sum()

@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from stability.report import advice, compare, factors, fetch, health, lr, publish, select
+from stability.report import adoption, advice, compare, factors, fetch, health, lr, publish, select
 from stability.report.decision import margin_of
 from stability.report.evaluate import evaluate_winner, load_winner
 from stability.report.html import to_html
@@ -81,7 +81,7 @@ class _Selected:
 def _fetch(c: Any, cfg: ReportConfig) -> tuple[fetch.Sweep, pd.DataFrame, pd.DataFrame]:
     """The sweep, its runs and their config table (ranked on validation)."""
     sweep = fetch.find_sweep(c, cfg.experiment, cfg.sweep_id)
-    runs = fetch.fetch_runs(c, sweep)
+    runs = fetch.fetch_runs(c, sweep, allowed_tasks(cfg.task), cfg.history_workers)
     runs["val_acc_at_best"] = fetch.val_acc_at_best(c, runs, cfg.history_workers)
     configs = select.aggregate(runs, cfg.confidence)
     if not (runs["outcome"] == "finished").any():
@@ -148,6 +148,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                 tempfile.TemporaryDirectory(prefix=".staging-", dir=folder) as staged:
             cache, staging = Path(tmp), Path(staged)
             steps = _steps(c, cfg, runs, cache / "steps", notes)
+            notes += adoption.other_users(c, sweep.parent_run_id, runs)
             configs = health.judge(runs, chosen.configs, steps, cfg.verdict)
             lr_found = lr.curves(runs, configs)
             lr_text = lr.sentences(lr_found, {f.name: f.reference

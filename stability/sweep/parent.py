@@ -7,17 +7,19 @@ this run, so the MLflow UI nests the runs under ``sweep <sweep_id>``.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stability.core.config import TrackingConfig
 from stability.sweep.schedule import CostKey, observed_costs
+from stability.tracking import adoption
 from stability.tracking.artifacts import upload_artifacts
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
 from stability.tracking.folders import journal_names, tagged_folder, under
@@ -26,6 +28,7 @@ from stability.tracking.orphans import closing_outcome, end_stale_runs, process_
 from stability.tracking.queries import finished_runs, point_of, search_all
 from stability.tracking.run import process_tag
 from stability.tracking.sync import sync_paths
+from stability.tracking.trusted import allowed_tasks
 from stability.tracking.uri import (
     check_reachable,
     client,
@@ -36,6 +39,8 @@ from stability.tracking.uri import (
     redact_uri,
     resolve_tracking_uri,
 )
+
+log = logging.getLogger(__name__)
 
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 # How long the sweep waits for its open runs' own end writes (a run closing itself under load)
@@ -194,8 +199,8 @@ class SweepRun:
 
 def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, unique: int,
                    arguments: Sequence[str], params: Mapping[str, Any],
-                   resume: bool, sweep_dir: Path | None = None
-                   ) -> tuple[SweepRun, dict[tuple[str, int], Recorded]]:
+                   resume: bool, sweep_dir: Path | None = None, tasks: Sequence[str] = ()
+                   ) -> tuple[SweepRun, Mapping[tuple[str, int], Recorded]]:
     """Check the store, create experiment and parent run; read what is already done.
 
     Args:
@@ -209,10 +214,13 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
         sweep_dir: the sweep's folder: its pending runs are synced first (so a run that
             finished while the server was away counts as done), and RUNNING runs of the
             experiment without heartbeat are ended as KILLED.
+        tasks: the sweep's own task import paths: a FINISHED run's config may name one of
+            them or a built-in task (``Adoptable``).
 
     Returns:
         The parent run and the finished points to skip, with what each recorded (a strategy
-        that plans from results reads them: ``Recorded``).
+        that plans from results reads them: ``Recorded``): only those whose run's artifacts
+        back it (``Adoptable``).
 
     Raises:
         TrackingError: an HTTP tracking server does not answer.
@@ -227,7 +235,7 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
     stale = end_stale_runs(uri, tracking.experiment, tracking.stale_after_s, roots=roots)
     # One read serves resume (what is done) and scheduling (how long each kind of job took).
     finished = finished_runs(uri, tracking.experiment)
-    done = recorded_of(finished) if resume else {}
+    done: Mapping[tuple[str, int], Recorded] = Adoptable(uri, finished, tasks) if resume else {}
     c = client(uri)
     from mlflow.entities import Param  # after client(): it imports MLflow (lean)
 
@@ -266,6 +274,61 @@ def recorded_of(runs: Sequence[Any]) -> dict[tuple[str, int], Recorded]:
             m = r.data.metrics
             out[key] = Recorded(m.get("best_val_loss"), m.get("wall_time_s"), r.info.run_id)
     return out
+
+
+class Adoptable(Mapping[tuple[str, int], Recorded]):
+    """The FINISHED points a resumed sweep may skip, checked when first asked for.
+
+    A point counts as done only through a run whose artifacts back what it records
+    (``tracking.adoption.check``: its config.yaml hashes to its fingerprint, its steps.csv
+    agrees with its metrics); of several runs of a point the newest such one stands. A point
+    whose runs all fail is not done: one line names each run and why, and the sweep runs
+    the point again.
+    """
+
+    def __init__(self, uri: str, runs: Sequence[Any], tasks: Sequence[str] = ()) -> None:
+        """Args: the store, its FINISHED training runs, the sweep's own task import paths."""
+        self._uri = uri
+        self._allowed = tuple(dict.fromkeys(t for task in (*tasks, None)
+                                            for t in allowed_tasks(task)))
+        self._runs: dict[tuple[str, int], list[Any]] = {}
+        for r in sorted(runs, key=lambda r: r.info.start_time or 0, reverse=True):
+            key = point_of(r)
+            if key is not None:
+                self._runs.setdefault(key, []).append(r)
+        self._checked: dict[tuple[str, int], Recorded | None] = {}
+
+    def _adopted(self, key: tuple[str, int]) -> Recorded | None:
+        if key not in self._checked:
+            self._checked[key] = None
+            runs = self._runs.get(key, [])
+            for i, r in enumerate(runs):
+                why = adoption.check(client(self._uri), r.info.run_id, r.info.artifact_uri,
+                                     key[0], r.data.metrics, self._allowed,
+                                     adoption.world_size_of(r.data.params))
+                if not why:
+                    self._checked[key] = recorded_of([r])[key]
+                    break
+                log.warning("not adopting FINISHED run %s (config %s, seed %d): %s; %s",
+                            r.info.run_id, key[0], key[1], why,
+                            "an older run of the point is checked" if i + 1 < len(runs)
+                            else "the point runs again")
+        return self._checked[key]
+
+    def __getitem__(self, key: tuple[str, int]) -> Recorded:
+        found = self._adopted(key) if key in self._runs else None
+        if found is None:
+            raise KeyError(key)
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._runs and self._adopted(key) is not None  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return (k for k in list(self._runs) if self._adopted(k) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def resumable_folders(run: SweepRun, points: Sequence[Any]) -> dict[tuple[str, int], Path]:

@@ -44,7 +44,7 @@ class Session:
     """The sweep's parent run (None: tracking disabled) and what the experiment already holds."""
 
     run: SweepRun | None = None
-    done: dict[Key, Recorded] = field(default_factory=dict)  # FINISHED before this sweep
+    done: Mapping[Key, Recorded] = field(default_factory=dict)  # FINISHED before this sweep
 
     def recorded(self) -> dict[Key, Recorded]:
         """What every FINISHED training run of the experiment recorded, read now (a strategy
@@ -150,7 +150,7 @@ def open_session(points: Sequence[SweepPoint], grid_size: int, sweep_id: str,
         raise SweepError(str(err), 2) from None
     try:
         run, done = open_sweep_run(tracking, sweep_id, grid_size, len(points), arguments, grid,
-                                   resume, sweep_dir)
+                                   resume, sweep_dir, [p.cfg.task.target for p in points])
     except (TrackingError, ConfigError) as err:
         raise SweepError(str(err), 1) from None
     except Exception as err:  # e.g. MlflowException: a store that refuses the sweep

@@ -46,6 +46,23 @@ def _open_present(folder: Path) -> dict[str, int]:
     return files
 
 
+def missing_artifacts(c: Any, run_id: str, folder: str | Path) -> list[str]:
+    """The ``Artifact.ALL`` files of ``folder`` that ``upload_artifacts`` would send now.
+
+    Args:
+        c: an ``MlflowClient``.
+        run_id: the MLflow run.
+        folder: the run folder.
+    """
+    files = _open_present(Path(folder))
+    try:
+        have = uploaded(c, run_id) if files else {}
+        return [n for n, fd in files.items() if have.get(n) != os.fstat(fd).st_size]
+    finally:
+        for fd in files.values():
+            os.close(fd)
+
+
 def upload_artifacts(c: Any, run_id: str, folder: str | Path) -> list[str]:
     """Upload the ``Artifact.ALL`` files of ``folder`` the run lacks; returns the paths sent.
 

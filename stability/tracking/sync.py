@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 
 from stability.core import rundir
 from stability.tracking import journal
-from stability.tracking.artifacts import upload_artifacts
+from stability.tracking.artifacts import missing_artifacts, upload_artifacts
 from stability.tracking.buffer import MAX_PARAMS, MAX_TAGS, Point, retry_call, send_metrics
 from stability.tracking.contract import STEP_METRICS, Tag
 from stability.tracking.queries import metric_steps
@@ -131,6 +132,31 @@ def _find_run(c: Any, run_id: str | None) -> Any:
         raise
 
 
+ASIDE_PREFIX = "aside-"  # ``claim.py`` moves a run's records to ``<its folder>/aside-<time>/``
+
+
+def check_owner(folder: Path, run: Any) -> None:
+    """A sync writes only into the run its folder is: the run's own ``stability.output_dir``.
+
+    The journal says which run a folder is, but a journal is a file anyone can hand over:
+    the run's record on the server must name this folder (by real path; or the folder is an
+    ``aside-*`` folder directly inside it, where a new run moved the old one's records).
+
+    Raises:
+        SyncError: the run records no folder, or another one.
+    """
+    tag = run.data.tags.get(Tag.OUTPUT_DIR, "")
+    real = Path(os.path.realpath(folder))
+    own = Path(os.path.realpath(tag)) if tag and os.path.isabs(tag) else None
+    if own is not None and (real == own or (real.parent == own
+                                             and real.name.startswith(ASIDE_PREFIX))):
+        return
+    recorded = f"records folder {tag[:300]!r}" if tag else "records no folder"
+    raise SyncError(f"run {run.info.run_id} {recorded} ({Tag.OUTPUT_DIR}), not {real}: a sync "
+                    "writes only into the folder's own run; nothing was sent, the folder stays "
+                    "pending")
+
+
 def sync_folder(folder: str | Path, uri: str | None = None,
                 retry_s: float = SYNC_RETRY_S) -> SyncResult:
     """Make MLflow hold everything ``folder``'s journal and CSV hold; returns what was sent.
@@ -162,8 +188,27 @@ def sync_folder(folder: str | Path, uri: str | None = None,
     from mlflow.entities import Param, RunTag  # after client(): it imports MLflow (lean)
 
     run = call(lambda: _find_run(c, r.run_id))
+    if run is not None:
+        check_owner(folder, run)
     result = SyncResult(folder, "", uri=uri, experiment=r.experiment)
-    if run is None:
+    have = run.data if run is not None else None
+    params = [Param(k, v) for k, v in r.params.items() if have is None or k not in have.params]
+    tags = [RunTag(k, v) for k, v in r.tags.items()
+            if k not in NOT_SYNCED_TAGS and (have is None or have.tags.get(k) != v)]
+    points, seen = [], set()
+    for p in (*steps, *r.metrics):
+        if (p[0], p[2]) not in seen:  # a resumed run journals a replayed epoch twice
+            seen.add((p[0], p[2]))
+            points.append(p)
+    if run is not None:
+        rid = run.info.run_id
+        known = call(lambda: metric_steps(c, rid, sorted({p[0] for p in points})))
+        points = [p for p in points if p[2] not in known.get(p[0], ())]
+        if run.info.status == "FINISHED":
+            check_unchanged(folder, run, params, tags, points, r.status,
+                            call(lambda: missing_artifacts(c, rid, folder))
+                            if r.status is not None else [])
+    else:
         exp_id = call(lambda: ensure_experiment(uri, r.experiment, check=False))
         run = call(lambda: c.create_run(exp_id, start_time=r.start_ms or None, tags=r.tags,
                                         run_name=r.run_name))
@@ -171,24 +216,14 @@ def sync_folder(folder: str | Path, uri: str | None = None,
         result.created = True
     rid = result.run_id = run.info.run_id
 
-    params = [Param(k, v) for k, v in r.params.items() if k not in run.data.params]
     for i in range(0, len(params), MAX_PARAMS):
         call(lambda b=params[i : i + MAX_PARAMS]: c.log_batch(rid, params=b, synchronous=True))
     result.params = len(params)
-    tags = [RunTag(k, v) for k, v in r.tags.items()
-            if k not in NOT_SYNCED_TAGS and run.data.tags.get(k) != v]
-    for i in range(0, len(tags), MAX_TAGS):
-        call(lambda b=tags[i : i + MAX_TAGS]: c.log_batch(rid, tags=b, synchronous=True))
-
-    points, seen = [], set()
-    for p in (*steps, *r.metrics):
-        if (p[0], p[2]) not in seen:  # a resumed run journals a replayed epoch twice
-            seen.add((p[0], p[2]))
-            points.append(p)
-    known = call(lambda: metric_steps(c, rid, sorted({p[0] for p in points})))
-    todo = [p for p in points if p[2] not in known.get(p[0], ())]
-    call(lambda: send_metrics(c, rid, todo))  # a resend of identical points is de-duplicated
-    result.points = len(todo)
+    if not result.created:  # a created run got them at creation
+        for i in range(0, len(tags), MAX_TAGS):
+            call(lambda b=tags[i : i + MAX_TAGS]: c.log_batch(rid, tags=b, synchronous=True))
+    call(lambda: send_metrics(c, rid, points))  # a resend of identical points is de-duplicated
+    result.points = len(points)
 
     if r.status is not None:
         result.artifacts = call(lambda: upload_artifacts(c, rid, folder))
@@ -197,6 +232,26 @@ def sync_folder(folder: str | Path, uri: str | None = None,
         result.status = r.status
         journal.clear_pending(folder)
     return result
+
+
+def check_unchanged(folder: Path, run: Any, params: list[Any], tags: list[Any],
+                    points: list[Point], status: str | None, artifacts: list[str]) -> None:
+    """A FINISHED run is complete: a sync that would change it is refused before any write.
+
+    (A re-sync of a folder MLflow already holds whole writes nothing and passes.)
+
+    Raises:
+        SyncError: names what the sync would have changed.
+    """
+    changes = ([f"{len(params)} params"] if params else []) + (
+        [f"tags {', '.join(t.key for t in tags[:3])}"] if tags else []) + (
+        [f"{len(points)} metric points"] if points else []) + (
+        [f"artifacts {', '.join(artifacts)}"] if artifacts else []) + (
+        [f"status {status}"] if status not in (None, "FINISHED") else [])
+    if changes:
+        raise SyncError(f"run {run.info.run_id} is FINISHED: a sync never changes a finished "
+                        f"run (this one would send {'; '.join(changes)}); nothing was sent, "
+                        f"{folder} stays pending")
 
 
 def pending_folders(paths: Iterable[str | Path]) -> list[Path]:

@@ -1,0 +1,156 @@
+"""Whether a FINISHED training run counts as done: it holds what it claims to have trained.
+
+A FINISHED run is a claim anyone with write access to the experiment can make: a run planted
+for a point a sweep has not run yet would be skipped as done, and its made-up loss could win
+the report. A resumed sweep skips a point (``sweep/parent.py``), and the report counts a run
+(``report/adoption.py``), only if the run's own artifacts back it:
+
+- ``config.yaml`` is plain data that may be built (``trusted.trusted_config``: no
+  interpolation, an allow-listed task, PyTorch's own optimizer) and hashes to the run's
+  ``stability.fingerprint`` tag;
+- ``steps.csv`` is a table of numbers with at least one step; where the run records them,
+  its last ``step`` is the ``optimizer_steps`` metric and its last ``loss`` the ``loss``
+  metric;
+- ``best_val_loss`` is a finite number and, where the run records a ``val_loss`` series, the
+  lowest value of it.
+
+Each check reads what the run itself recorded (metrics only where it logged them: a run
+tracked by hand with only ``contract.Rebuild`` passes on its config and table). Nothing in a
+run picks code: the config is checked as text first, the table parsed as numbers.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from stability.tracking.contract import WORLD_SIZE_PARAM, Artifact
+from stability.tracking.trusted import trusted_config
+
+MAX_CONFIG_BYTES = 1_000_000  # a config.yaml of ours is ~1 kB
+REL_TOL = 1e-6  # float32 values written to a CSV and logged as float64 agree to this
+
+
+class NotBacked(ValueError):
+    """A run's artifacts do not back what it records (the message says which and how)."""
+
+
+def _download(c: Any, run_id: str, artifact_uri: str, name: str, dest: Path) -> Path:
+    from mlflow.artifacts import download_artifacts
+
+    try:
+        if artifact_uri:
+            return Path(download_artifacts(artifact_uri=f"{artifact_uri.rstrip('/')}/{name}",
+                                           dst_path=str(dest), tracking_uri=c.tracking_uri))
+        return Path(c.download_artifacts(run_id, name, str(dest)))
+    except Exception:
+        raise NotBacked(f"it has no {name}") from None
+
+
+def _config(path: Path, fingerprint: str, world_size: int, allowed: Sequence[str]) -> None:
+    import yaml
+
+    with path.open("rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise NotBacked(f"its {Artifact.CONFIG} is over {MAX_CONFIG_BYTES:,} bytes")
+    try:
+        trusted_config(yaml.safe_load(data.decode("utf-8")), fingerprint, allowed, world_size)
+    except Exception as err:  # Untrusted, ConfigError, a YAML or UTF-8 error: all data
+        raise NotBacked(f"its {Artifact.CONFIG} is refused: "
+                        f"{' '.join(str(err).split())[:300]}") from None
+
+
+def _number(text: str, where: str) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        raise NotBacked(f"its {Artifact.STEPS_CSV} holds {str(text)[:40]!r} at {where}, "
+                        "not a number") from None
+
+
+def _recorded(metrics: Mapping[str, Any], key: str) -> float | None:
+    value = metrics.get(key)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
+
+
+def _steps(path: Path, metrics: Mapping[str, Any]) -> None:
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise NotBacked(f"its {Artifact.STEPS_CSV} cannot be read ({err})") from None
+    if not rows or "step" not in rows[0]:
+        raise NotBacked(f"its {Artifact.STEPS_CSV} holds no step")
+    last = rows[-1]
+    step = _number(last.get("step") or "", f"line {len(rows) + 1}, column step")
+    steps = _recorded(metrics, "optimizer_steps")
+    if steps is not None and step != steps:
+        raise NotBacked(f"its {Artifact.STEPS_CSV} ends at step {step:g}, its optimizer_steps "
+                        f"metric says {steps:g}")
+    loss = _recorded(metrics, "loss")
+    if loss is not None and "loss" in last:
+        value = _number(last["loss"] or "", f"line {len(rows) + 1}, column loss")
+        if not _close(value, loss):
+            raise NotBacked(f"its {Artifact.STEPS_CSV} ends with loss {value:.6g}, its loss "
+                            f"metric says {loss:.6g}")
+
+
+def _best(c: Any, run_id: str, metrics: Mapping[str, Any]) -> None:
+    best = _recorded(metrics, "best_val_loss")
+    if best is None:
+        raise NotBacked("its best_val_loss is not a finite number")
+    if _recorded(metrics, "val_loss") is None:
+        return  # no val_loss series to compare with (a run tracked by hand)
+    values = [m.value for m in c.get_metric_history(run_id, "val_loss")
+              if math.isfinite(m.value)]
+    if values and not _close(min(values), best):
+        raise NotBacked(f"its best_val_loss {best:.6g} is not the lowest of its val_loss "
+                        f"series ({min(values):.6g})")
+
+
+def check(c: Any, run_id: str, artifact_uri: str, fingerprint: str, metrics: Mapping[str, Any],
+          allowed: Sequence[str], world_size: int = 1) -> str:
+    """Why a FINISHED run does not count as done ("" when its artifacts back it).
+
+    Args:
+        c: an ``MlflowClient``.
+        run_id: the run.
+        artifact_uri: its ``info.artifact_uri`` ("" to look it up).
+        fingerprint: its ``stability.fingerprint`` tag.
+        metrics: its summary metrics (``data.metrics``).
+        allowed: task import paths its config may name (``trusted.allowed_tasks``).
+        world_size: its data-parallel ranks (part of its fingerprint above 1).
+    """
+    try:
+        _best(c, run_id, metrics)
+        with tempfile.TemporaryDirectory(prefix="stability-adopt-") as tmp:
+            _config(_download(c, run_id, artifact_uri, Artifact.CONFIG, Path(tmp) / "c"),
+                    fingerprint, world_size, allowed)
+            _steps(_download(c, run_id, artifact_uri, Artifact.STEPS_CSV, Path(tmp) / "s"),
+                   metrics)
+    except NotBacked as err:
+        return str(err)
+    except Exception as err:  # the store or a download failed: not shown to be backed
+        return f"it could not be checked ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
+    return ""
+
+
+def world_size_of(params: Mapping[str, Any]) -> int:
+    """A run's ``world_size`` param (1 when absent or not a positive integer)."""
+    try:
+        return max(1, int(str(params.get(WORLD_SIZE_PARAM, 1))))
+    except ValueError:
+        return 1
