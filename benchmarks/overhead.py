@@ -120,7 +120,7 @@ def tracked_run(spec: BenchSpec, cfg: RunConfig, direct: bool = True) -> Tracked
     """``job.train_tracked(cfg)``, what a sweep worker runs, timed end to end.
 
     ``direct=False``: on the SQLite store, metric points through MLflow's ``log_batch``
-    (``TrackedRun.direct_sqlite``), as every run did before issue 24.
+    (``TrackedRun.direct_sqlite``), the path runs took before ``DirectMetrics``.
     """
     from stability.sweep.job import train_tracked  # imports MLflow lazily, like the job does
     from stability.tracking.run import TrackedRun

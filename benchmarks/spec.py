@@ -23,13 +23,13 @@ PARTS = ("overhead", "memory", "precision", "accum", "study", "scale")
 DEFAULT_PARTS = ("overhead", "memory", "precision", "accum")
 ACCUM_VALUES = (1, 2, 4, 8, 16)
 
-# The targets of issue 6, in one place so the JSON, the table and the docs agree.
+# The overhead targets, in one place so the JSON, the table and the docs agree.
 TARGETS = {
     "instrumented_ratio": 1.03,  # TrainStep + telemetry + steps.csv, per epoch, vs bare
-    "per_layer_ratio": 1.03,  # ... + telemetry.per_layer (issue 10), per epoch, vs instrumented
+    "per_layer_ratio": 1.03,  # ... + telemetry.per_layer, per epoch, vs instrumented
     "tracked_ratio": 1.10,  # ... + per-step metrics to a real MLflow server, vs bare
-    "tracked_sqlite_ratio": 1.10,  # the same on the embedded SQLite store (issue 24), wall
-    "tracked_sqlite_cpu_run": 1.15,  # ... its CPU s/run vs bare (issue 24)
+    "tracked_sqlite_ratio": 1.10,  # the same on the embedded SQLite store, wall
+    "tracked_sqlite_cpu_run": 1.15,  # ... its CPU s/run vs bare
     "fixed_cost_s": 0.5,  # per run in a sweep worker: everything that is not epochs
     "study_ratio": 1.3,  # study wall time vs (sum of bare training time) / cores
     "memory_ratio": 1.2,  # peak RSS of a run vs the bare loop's
@@ -88,7 +88,7 @@ class BenchSpec:
         """The ``RunConfig`` a variant trains (one CPU thread, clipping on, tracking off).
 
         ``telemetry.per_layer`` is off unless asked for (the default run has it on), so the
-        ``instrumented`` figures stay those of issue 6 and the per-layer norms are measured as
+        ``instrumented`` figures stay comparable across versions and the per-layer norms are measured as
         a variant of their own.
 
         Args:

@@ -25,7 +25,7 @@ VARIANT_LABELS = {
     "tracked_sqlite": "Instrumented + per-layer norms + every per-step metric to the embedded "
                       "SQLite store (rows, one transaction a flush: `DirectMetrics`)",
     "tracked_sqlite_log_batch": "The same on the embedded SQLite store through MLflow's "
-                                "`log_batch` (before issue 24)",
+                                "`log_batch` (the path before `DirectMetrics`)",
 }
 VARIANT_TARGETS = {"instrumented": "instrumented_ratio", "tracked_server": "tracked_ratio",
                    "tracked_sqlite": "tracked_sqlite_ratio"}

@@ -1,6 +1,6 @@
 """What a run costs on its device: median seconds per optimizer step and peak memory.
 
-The report weighs these against the loss (issue 18: "the cheapest config among those
+The report weighs these against the loss ("the cheapest config among those
 equivalent to the best"), so both are measured the same way for every config of a study:
 
 - ``step_time_median_s``: the median wall time of ``TrainStep.step`` over the run's optimizer
