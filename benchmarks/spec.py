@@ -88,8 +88,8 @@ class BenchSpec:
         """The ``RunConfig`` a variant trains (one CPU thread, clipping on, tracking off).
 
         ``telemetry.per_layer`` is off unless asked for (the default run has it on), so the
-        ``instrumented`` figures stay comparable across versions and the per-layer norms are measured as
-        a variant of their own.
+        ``instrumented`` figures stay comparable across versions and the per-layer norms are
+        measured as a variant of their own.
 
         Args:
             output_dir: where ``steps.csv``, ``config.yaml`` and the checkpoint go.
