@@ -306,7 +306,7 @@ def test_without_a_scaler_lightning_applies_a_nonfinite_update(tmp_path: Path) -
 def test_trainer_record_groups_seeds_and_separates_settings(tmp_path: Path) -> None:
     """Seeds of one setting share a fingerprint, another setting does not; the record has
     every tag and param the report needs (``contract.missing_records``)."""
-    from stability.integrations.record import trainer_record
+    from stability.integrations.trainer_run import trainer_record
     from stability.tracking.contract import Tag, missing_records
 
     settings = {"precision.name": "fp16", "clip.max_norm": 1.0}

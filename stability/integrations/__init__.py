@@ -1,6 +1,6 @@
 """Telemetry for training loops we do not own: PyTorch Lightning and the Hugging Face Trainer.
 
-``recorder.StepRecorder`` is the trainer-neutral part (``core.measure``, the same step sinks
+``step_recorder.StepRecorder`` is the trainer-neutral part (``core.measure``, the same step sinks
 as our loop: ``steps.csv``, ``layer_norms.csv``, the diagnostics, an MLflow ``TrackedRun``'s
 buffer). ``lightning.StabilityCallback`` and ``hf.StabilityCallback`` feed it from each
 trainer's hooks (docs/integrations.md gives the hook orders). ``study`` trains a task that

@@ -47,7 +47,7 @@ from stability.core.config import ClipConfig, PrecisionConfig
 from stability.core.precision import Precision
 from stability.core.sinks import StepSink
 from stability.core.validation import ConfigError
-from stability.integrations.recorder import (
+from stability.integrations.step_recorder import (
     RecordingCallback,
     optimizer_params,
     schedule_params,
@@ -143,7 +143,7 @@ def scheduler_position(trainer: Trainer) -> int:
 class StabilityCallback(RecordingCallback, TrainerCallback):
     """Records ``steps.csv`` (+ ``layer_norms.csv``) of a ``Trainer.train``, every step.
 
-    Arguments as ``recorder.RecordingCallback``'s; ``val_loss_key`` / ``val_acc_key`` name
+    Arguments as ``step_recorder.RecordingCallback``'s; ``val_loss_key`` / ``val_acc_key`` name
     evaluation metrics (``eval_loss``, ``eval_accuracy``).
     """
 

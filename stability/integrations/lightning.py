@@ -15,7 +15,7 @@ in docs/integrations.md)::
 
 The callback never changes training: it measures with clipping off (Lightning clips). The
 post-clip norm of Lightning's standard norm clip is derived from the pre-clip one as our loop
-derives its own (``recorder``); a module overriding ``configure_gradient_clipping``, or value
+derives its own (``step_recorder``); a module overriding ``configure_gradient_clipping``, or value
 clipping, gets it measured on the gradients Lightning left (``zero_grad`` runs at the next
 step's first closure).
 A step counts as skipped when the GradScaler skipped it (its scale dropped across the step, or
@@ -46,7 +46,7 @@ import torch
 from stability.core.config import ClipConfig, PrecisionConfig
 from stability.core.precision import Precision
 from stability.core.sinks import StepSink
-from stability.integrations.recorder import (
+from stability.integrations.step_recorder import (
     RecordingCallback,
     batch_samples,
     optimizer_params,
@@ -103,7 +103,7 @@ def scheduler_position(trainer: pl.Trainer) -> int:
 class StabilityCallback(RecordingCallback, pl.Callback):
     """Records ``steps.csv`` (+ ``layer_norms.csv``) of a Lightning fit, per optimizer step.
 
-    Arguments as ``recorder.RecordingCallback``'s; ``val_loss_key`` / ``val_acc_key`` name
+    Arguments as ``step_recorder.RecordingCallback``'s; ``val_loss_key`` / ``val_acc_key`` name
     metrics the module logs (``self.log(...)``).
     """
 

@@ -1,7 +1,7 @@
 """``stability.track``: any training loop recorded as our loop records its runs.
 
 One context manager around a loop the user writes: it builds the run's ``RunRecord``
-(``record.trainer_record``, ``trainer=plain``), opens its ``TrackedRun`` (MLflow, durable),
+(``trainer_run.trainer_record``, ``trainer=plain``), opens its ``TrackedRun`` (MLflow, durable),
 writes ``steps.csv`` (``CsvStepWriter``) and keeps our loop's diagnostics
 (``core.monitor.Diagnostics``) and cost metrics (``core.cost.run_costs``). ``run.step`` is
 ``StepMeter.step`` (measure and clip the unscaled gradients, docs/integrations.md) plus the
@@ -29,7 +29,7 @@ from stability.core.measure import StepMeter
 from stability.core.monitor import Diagnostics
 from stability.core.rundir import CHECKPOINT_NAME, CSV_NAME
 from stability.core.steplog import CsvStepWriter, EpochLog, StepLog
-from stability.integrations.record import trainer_record
+from stability.integrations.trainer_run import trainer_record
 from stability.tracking.run import TrackedRun
 
 PLAIN = "plain"  # the ``trainer`` param of a run recorded through ``track``
