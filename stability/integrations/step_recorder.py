@@ -26,12 +26,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from stability.core.clipping import CLIP_EPS, grad_global_norm
+from stability.core.clipping import CLIP_EPS, grad_global_norm, grad_norms
 from stability.core.config import ClipConfig
 from stability.core.cost import CostMeter, run_costs
 from stability.core.layers import LayerNormRecorder
-from stability.core.measure import Measurement, StepMeter, measure
+from stability.core.measure import Measurement, StepMeter, _first_non_finite, measure
 from stability.core.monitor import Diagnostics
+from stability.core.precision import fp16_underflow_fraction
 from stability.core.rundir import CSV_NAME, LAYER_NORMS_NAME
 from stability.core.sinks import ParamSink, StepSink, load_states, state_of
 from stability.core.steplog import CSV_COLUMNS, CsvStepWriter, EpochLog, SkipReason, StepLog
@@ -54,12 +55,15 @@ MEASURE_ONLY = ClipConfig(enabled=False)  # the trainer clips; the recorder only
 
 @dataclass(frozen=True)
 class _Pending:
-    """What ``before_step`` measured, waiting for the trainer to step."""
+    """What ``before_step`` measured, waiting for the trainer to step (``m`` is None until
+    ``took_norm`` hands in the norm the trainer's own clip took)."""
 
     step: int
     lr: float
-    m: Measurement
+    m: Measurement | None
     params: list[nn.Parameter]  # what was measured: a measured post-clip norm reads them again
+    scale: float = 1.0  # the loss scale of the step's backward (a deferred norm's record)
+    underflow: float = math.nan  # sampled before the clip (a deferred norm's record)
 
 
 def _with_scheduler_stepped(log: StepLog, stepped: int) -> TrainerStepLog:
@@ -137,15 +141,55 @@ class StepRecorder:
             self._window_t0 = time.perf_counter()
 
     def before_step(self, params: Iterable[nn.Parameter], lr: float,
-                    scaler: torch.amp.GradScaler | None) -> None:
+                    scaler: torch.amp.GradScaler | None, *, norm_later: bool = False) -> None:
         """The unscaled gradients, before the trainer clips them: pre-clip norm, finiteness,
-        the loss scale of this step's backward (and the fp16 underflow share when sampled)."""
+        the loss scale of this step's backward (and the fp16 underflow share when sampled).
+
+        Args:
+            params: the optimizer's parameters.
+            lr: the step's learning rate.
+            scaler: the trainer's GradScaler, or None.
+            norm_later: the trainer's own clip will take the pre-clip norm and ``took_norm``
+                hands it in: no norm is taken here (the scale and the sampled underflow share
+                are, on the same unclipped gradients).
+        """
         step = self.meter.begin()
         self._scaler = scaler
         params = list(params)
-        m = measure(params, MEASURE_ONLY, scaler, model=self.model,
-                    sample_underflow=self.meter.samples_underflow(step))
-        self._pending = _Pending(step, float(lr), m, params)
+        sample = self.meter.samples_underflow(step)
+        if not norm_later:
+            m = measure(params, MEASURE_ONLY, scaler, model=self.model, sample_underflow=sample)
+            self._pending = _Pending(step, float(lr), m, params)
+            return
+        scaling = scaler is not None and scaler.is_enabled()
+        underflow = math.nan
+        if scaling and sample:
+            underflow = fp16_underflow_fraction([p.grad for p in params if p.grad is not None])
+        self._pending = _Pending(step, float(lr), None, params,
+                                 scaler.get_scale() if scaling else 1.0, underflow)
+
+    @property
+    def awaits_norm(self) -> bool:
+        """Whether ``before_step(norm_later=True)`` waits for ``took_norm``."""
+        return self._pending is not None and self._pending.m is None
+
+    def took_norm(self, pre: torch.Tensor) -> None:
+        """The pre-clip global norm the trainer's clip took (``torch.nn.utils.get_total_norm``
+        of the unscaled gradients ``before_step`` saw, before it scales them): the step's
+        measurement, as ``measure`` would have made it, from one host read; on a non-finite
+        norm the first non-finite parameter is named from the still unclipped gradients."""
+        assert self._pending is not None and self._pending.m is None, "took_norm twice"
+        p = self._pending
+        pre_f = float(pre)
+        finite = math.isfinite(pre_f)
+        name = ""
+        if not finite:  # the skip path only: per-tensor norms say which gradient went bad
+            with_grad = [q for q in p.params if q.grad is not None]
+            per_tensor = grad_norms([q.grad for q in with_grad])[0]
+            name = _first_non_finite(self.model, with_grad, per_tensor)
+        m = Measurement(pre_f, pre_f, math.nan, finite, False, p.scale,
+                        p.underflow if finite else math.nan, name)
+        self._pending = _Pending(p.step, p.lr, m, p.params)
 
     @property
     def stepping(self) -> bool:
@@ -157,7 +201,16 @@ class StepRecorder:
         between ``before_step`` and ``finish_step``; of the parameters ``before_step``
         measured: the same optimizer step)."""
         assert self._pending is not None, "post_clip_norm without before_step"
+        self._ensure_measured()
+        assert self._pending.m is not None
         return self._post_clip_norm(self._pending.m, self._pending.params)
+
+    def _ensure_measured(self) -> None:
+        # A deferred norm that never came (the trainer skipped its clip call): measured now,
+        # on the gradients as they are, rather than leaving the step unrecorded.
+        if self._pending is not None and self._pending.m is None:
+            self.took_norm(grad_global_norm([q.grad for q in self._pending.params
+                                             if q.grad is not None]))
 
     def _post_clip_norm(self, m: Measurement, params: list[nn.Parameter]) -> float:
         # A standard norm clip (torch.nn.utils.clip_grad_norm_, which both trainers call)
@@ -190,8 +243,10 @@ class StepRecorder:
                 parameters ``before_step`` measured).
         """
         assert self._pending is not None, "finish_step without before_step"
+        self._ensure_measured()
         p, self._pending = self._pending, None
         m = p.m
+        assert m is not None
         if not m.finite or skipped:
             post = m.grad_l2_pre_clip
         elif post is None:
