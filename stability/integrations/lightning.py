@@ -126,6 +126,7 @@ class StabilityCallback(RecordingCallback, pl.Callback):
         self._restored: dict[str, Any] | None = None  # from the trainer's checkpoint
         self._norm_later = False  # the trainer's norm clip hands its norm in (on_fit_start)
         self._plugin: Any = None  # the precision plugin whose clip is wrapped
+        self._schedulers: list[Any] = []  # the fit's LR schedulers (on_train_start)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -202,6 +203,7 @@ class StabilityCallback(RecordingCallback, pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The loaders and optimizers exist: the effective batch (the loader's batch x
         accumulation) and what the trainer built as the run's params (``ran_params``)."""
+        self._schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
         if self.recorder is not None:
             self.recorder.set_batch(loader_batch_size(trainer.train_dataloader),
                                     trainer.accumulate_grad_batches)
@@ -225,7 +227,7 @@ class StabilityCallback(RecordingCallback, pl.Callback):
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         self.recorder.before_step(_params(optimizer), optimizer.param_groups[0]["lr"], scaler,
                                   norm_later=self._norm_later)
-        self._sched_before = scheduler_position(trainer)
+        self._sched_before = self._scheduler_position()
         self._scaler = scaler
         self._scale_before = scaler.get_scale() if scaler is not None else 1.0
 
@@ -234,7 +236,9 @@ class StabilityCallback(RecordingCallback, pl.Callback):
         """Add the micro-batch's loss; after a step, its record (the scheduler has stepped)."""
         assert self.recorder is not None
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else None)
+        # Automatic optimization hands over a detached copy already (ClosureResult.loss)
+        self._losses.append((loss.detach() if loss.requires_grad else loss)
+                            if isinstance(loss, torch.Tensor) else None)
         self._samples += batch_samples(batch)
         if not self.recorder.stepping:
             return
@@ -245,8 +249,13 @@ class StabilityCallback(RecordingCallback, pl.Callback):
         # the measured params are before_step's (the same optimizer step)
         self.recorder.finish_step(loss=total / micro,
                                   skipped=skipped, micro_batches=micro, samples=samples)
-        self.recorder.emit(scheduler_stepped=scheduler_position(trainer) > self._sched_before,
+        self.recorder.emit(scheduler_stepped=self._scheduler_position() > self._sched_before,
                            epoch=trainer.current_epoch + 1)
+
+    def _scheduler_position(self) -> int:
+        """``scheduler_position`` of the schedulers the fit started with (Lightning builds
+        them once, before ``on_train_start``: read there, not through the trainer each step)."""
+        return sum(int(getattr(s, "last_epoch", 0)) for s in self._schedulers)
 
     def _take_losses(self, accum: int) -> tuple[float, int]:
         """The window's summed loss (each micro-batch's times ``accumulate_grad_batches``:
