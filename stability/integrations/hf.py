@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 
+from stability.core.clipping import grad_global_norm
 from stability.core.config import ClipConfig, PrecisionConfig
 from stability.core.precision import Precision
 from stability.core.sinks import StepSink
@@ -208,8 +209,12 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
         def clip_norm(parameters: Any, max_norm: float, norm_type: float = 2,
                       foreach: bool | None = None) -> torch.Tensor:
             params = [p for p in parameters if p.grad is not None]
-            if (self.recorder is None or not self.recorder.awaits_norm or norm_type != 2
-                    or not params or any(type(p.grad) is not torch.Tensor for p in params)):
+            if self.recorder is None or not self.recorder.awaits_norm:
+                return clip(params, max_norm, norm_type=norm_type, foreach=foreach)
+            if (norm_type != 2 or not params
+                    or any(type(p.grad) is not torch.Tensor for p in params)):
+                # not the plain-tensor path: the record's own norm, before accelerate clips
+                self._took_norm(grad_global_norm([p.grad for p in params]))
                 return clip(params, max_norm, norm_type=norm_type, foreach=foreach)
             inner = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type,
                                                   foreach=foreach)
