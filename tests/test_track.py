@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from stability.core.batches import evaluate_task
+from stability.core.batches import evaluate_task, task_of
 from stability.core.config import ConfigError, TrackingConfig, to_run_config
 from stability.core.identity import fingerprint, flatten
 from stability.integrations.track import rebuild_config, track
@@ -57,7 +57,8 @@ def test_the_docs_plain_loop_is_tracked_and_reported(tmp_path: Path) -> None:
         assert 0 < m["best_val_acc"] <= 1 and m["best_epoch"] in (1, 2)
     # config= wrote what the report rebuilds the model from; the fingerprint is that config's
     written = yaml.safe_load((tmp_path / "runs" / "s0" / "config.yaml").read_text())
-    assert written == {"seed": 0, "task": {"_target_": "stability.tasks.sign_sum.SignSumTask"},
+    assert written == {"seed": 0, "task": {"_target_": "stability.tasks.sign_sum.SignSumTask",
+                                            "data": "${data}"},
                        "data": {"num_samples": 600},
                        "clip": {"enabled": True, "max_norm": 1.0}}
     assert {r.data.tags["stability.fingerprint"] for r in runs} == {
@@ -91,9 +92,14 @@ def test_config_names_what_the_report_rebuilds(tmp_path: Path) -> None:
     cfg, raw = rebuild_config("stability.tasks.sign_sum.SignSumTask", 3,
                               {"precision.name": "bf16", "train.accum_steps": 2},
                               {"data": {"num_samples": 300}})
-    assert raw == {"seed": 3, "task": {"_target_": "stability.tasks.sign_sum.SignSumTask"},
+    assert raw == {"seed": 3, "task": {"_target_": "stability.tasks.sign_sum.SignSumTask",
+                                       "data": "${data}"},
                    "data": {"num_samples": 300}, "precision": {"name": "bf16"},
                    "train": {"accum_steps": 2}}
+    # the task the report builds from it is the loop's: the same data, so the same splits
+    built, own = task_of(cfg), SignSumTask(data={"num_samples": 300})
+    assert built.data == own.data
+    assert len(built.sealed_test(winner="w")) == len(own.sealed_test(winner="w"))
     flat = flatten(cfg)
     assert (cfg.seed, flat["data.num_samples"], flat["precision.name"],
             flat["train.accum_steps"]) == (3, 300, "bf16", 2)

@@ -26,7 +26,14 @@ import yaml
 from torch import nn
 
 from stability.core import checkpoint
-from stability.core.config import ClipConfig, ConfigError, RunConfig, TrackingConfig, to_run_config
+from stability.core.config import (
+    TASK_SECTIONS,
+    ClipConfig,
+    ConfigError,
+    RunConfig,
+    TrackingConfig,
+    to_run_config,
+)
 from stability.core.cost import CostMeter, run_costs
 from stability.core.identity import fingerprint, flatten
 from stability.core.measure import StepMeter
@@ -129,6 +136,8 @@ def rebuild_config(task: str, seed: int, settings: Mapping[str, object],
             raise ConfigError(f"config[{section!r}]={values!r} is invalid: allowed values are "
                               "a mapping of that section's keys")
         raw[str(section)] = dict(values)
+        if section in TASK_SECTIONS:  # the task is built with it, as conf/task/*.yaml says
+            raw["task"][str(section)] = f"${{{section}}}"
     for key, value in settings.items():
         section, _, name = str(key).partition(".")
         part = raw.setdefault(section, {})
