@@ -51,7 +51,7 @@ from stability.core.config import ClipConfig, PrecisionConfig
 from stability.core.precision import Precision
 from stability.core.sinks import StepSink
 from stability.core.validation import ConfigError
-from stability.integrations.step_recorder import (
+from stability.integrations.trainer_callback import (
     RecordingCallback,
     optimizer_params,
     schedule_params,
@@ -147,7 +147,7 @@ def scheduler_position(trainer: Trainer) -> int:
 class StabilityCallback(RecordingCallback, TrainerCallback):
     """Records ``steps.csv`` (+ ``layer_norms.csv``) of a ``Trainer.train``, every step.
 
-    Arguments as ``step_recorder.RecordingCallback``'s; ``val_loss_key`` / ``val_acc_key`` name
+    Arguments as ``trainer_callback.RecordingCallback``'s; ``val_loss_key`` / ``val_acc_key`` name
     evaluation metrics (``eval_loss``, ``eval_accuracy``).
     """
 

@@ -51,7 +51,7 @@ import torch
 from stability.core.config import ClipConfig, PrecisionConfig
 from stability.core.precision import Precision
 from stability.core.sinks import StepSink
-from stability.integrations.step_recorder import (
+from stability.integrations.trainer_callback import (
     RecordingCallback,
     batch_samples,
     optimizer_params,
@@ -108,7 +108,7 @@ def scheduler_position(trainer: pl.Trainer) -> int:
 class StabilityCallback(RecordingCallback, pl.Callback):
     """Records ``steps.csv`` (+ ``layer_norms.csv``) of a Lightning fit, per optimizer step.
 
-    Arguments as ``step_recorder.RecordingCallback``'s; ``val_loss_key`` / ``val_acc_key`` name
+    Arguments as ``trainer_callback.RecordingCallback``'s; ``val_loss_key`` / ``val_acc_key`` name
     metrics the module logs (``self.log(...)``).
     """
 
