@@ -22,6 +22,11 @@ each of the callback's own methods timed (``HookTimer``: thread CPU time inside 
 ``hook_share`` is the callback's CPU over the rest of the same fit, one process, no pairing,
 so the machine's drift between fits does not enter it (``1 + hook_share`` is the in-process
 form of the paired ratio; it leaves out the trainer's dispatch, which ``*_empty`` measures).
+With the trainer's norm clip on, the callback takes the clip's pre-clip norm where the clip
+takes it (``_took_norm``, timed: the host read and the record's measurement); the norm and
+the clip themselves are the trainer's own work, done once, and count as the rest of the fit.
+The result also gives each timed fit's share range over the rounds and how often each timed
+method ran in the first round (``hook_calls``: what the share covers).
 Needs the ``lightning`` and ``hf`` extras.
 """
 
@@ -65,28 +70,31 @@ class HookTimer:
     ``add_micro_batch`` through ``self``)."""
 
     HOOKS = {"lightning": ("on_fit_start", "on_train_epoch_start", "on_before_optimizer_step",
-                           "on_train_batch_end", "on_train_epoch_end", "on_fit_end"),
-             "hf": ("on_train_begin", "on_epoch_begin", "_before_clip", "add_micro_batch",
-                    "on_pre_optimizer_step", "on_optimizer_step", "on_step_end", "on_epoch_end",
-                    "on_evaluate", "on_train_end")}
+                           "_took_norm", "on_train_batch_end", "on_train_epoch_end",
+                           "on_fit_end"),
+             "hf": ("on_train_begin", "on_epoch_begin", "_before_clip", "_took_norm",
+                    "add_micro_batch", "on_pre_optimizer_step", "on_optimizer_step",
+                    "on_step_end", "on_epoch_end", "on_evaluate", "on_train_end")}
 
     def __init__(self, trainer: str) -> None:
         self.names = self.HOOKS[trainer]
         self.ns = 0
+        self.calls: dict[str, int] = dict.fromkeys(self.names, 0)  # what the share covers
 
     def attach(self, callback: Any) -> Any:
         """Wrap ``callback``'s hooks; returns it."""
         for name in self.names:
-            setattr(callback, name, self._timed(getattr(callback, name)))
+            setattr(callback, name, self._timed(name, getattr(callback, name)))
         return callback
 
-    def _timed(self, fn: Any) -> Any:
+    def _timed(self, name: str, fn: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
             t0 = time.thread_time_ns()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.ns += time.thread_time_ns() - t0
+                self.calls[name] += 1
         return timed
 
 
@@ -97,6 +105,7 @@ def _timed(fit: Any, timer: HookTimer | None = None) -> Samples:
     if timer is not None:
         hooks = timer.ns / 1e9
         out |= {"hook_cpu_s": [hooks], "hook_share": [hooks / (out["fit_cpu_s"][0] - hooks)]}
+        out |= {f"calls.{name}": [float(n)] for name, n in timer.calls.items()}
     return out
 
 
@@ -233,10 +242,16 @@ def run(reps: int, epochs: int, out: Path) -> dict[str, Any]:
                for name, rs in rounds.items()}
     ratios = {f"{a}/{b}": {m: paired_ratio(rounds[a], rounds[b], m)
                            for m in ("fit_s", "fit_cpu_s")} for a, b in PAIRS}
-    shares = {name: statistics.median(x for r in rounds[name] for x in r["hook_share"])
-              for name in ("lightning_hooks", "hf_hooks")}
+    timed = ("lightning_hooks", "hf_hooks")
+    shares = {name: [x for r in rounds[name] for x in r["hook_share"]] for name in timed}
     return {"reps": reps, "epochs": epochs, "medians": medians, "paired_ratios": ratios,
-            "hook_share": shares}
+            "hook_share": {name: statistics.median(xs) for name, xs in shares.items()},
+            "hook_share_range": {name: [min(xs), max(xs)] for name, xs in shares.items()},
+            "hook_cpu_s": {name: statistics.median(x for r in rounds[name]
+                                                   for x in r["hook_cpu_s"]) for name in timed},
+            "hook_calls": {name: {k.removeprefix("calls."): int(v[0])
+                                  for k, v in rounds[name][0].items()
+                                  if k.startswith("calls.")} for name in timed}}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

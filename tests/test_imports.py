@@ -85,7 +85,7 @@ def test_our_worker_and_the_integrations_package_load_no_trainer() -> None:
     import neither Lightning nor transformers; the Lightning module does (the check can fail)."""
     code = ("import sys\n"
             "import stability.cli, stability.sweep.job, stability.core.loop\n"
-            "import stability.tracking.run, stability.integrations.recorder\n"
+            "import stability.tracking.run, stability.integrations.step_recorder\n"
             f"print([m for m in {TRAINERS!r} if sys.modules.get(m) is not None])\n"
             "import stability.integrations.lightning\n"
             "print('lightning' in sys.modules)\n")

@@ -213,3 +213,26 @@ def test_clip_off_still_records_every_step(tmp_path: Path) -> None:
     assert {r["clipped"] for r in theirs} == {"0"}
     assert all(r["grad_l2_pre_clip"] == r["grad_l2_post_clip"] for r in theirs)
     assert len(norms.values) == len(theirs)
+
+
+def test_the_trainers_clip_norm_is_the_records_one_taken_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gradients are normed once an optimizer step (``torch._foreach_norm``, counted by a
+    wrapper that calls the real one): the Trainer's clip takes the norm and the record reads
+    it, and the Trainer's ``grad_norm`` is that norm (accelerate's one-element
+    ``vector_norm`` of it). Clip on, then off (the Trainer norms with an ``inf`` threshold)."""
+    real = torch._foreach_norm
+    calls: list[int] = []
+
+    def counted(tensors, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        calls.append(len(tensors))
+        return real(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_norm", counted)
+    for clip in (ClipConfig(enabled=True, max_norm=MAX_NORM), ClipConfig(enabled=False)):
+        calls.clear()
+        cfg = RunConfig(**{**vars(_cfg(tmp_path / "unused")), "clip": clip})
+        _, norms = fit_hf(cfg, tmp_path / f"hf-{clip.enabled}")
+        rows = _rows(tmp_path / f"hf-{clip.enabled}" / "steps.csv")
+        assert len(calls) == len(rows) > 0, clip
+        assert norms.values == [float(r["grad_l2_pre_clip"]) for r in rows]

@@ -306,7 +306,7 @@ def test_without_a_scaler_lightning_applies_a_nonfinite_update(tmp_path: Path) -
 def test_trainer_record_groups_seeds_and_separates_settings(tmp_path: Path) -> None:
     """Seeds of one setting share a fingerprint, another setting does not; the record has
     every tag and param the report needs (``contract.missing_records``)."""
-    from stability.integrations.record import trainer_record
+    from stability.integrations.trainer_run import trainer_record
     from stability.tracking.contract import Tag, missing_records
 
     settings = {"precision.name": "fp16", "clip.max_norm": 1.0}
@@ -412,3 +412,46 @@ def test_a_fit_resumed_from_its_checkpoint_writes_the_same_files(tmp_path: Path)
         whole = (tmp_path / "whole" / name).read_bytes()
         assert (tmp_path / "resumed" / name).read_bytes() == whole, name
     assert len(_rows(tmp_path / "whole" / "steps.csv")) > len(crashed)
+
+
+def test_lightnings_clip_norm_is_the_records_one_taken_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With Lightning's norm clip the gradients are normed once an optimizer step
+    (``torch._foreach_norm``, counted by a wrapper that calls the real one), by the clip,
+    whose norm the record reads; the plugin is left as it was after the fit."""
+    real = torch._foreach_norm
+    calls: list[int] = []
+
+    def counted(tensors, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        calls.append(len(tensors))
+        return real(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_norm", counted)
+    cb = fit_lightning(_cfg(tmp_path / "unused", "fp32"), tmp_path / "pl")
+    rows = _rows(tmp_path / "pl" / "steps.csv")
+    assert len(calls) == len(rows) > 0
+    assert 0 < sum(int(r["clipped"]) for r in rows) < len(rows)
+    assert cb._plugin is None
+
+
+def test_a_nonfinite_norm_under_lightnings_clip_names_the_parameter(tmp_path: Path) -> None:
+    """The norm is read before the clip scales the gradients (by nan or 0 when the norm is
+    not finite): the row still names a parameter that went non-finite, and the trainer's
+    precision plugin has no wrapper left on it."""
+    cfg = _cfg(tmp_path / "unused", "fp32", accum=1)
+    task = task_of(cfg)
+    train_set, _ = task.train_val()
+    torch.manual_seed(cfg.seed)
+    cb = StabilityCallback(tmp_path / "pl")
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, callbacks=[cb], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_train_batches=4,
+                         gradient_clip_val=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(PoisonedModule(task, 2e-3, 0.0), DataLoader(train_set, batch_size=16))
+    rows = _rows(tmp_path / "pl" / "steps.csv")
+    assert [math.isfinite(float(r["grad_l2_pre_clip"])) for r in rows] == [True, True, False,
+                                                                             False]
+    assert rows[2]["nonfinite_param"].startswith("net.")
+    assert "clip_grad_by_norm" not in vars(trainer.precision_plugin)

@@ -134,10 +134,10 @@ def test_the_checks_catch_a_planted_upward_import_and_cycle() -> None:
     assert ("stability.core.step", "stability.report.html") in _upward(g)
     g.add_import(importer="stability.stats.paired", imported="stability.stats.effects")
     assert ["stability.stats.effects", "stability.stats.paired"] in _cycles(g)
-    g.add_import(importer="stability.tracking.run", imported="stability.integrations.recorder")
-    assert ("stability.tracking.run", "stability.integrations.recorder") in _upward(g)
-    g.add_import(importer="stability.report.html", imported="stability.integrations.recorder")
+    g.add_import(importer="stability.tracking.run", imported="stability.integrations.step_recorder")
+    assert ("stability.tracking.run", "stability.integrations.step_recorder") in _upward(g)
+    g.add_import(importer="stability.report.html", imported="stability.integrations.step_recorder")
     (report,) = [c for c in CONTRACTS["contracts"] if c["type"] == "forbidden"
                  and c["source_modules"] == ["stability.report"]]
-    assert ("stability.report.html", "stability.integrations.recorder") in _forbidden_hits(
+    assert ("stability.report.html", "stability.integrations.step_recorder") in _forbidden_hits(
         g, report)

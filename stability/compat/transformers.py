@@ -20,7 +20,8 @@ GATE = VersionGate("transformers", "5.24", "6", "stability/compat/transformers.p
                    "Trainer.training_step(model, inputs, ...) and the hook order of "
                    "Trainer._inner_training_loop")
 ACCELERATE_GATE = VersionGate("accelerate", "1.15", "2", "stability/compat/transformers.py",
-                              "Accelerator.unscale_gradients, called by clip_grad_norm_")
+                              "Accelerator.unscale_gradients and _clip_grad_norm_dtensor_aware, "
+                              "called by clip_grad_norm_")
 
 
 def wrap_measuring_points(trainer: Any, after_unscale: Callable[[], None],
@@ -56,3 +57,34 @@ def wrap_measuring_points(trainer: Any, after_unscale: Callable[[], None],
 
     accelerator.unscale_gradients = unscale_then_measure
     trainer.training_step = training_step_recorded
+
+
+def wrap_clip_norm(trainer: Any, make: Callable[[Any], Any]) -> bool:
+    """Replace ``trainer``'s ``accelerator._clip_grad_norm_dtensor_aware`` by ``make(original)``.
+
+    ``clip_grad_norm_`` calls it right after ``unscale_gradients`` when torch.distributed is
+    available (else accelerate clips through torch directly and nothing is wrapped), so the
+    callback can take the Trainer's own pre-clip norm instead of computing it again.
+
+    Args:
+        trainer: a ``transformers.Trainer`` (its accelerator instance is changed).
+        make: given the original method, returns its replacement.
+
+    Returns:
+        Whether the method was wrapped.
+
+    Raises:
+        RuntimeError: torch.distributed is available but the accelerator lacks the method.
+    """
+    import torch
+
+    ACCELERATE_GATE.check()
+    if not torch.distributed.is_available():
+        return False
+    accelerator = trainer.accelerator
+    clip = getattr(accelerator, "_clip_grad_norm_dtensor_aware", None)
+    if not callable(clip):
+        raise RuntimeError("this accelerator has no _clip_grad_norm_dtensor_aware to take the "
+                           f"pre-clip norm from: {ACCELERATE_GATE.why_not() or 'changed'}")
+    accelerator._clip_grad_norm_dtensor_aware = make(clip)
+    return True

@@ -1,8 +1,9 @@
 """Telemetry for training loops we do not own: PyTorch Lightning and the Hugging Face Trainer.
 
-``recorder.StepRecorder`` is the trainer-neutral part (``core.measure``, the same step sinks
+``step_recorder.StepRecorder`` is the trainer-neutral part (``core.measure``, the same step sinks
 as our loop: ``steps.csv``, ``layer_norms.csv``, the diagnostics, an MLflow ``TrackedRun``'s
-buffer). ``lightning.StabilityCallback`` and ``hf.StabilityCallback`` feed it from each
+buffer). ``lightning.StabilityCallback`` and ``hf.StabilityCallback`` (their shared part:
+``trainer_callback``) feed it from each
 trainer's hooks (docs/integrations.md gives the hook orders). ``study`` trains a task that
 declares its trainer inside a sweep (``lightning_runner``, ``hf_runner``: the mappings of a
 point's settings, the rebuild and evaluation the report uses). Importing this package imports

@@ -7,8 +7,10 @@ numbers in docs/integrations.md)::
                      backward through accelerator.backward: scaled under fp16)
                      -> on_substep_end (all but the last)
     last micro-batch: accelerator.clip_grad_norm_(params, max_grad_norm or inf)
-                        = unscale_gradients()      <- before_step: pre-clip norm, scale, lr
-                          + clip, returns the pre-clip norm (HF's ``grad_norm``)
+                        = unscale_gradients()      <- before_step: scale, lr
+                          + _clip_grad_norm_dtensor_aware: get_total_norm <- _took_norm
+                            (the record's pre-clip norm, read before the clip), clip,
+                            returns the pre-clip norm (HF's ``grad_norm``)
                      -> on_pre_optimizer_step      <- the post-clip norm (the standard norm
                                                     clip's, derived from the pre-clip one)
                      -> optimizer.step()  (AcceleratedOptimizer: skipped on inf/nan in fp16)
@@ -18,12 +20,13 @@ numbers in docs/integrations.md)::
     epoch end:       on_epoch_end -> evaluate -> on_evaluate  <- end_epoch: eval_loss
 
 No hook runs between the last backward and the clip, and the callbacks get neither the
-accelerator nor ``grad_norm``: ``attach(trainer)`` adds the callback and wraps two bound
+accelerator nor ``grad_norm``: ``attach(trainer)`` adds the callback and wraps three bound
 methods on that trainer's instances (nothing global is patched): ``accelerator.unscale_gradients``
-(measure right after it: the unscaled, not yet clipped gradients, the same tensors
-``clip_grad_norm_`` then norms and clips) and ``training_step`` (each micro-batch's loss as the
-Trainer computed it, and its samples). FSDP, DeepSpeed and XLA clip by other paths: not
-supported.
+(right after it: the unscaled, not yet clipped gradients), the accelerator's
+``_clip_grad_norm_dtensor_aware`` (run as accelerate composes it, its norm handed to the
+record before the clip: the gradients are normed once a step) and ``training_step`` (each
+micro-batch's loss as the Trainer computed it, and its samples). FSDP, DeepSpeed and XLA clip
+by other paths: not supported.
 
 Usage::
 
@@ -43,12 +46,13 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 
-from stability.compat.transformers import wrap_measuring_points
+from stability.compat.transformers import wrap_clip_norm, wrap_measuring_points
+from stability.core.clipping import grad_global_norm
 from stability.core.config import ClipConfig, PrecisionConfig
 from stability.core.precision import Precision
 from stability.core.sinks import StepSink
 from stability.core.validation import ConfigError
-from stability.integrations.recorder import (
+from stability.integrations.trainer_callback import (
     RecordingCallback,
     optimizer_params,
     schedule_params,
@@ -144,7 +148,7 @@ def scheduler_position(trainer: Trainer) -> int:
 class StabilityCallback(RecordingCallback, TrainerCallback):
     """Records ``steps.csv`` (+ ``layer_norms.csv``) of a ``Trainer.train``, every step.
 
-    Arguments as ``recorder.RecordingCallback``'s; ``val_loss_key`` / ``val_acc_key`` name
+    Arguments as ``trainer_callback.RecordingCallback``'s; ``val_loss_key`` / ``val_acc_key`` name
     evaluation metrics (``eval_loss``, ``eval_accuracy``).
     """
 
@@ -174,7 +178,41 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
         # Summed on the device: the step's one host read is in finish_step.
         wrap_measuring_points(trainer, self._before_clip, lambda loss, inputs:
                               self.add_micro_batch(loss.detach().float(), inputs))
+        wrap_clip_norm(trainer, self._shared_clip_norm)
         return self
+
+    def _shared_clip_norm(self, clip: Any) -> Any:
+        """``accelerator._clip_grad_norm_dtensor_aware`` (what ``clip_grad_norm_`` calls right
+        after ``unscale_gradients``) composed
+        as accelerate composes it for plain tensors (``get_total_norm``, its one-element
+        ``vector_norm``, ``clip_grads_with_norm_`` unless the threshold is inf), handing the
+        norm to ``_took_norm`` before the clip: the Trainer's norm is the record's, taken
+        once. Anything else (DTensor gradients, another norm type) goes to accelerate's."""
+
+        def clip_norm(parameters: Any, max_norm: float, norm_type: float = 2,
+                      foreach: bool | None = None) -> torch.Tensor:
+            params = [p for p in parameters if p.grad is not None]
+            if self.recorder is None or not self.recorder.awaits_norm:
+                return clip(params, max_norm, norm_type=norm_type, foreach=foreach)
+            if (norm_type != 2 or not params
+                    or any(type(p.grad) is not torch.Tensor for p in params)):
+                # not the plain-tensor path: the record's own norm, before accelerate clips
+                self._took_norm(grad_global_norm([p.grad for p in params]))
+                return clip(params, max_norm, norm_type=norm_type, foreach=foreach)
+            inner = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type,
+                                                  foreach=foreach)
+            self._took_norm(inner)
+            total = torch.linalg.vector_norm(torch.stack([inner]), norm_type)
+            if max_norm != float("inf"):
+                torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach)
+            return total
+
+        return clip_norm
+
+    def _took_norm(self, total: torch.Tensor) -> None:
+        """The clip's pre-clip norm to the recorder (one host read)."""
+        assert self.recorder is not None
+        self.recorder.took_norm(total)
 
     def _params(self) -> list[torch.nn.Parameter]:
         assert self.trainer is not None
@@ -186,7 +224,8 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
             return  # not training, or a second unscale call within one step
         opt = self.trainer.optimizer
         self.recorder.before_step(self._params(), opt.param_groups[0]["lr"],
-                                  self.trainer.accelerator.scaler)
+                                  self.trainer.accelerator.scaler,
+                                  norm_later=torch.distributed.is_available())
         self._sched_before = scheduler_position(self.trainer)
 
     # -- TrainerCallback events --------------------------------------------------------------

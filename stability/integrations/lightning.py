@@ -6,16 +6,21 @@ in docs/integrations.md)::
     per micro-batch: training_step -> loss / accumulate_grad_batches -> scaler.scale -> backward
                      -> on_train_batch_end (no step yet while accumulating)
     last micro-batch: closure (as above) -> scaler.unscale_ (fp16)
-                     -> on_before_optimizer_step      <- before_step: pre-clip norm, scale, lr
-                     -> clip (gradient_clip_val) -> scaler.step -> scaler.update
+                     -> on_before_optimizer_step      <- before_step: scale, lr (and the
+                                                         pre-clip norm unless Lightning's
+                                                         norm clip takes it)
+                     -> clip (gradient_clip_val): get_total_norm <- _took_norm, then the
+                        clip with that norm -> scaler.step -> scaler.update
                      -> lr scheduler step (interval "step"; also on a skipped fp16 step)
                      -> on_train_batch_end            <- finish_step, emit: post-clip norm,
                                                          skip, loss, scheduler stepped?
     epoch end:       validation -> on_train_epoch_end <- end_epoch: val_loss/val_acc
 
-The callback never changes training: it measures with clipping off (Lightning clips). The
+The callback never changes training: it measures with clipping off (Lightning clips); with
+Lightning's standard norm clip it runs that clip's two torch calls itself (on this trainer's
+precision plugin, for the fit) so that one norm serves the clip and the record. The
 post-clip norm of Lightning's standard norm clip is derived from the pre-clip one as our loop
-derives its own (``recorder``); a module overriding ``configure_gradient_clipping``, or value
+derives its own (``step_recorder``); a module overriding ``configure_gradient_clipping``, or value
 clipping, gets it measured on the gradients Lightning left (``zero_grad`` runs at the next
 step's first closure).
 A step counts as skipped when the GradScaler skipped it (its scale dropped across the step, or
@@ -46,7 +51,7 @@ import torch
 from stability.core.config import ClipConfig, PrecisionConfig
 from stability.core.precision import Precision
 from stability.core.sinks import StepSink
-from stability.integrations.recorder import (
+from stability.integrations.trainer_callback import (
     RecordingCallback,
     batch_samples,
     optimizer_params,
@@ -103,7 +108,7 @@ def scheduler_position(trainer: pl.Trainer) -> int:
 class StabilityCallback(RecordingCallback, pl.Callback):
     """Records ``steps.csv`` (+ ``layer_norms.csv``) of a Lightning fit, per optimizer step.
 
-    Arguments as ``recorder.RecordingCallback``'s; ``val_loss_key`` / ``val_acc_key`` name
+    Arguments as ``trainer_callback.RecordingCallback``'s; ``val_loss_key`` / ``val_acc_key`` name
     metrics the module logs (``self.log(...)``).
     """
 
@@ -119,6 +124,9 @@ class StabilityCallback(RecordingCallback, pl.Callback):
         # per micro-batch (a device sync each on CUDA).
         self._losses: list[torch.Tensor | None] = []
         self._restored: dict[str, Any] | None = None  # from the trainer's checkpoint
+        self._norm_later = False  # the trainer's norm clip hands its norm in (on_fit_start)
+        self._plugin: Any = None  # the precision plugin whose clip is wrapped
+        self._schedulers: list[Any] = []  # the fit's LR schedulers (on_train_start)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -127,11 +135,49 @@ class StabilityCallback(RecordingCallback, pl.Callback):
         # post-clip norm instead of deriving it.
         standard = (type(pl_module).configure_gradient_clipping
                     is pl.LightningModule.configure_gradient_clipping)
-        self.start_recorder(clip_of(trainer), pl_module, derive_norm_clip=standard)
+        clip = clip_of(trainer)
+        self.start_recorder(clip, pl_module, derive_norm_clip=standard)
         self._losses = []
+        # Lightning's standard norm clip takes the pre-clip norm anyway: take it there once,
+        # for the clip and for the record (``_share_the_clip_norm``).
+        self._norm_later = (standard and pl_module.automatic_optimization and clip.enabled
+                            and clip.method == "norm")
+        if self._norm_later:
+            self._share_the_clip_norm(trainer.precision_plugin)
         # Lightning restores callbacks before on_fit_start
         if self._restored and self.recorder is not None:
             self.recorder.load_state_dict(self._restored)
+
+    def _share_the_clip_norm(self, plugin: Any) -> None:
+        """Wrap this trainer's precision plugin's ``clip_grad_by_norm`` (its instance only):
+        ``torch.nn.utils.clip_grad_norm_(main_params, clip_val)`` as torch composes it
+        (``get_total_norm``, then ``clip_grads_with_norm_`` with that norm), handing the norm
+        to ``_took_norm`` between the two, while the gradients are still unclipped."""
+        clip_by_norm = plugin.clip_grad_by_norm
+        self._plugin = plugin
+
+        def clip_grad_by_norm(optimizer: torch.optim.Optimizer, clip_val: float) -> None:
+            if self.recorder is None or not self.recorder.awaits_norm:
+                return clip_by_norm(optimizer, clip_val)
+            params = list(plugin.main_params(optimizer))
+            total = torch.nn.utils.get_total_norm([p.grad for p in params
+                                                   if p.grad is not None], 2.0)
+            self._took_norm(total)
+            torch.nn.utils.clip_grads_with_norm_(params, clip_val, total)
+            return None
+
+        plugin.clip_grad_by_norm = clip_grad_by_norm
+
+    def _unshare(self) -> None:
+        """The plugin as it was (the fit is over: nothing of the callback stays in it)."""
+        if self._plugin is not None:
+            vars(self._plugin).pop("clip_grad_by_norm", None)
+            self._plugin = None
+
+    def _took_norm(self, total: torch.Tensor) -> None:
+        """The clip's pre-clip norm to the recorder (one host read)."""
+        assert self.recorder is not None
+        self.recorder.took_norm(total)
 
     def state_dict(self) -> dict[str, Any]:
         """Saved in Lightning's checkpoint: a fit resumed from it continues the records."""
@@ -143,18 +189,21 @@ class StabilityCallback(RecordingCallback, pl.Callback):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Close the files."""
+        self._unshare()
         if self.recorder is not None:
             self.recorder.close()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
         """Keep what was recorded (the CSV is complete up to the last step)."""
+        self._unshare()
         if self.recorder is not None:
             self.recorder.close()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The loaders and optimizers exist: the effective batch (the loader's batch x
         accumulation) and what the trainer built as the run's params (``ran_params``)."""
+        self._schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
         if self.recorder is not None:
             self.recorder.set_batch(loader_batch_size(trainer.train_dataloader),
                                     trainer.accumulate_grad_batches)
@@ -176,8 +225,9 @@ class StabilityCallback(RecordingCallback, pl.Callback):
         """Unscaled, not yet clipped gradients: the pre-clip norm, the scale, the lr."""
         assert self.recorder is not None
         scaler = getattr(trainer.precision_plugin, "scaler", None)
-        self.recorder.before_step(_params(optimizer), optimizer.param_groups[0]["lr"], scaler)
-        self._sched_before = scheduler_position(trainer)
+        self.recorder.before_step(_params(optimizer), optimizer.param_groups[0]["lr"], scaler,
+                                  norm_later=self._norm_later)
+        self._sched_before = self._scheduler_position()
         self._scaler = scaler
         self._scale_before = scaler.get_scale() if scaler is not None else 1.0
 
@@ -186,7 +236,9 @@ class StabilityCallback(RecordingCallback, pl.Callback):
         """Add the micro-batch's loss; after a step, its record (the scheduler has stepped)."""
         assert self.recorder is not None
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else None)
+        # Automatic optimization hands over a detached copy already (ClosureResult.loss)
+        self._losses.append((loss.detach() if loss.requires_grad else loss)
+                            if isinstance(loss, torch.Tensor) else None)
         self._samples += batch_samples(batch)
         if not self.recorder.stepping:
             return
@@ -197,8 +249,13 @@ class StabilityCallback(RecordingCallback, pl.Callback):
         # the measured params are before_step's (the same optimizer step)
         self.recorder.finish_step(loss=total / micro,
                                   skipped=skipped, micro_batches=micro, samples=samples)
-        self.recorder.emit(scheduler_stepped=scheduler_position(trainer) > self._sched_before,
+        self.recorder.emit(scheduler_stepped=self._scheduler_position() > self._sched_before,
                            epoch=trainer.current_epoch + 1)
+
+    def _scheduler_position(self) -> int:
+        """``scheduler_position`` of the schedulers the fit started with (Lightning builds
+        them once, before ``on_train_start``: read there, not through the trainer each step)."""
+        return sum(int(getattr(s, "last_epoch", 0)) for s in self._schedulers)
 
     def _take_losses(self, accum: int) -> tuple[float, int]:
         """The window's summed loss (each micro-batch's times ``accumulate_grad_batches``:

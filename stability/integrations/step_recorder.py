@@ -26,12 +26,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from stability.core.clipping import CLIP_EPS, grad_global_norm
+from stability.core.clipping import CLIP_EPS, grad_global_norm, grad_norms
 from stability.core.config import ClipConfig
 from stability.core.cost import CostMeter, run_costs
 from stability.core.layers import LayerNormRecorder
-from stability.core.measure import Measurement, StepMeter, measure
+from stability.core.measure import Measurement, StepMeter, _first_non_finite, measure
 from stability.core.monitor import Diagnostics
+from stability.core.precision import fp16_underflow_fraction
 from stability.core.rundir import CSV_NAME, LAYER_NORMS_NAME
 from stability.core.sinks import ParamSink, StepSink, load_states, state_of
 from stability.core.steplog import (
@@ -61,12 +62,15 @@ MEASURE_ONLY = ClipConfig(enabled=False)  # the trainer clips; the recorder only
 
 @dataclass(frozen=True)
 class _Pending:
-    """What ``before_step`` measured, waiting for the trainer to step."""
+    """What ``before_step`` measured, waiting for the trainer to step (``m`` is None until
+    ``took_norm`` hands in the norm the trainer's own clip took)."""
 
     step: int
     lr: float
-    m: Measurement
+    m: Measurement | None
     params: list[nn.Parameter]  # what was measured: a measured post-clip norm reads them again
+    scale: float = 1.0  # the loss scale of the step's backward (a deferred norm's record)
+    underflow: float = math.nan  # sampled before the clip (a deferred norm's record)
 
 
 def _with_scheduler_stepped(log: StepLog, stepped: int) -> TrainerStepLog:
@@ -138,15 +142,55 @@ class StepRecorder:
             self._window_t0 = time.perf_counter()
 
     def before_step(self, params: Iterable[nn.Parameter], lr: float,
-                    scaler: torch.amp.GradScaler | None) -> None:
+                    scaler: torch.amp.GradScaler | None, *, norm_later: bool = False) -> None:
         """The unscaled gradients, before the trainer clips them: pre-clip norm, finiteness,
-        the loss scale of this step's backward (and the fp16 underflow share when sampled)."""
+        the loss scale of this step's backward (and the fp16 underflow share when sampled).
+
+        Args:
+            params: the optimizer's parameters.
+            lr: the step's learning rate.
+            scaler: the trainer's GradScaler, or None.
+            norm_later: the trainer's own clip will take the pre-clip norm and ``took_norm``
+                hands it in: no norm is taken here (the scale and the sampled underflow share
+                are, on the same unclipped gradients).
+        """
         step = self.meter.begin()
         self._scaler = scaler
         params = list(params)
-        m = measure(params, MEASURE_ONLY, scaler, model=self.model,
-                    sample_underflow=self.meter.samples_underflow(step))
-        self._pending = _Pending(step, float(lr), m, params)
+        sample = self.meter.samples_underflow(step)
+        if not norm_later:
+            m = measure(params, MEASURE_ONLY, scaler, model=self.model, sample_underflow=sample)
+            self._pending = _Pending(step, float(lr), m, params)
+            return
+        scaling = scaler is not None and scaler.is_enabled()
+        underflow = math.nan
+        if scaling and sample:
+            underflow = fp16_underflow_fraction([p.grad for p in params if p.grad is not None])
+        self._pending = _Pending(step, float(lr), None, params,
+                                 scaler.get_scale() if scaling else 1.0, underflow)
+
+    @property
+    def awaits_norm(self) -> bool:
+        """Whether ``before_step(norm_later=True)`` waits for ``took_norm``."""
+        return self._pending is not None and self._pending.m is None
+
+    def took_norm(self, pre: torch.Tensor) -> None:
+        """The pre-clip global norm the trainer's clip took (``torch.nn.utils.get_total_norm``
+        of the unscaled gradients ``before_step`` saw, before it scales them): the step's
+        measurement, as ``measure`` would have made it, from one host read; on a non-finite
+        norm the first non-finite parameter is named from the still unclipped gradients."""
+        assert self._pending is not None and self._pending.m is None, "took_norm twice"
+        p = self._pending
+        pre_f = float(pre)
+        finite = math.isfinite(pre_f)
+        name = ""
+        if not finite:  # the skip path only: per-tensor norms say which gradient went bad
+            with_grad = [q for q in p.params if q.grad is not None]
+            per_tensor = grad_norms([q.grad for q in with_grad])[0]
+            name = _first_non_finite(self.model, with_grad, per_tensor)
+        m = Measurement(pre_f, pre_f, math.nan, finite, False, p.scale,
+                        p.underflow if finite else math.nan, name)
+        self._pending = _Pending(p.step, p.lr, m, p.params)
 
     @property
     def stepping(self) -> bool:
@@ -158,7 +202,16 @@ class StepRecorder:
         between ``before_step`` and ``finish_step``; of the parameters ``before_step``
         measured: the same optimizer step)."""
         assert self._pending is not None, "post_clip_norm without before_step"
+        self._ensure_measured()
+        assert self._pending.m is not None
         return self._post_clip_norm(self._pending.m, self._pending.params)
+
+    def _ensure_measured(self) -> None:
+        # A deferred norm that never came (the trainer skipped its clip call): measured now,
+        # on the gradients as they are, rather than leaving the step unrecorded.
+        if self._pending is not None and self._pending.m is None:
+            self.took_norm(grad_global_norm([q.grad for q in self._pending.params
+                                             if q.grad is not None]))
 
     def _post_clip_norm(self, m: Measurement, params: list[nn.Parameter]) -> float:
         # A standard norm clip (torch.nn.utils.clip_grad_norm_, which both trainers call)
@@ -191,8 +244,10 @@ class StepRecorder:
                 parameters ``before_step`` measured).
         """
         assert self._pending is not None, "finish_step without before_step"
+        self._ensure_measured()
         p, self._pending = self._pending, None
         m = p.m
+        assert m is not None
         if not m.finite or skipped:
             post = m.grad_l2_pre_clip
         elif post is None:
@@ -280,105 +335,3 @@ class StepRecorder:
             "best_val_acc": self.best_val_acc, "optimizer_steps": self.meter.step_count,
             SCHEDULER_STEPS_ON_SKIP: self.scheduler_steps_on_skip,
         }
-
-
-def class_path(cls: type) -> str:
-    """``torch.optim.AdamW`` rather than ``torch.optim.adamw.AdamW`` where torch exports it."""
-    if getattr(torch.optim, cls.__name__, None) is cls:
-        return f"torch.optim.{cls.__name__}"
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def optimizer_params(optimizer: torch.optim.Optimizer) -> dict[str, str]:
-    """The params of the optimizer a trainer built: ``optim._target_`` (its class),
-    ``optim.<name>`` for each hyperparameter it takes (from its first parameter group: what a
-    trainer passed per group, e.g. the HF Trainer's weight decay, is there), ``optim.lr`` (the
-    initial lr, before any schedule), and ``train.weight_decay``."""
-    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer
-    group = inner.param_groups[0]
-    params = {"optim._target_": class_path(type(inner)),
-              "optim.lr": str(group.get("initial_lr", group["lr"])),
-              "train.weight_decay": str(group.get("weight_decay", 0.0))}
-    for key in inner.defaults:
-        if key not in ("lr", "weight_decay", "params"):
-            params[f"optim.{key}"] = str(group.get(key, inner.defaults[key]))
-    return params
-
-
-def schedule_params(scheduler: Any) -> dict[str, str]:
-    """``schedule._target_``: the class of the LR scheduler a trainer built (``None``: none)."""
-    inner = getattr(scheduler, "scheduler", scheduler)  # accelerate's AcceleratedScheduler
-    return {"schedule._target_": "None" if inner is None else class_path(type(inner))}
-
-
-class RecordingCallback:
-    """What both trainers' ``StabilityCallback`` hold (mixed into each trainer's callback
-    class): where and what to record, the ``StepRecorder`` once training starts, and the
-    micro-batches of the optimizer step being accumulated.
-
-    Args:
-        folder: the run folder.
-        per_layer: also write ``layer_norms.csv``.
-        sinks: more step sinks (e.g. ``TrackedRun.sink``).
-        val_loss_key: the trainer's metric that is the validation loss.
-        val_acc_key: the trainer's metric that is the validation accuracy (nan when absent).
-        underflow_every: sample the fp16 underflow share on step 1 and every N steps.
-    """
-
-    def __init__(self, folder: str | Path, *, per_layer: bool, sinks: Sequence[StepSink],
-                 val_loss_key: str, val_acc_key: str, underflow_every: int) -> None:
-        self.folder = Path(folder)
-        self.per_layer = per_layer
-        self.extra_sinks = tuple(sinks)
-        self.val_loss_key, self.val_acc_key = val_loss_key, val_acc_key
-        self.underflow_every = underflow_every
-        self.recorder: StepRecorder | None = None
-        self._window_loss: torch.Tensor | float = 0.0
-        self._micro, self._samples = 0, 0
-        self._sched_before = 0
-        self._epoch_t0 = 0.0
-
-    def start_recorder(self, clip: ClipConfig, model: nn.Module,
-                       derive_norm_clip: bool = True) -> StepRecorder:
-        """The run's ``StepRecorder`` (when the trainer starts: its clip setting, its model)."""
-        self.recorder = StepRecorder(self.folder, clip, model, per_layer=self.per_layer,
-                                     sinks=self.extra_sinks,
-                                     underflow_every=self.underflow_every,
-                                     derive_norm_clip=derive_norm_clip)
-        return self.recorder
-
-    def add_micro_batch(self, loss: torch.Tensor | float, batch: Any) -> None:
-        """One micro-batch of the step: its loss (summed as given) and its samples."""
-        # The window's first loss is taken as it is (0.0 + loss would be one more tensor op)
-        self._window_loss = loss if self._micro == 0 else self._window_loss + loss
-        self._micro += 1
-        self._samples += batch_samples(batch)
-
-    def take_window(self) -> tuple[torch.Tensor | float, int, int]:
-        """The step's summed loss, micro-batches and samples; the next step starts at zero."""
-        window = self._window_loss, self._micro, self._samples
-        self._window_loss, self._micro, self._samples = 0.0, 0, 0
-        return window
-
-    def summary(self) -> dict[str, Any]:
-        """The run's summary (for ``TrackedRun.finish``)."""
-        assert self.recorder is not None
-        return self.recorder.summary()
-
-
-def batch_samples(batch: Any) -> int:
-    """Samples in a micro-batch (a tensor, or a tuple/list/dict holding tensors): the leading
-    size of its first tensor (0 when it holds none)."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, list | tuple) and batch and isinstance(batch[0], torch.Tensor):
-        # the common (inputs, targets): no Mapping check (an ABC isinstance) on every step
-        return batch_samples(batch[0]) or batch_samples(batch[1:])
-    if isinstance(batch, Mapping):  # dict, HF BatchEncoding
-        batch = list(batch.values())
-    if isinstance(batch, list | tuple):
-        for item in batch:
-            n = batch_samples(item)
-            if n:
-                return n
-    return 0

@@ -31,7 +31,7 @@ def settings_fingerprint(target: str, trainer: str, settings: Mapping[str, objec
 def trainer_record(folder: str | Path, *, target: str, trainer: str,
                    settings: Mapping[str, object], seed: int, sweep_id: str,
                    loss_name: str = "loss", tracking: TrackingConfig | None = None,
-                   name: str | None = None) -> RunRecord:
+                   name: str | None = None, fingerprint: str | None = None) -> RunRecord:
     """The tracked-run description of one trainer run.
 
     Args:
@@ -45,8 +45,11 @@ def trainer_record(folder: str | Path, *, target: str, trainer: str,
         loss_name: what the loss is (axis labels).
         tracking: where it goes (default: the embedded store, experiment ``stability``).
         name: the MLflow run name (default: ``<trainer> <settings> s=<seed>``).
+        fingerprint: the run's config identity when it has a ``config.yaml`` (its
+            ``core.identity.fingerprint``, which the report checks the file against); default:
+            ``settings_fingerprint``.
     """
-    fp = settings_fingerprint(target, trainer, settings)
+    fp = fingerprint or settings_fingerprint(target, trainer, settings)
     params = {TASK_TARGET_PARAM: target, TRAINER_PARAM: trainer, "seed": str(seed),
               **{k: str(v) for k, v in settings.items()}}
     tags = {Tag.KIND: str(Kind.TRAIN), Tag.SWEEP_ID: sweep_id, Tag.FINGERPRINT: fp,
