@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from stability.report.html import one_line
 from stability.tracking import adoption
 from stability.tracking.contract import Tag
 
@@ -59,7 +60,6 @@ def other_users(c: Any, parent_run_id: str | None, runs: pd.DataFrame) -> list[s
     The sweep's user is its parent run's; a sweep without one: the user most of its runs
     share. Every name is run data, kept inert as ``fetch`` keeps it.
     """
-    from stability.report.fetch import one_line  # fetch imports this module
 
     if "user" not in runs or runs.empty:
         return []

@@ -27,7 +27,7 @@ from stability.core.steplog import TEXT_COLUMNS
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
 from stability.report import adoption
-from stability.report.html import inert
+from stability.report.html import one_line
 from stability.report.options import ReportError
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
 from stability.tracking.queries import search_all
@@ -125,11 +125,6 @@ def find_sweep(c: Any, experiment: str, sweep_id: str | None) -> Sweep:
                           f"{SAFE_NAME_ALLOWED}; choose a sweep with sweep_id=...")
     parents = search_all(c, exp_id, search_filter(Kind.SWEEP, sweep_id), None, 1)
     return Sweep(experiment, exp_id, sweep_id, parents[0].info.run_id if parents else None)
-
-
-def one_line(value: str) -> str:
-    """A string read from a run as one inert line (no control character, no markup)."""
-    return inert("".join(ch if ch.isprintable() else " " for ch in value))
 
 
 _one_line = one_line

@@ -51,6 +51,11 @@ def inert(value: str) -> str:
     return value
 
 
+def one_line(value: str) -> str:
+    """A string read from a run as one inert line (no control character, no markup)."""
+    return inert("".join(ch if ch.isprintable() else " " for ch in value))
+
+
 def safe_href(href: str) -> bool:
     """A link target the page may carry: ``http(s)://``, ``#...`` or a relative path."""
     if any(ord(ch) < 0x20 or ch in "\\<>\"'`" for ch in href) or href.startswith("//"):
