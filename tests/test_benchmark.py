@@ -1,7 +1,8 @@
 """The benchmark's behaviour on tiny sizes, in process: every part measures what it says and
 writes it where the docs say.
 
-No timing is asserted (the machines are shared): only that every figure exists and is finite,
+No timing is asserted (the machines are shared): only that every figure exists and is finite
+(and the accumulation curve's plot draws each of its points),
 that what must hold whatever the machine holds (one gradient sync per optimizer step, every
 per-step point in the store), and that the JSON and the Markdown tables parse. A hang is cut
 off by ``time_limit``.
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks import accum as accum_part
 from benchmarks.cli import main
 from stability.tracking.server import MlflowServer
 
@@ -106,6 +108,17 @@ def test_overhead_precision_and_accum_parts_measure_every_figure(tmp_path: Path,
     assert all(s["hook"] == 1 for s in result["accum"]["grad_syncs"].values())
     assert json.loads((out / "accum-curve.json").read_text())["curve"] == curve
     assert (out / "accum-curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    throughput, latency = accum_part.draw(curve).axes  # what the PNG shows: every point
+    assert (throughput.get_title(), latency.get_title()) == ("Training throughput",
+                                                             "Optimizer-step latency")
+    assert (throughput.get_ylabel(), latency.get_ylabel()) == ("samples / s",
+                                                               "median ms per optimizer step")
+    (line,) = [ln for ln in throughput.get_lines() if ln.get_marker() == "o"]
+    assert list(line.get_xdata()) == [1, 2, 4, 8, 16]
+    assert list(line.get_ydata()) == [p["samples_per_s"] for p in curve]
+    (line,) = latency.get_lines()
+    assert list(line.get_ydata()) == [p["ms_per_optimizer_step"] for p in curve]
+    assert curve[0]["speedup_vs_1"] == 1.0
 
     targets = {t["name"]: t for t in result["targets"]}
     assert {"instrumented_ratio", "per_layer_ratio", "tracked_ratio", "fixed_cost_s",
