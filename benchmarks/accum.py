@@ -148,6 +148,23 @@ def flattens_at(curve: list[dict[str, Any]]) -> int:
 
 def plot(curve: list[dict[str, Any]], path: Path) -> None:
     """samples/s and ms per optimizer step against accum_steps (log2 axis), as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = draw(curve)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw(curve: list[dict[str, Any]]) -> Any:
+    """The accumulation curve's figure, unsaved (``plot`` saves it; tests inspect it).
+
+    Args:
+        curve: the points of the accum part, one per accum_steps.
+
+    Returns:
+        The matplotlib figure: throughput (left) and optimizer-step latency (right).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -168,6 +185,4 @@ def plot(curve: list[dict[str, Any]], path: Path) -> None:
         ax.set_xticks(x, [str(v) for v in x])
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

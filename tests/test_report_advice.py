@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from stability.report.advice import ClipAdviceConfig, nearest_swept, recommend
-from stability.report.plots import max_norm_advice
+from stability.report.plots import draw_max_norm_advice, max_norm_advice
 
 
 def steps(norms: np.ndarray, skipped: int = 0) -> pd.DataFrame:
@@ -55,8 +55,24 @@ def test_a_larger_target_share_gives_a_lower_threshold_and_the_figure_is_drawn(t
     low = recommend(runs, configs, tables, ClipAdviceConfig(0.10))[0].max_norm
     high = recommend(runs, configs, tables, ClipAdviceConfig(0.05))[0].max_norm
     assert low < high
-    fig = max_norm_advice(recommend(runs, configs, tables, ClipAdviceConfig()), tmp_path)
-    assert fig is not None and (tmp_path / fig.file).stat().st_size > 10_000
+    recs = recommend(runs, configs, tables, ClipAdviceConfig())
+    drawn = draw_max_norm_advice(recs)
+    assert len(drawn.axes) == len(recs) == 2  # one panel per accumulation setting
+    assert drawn.texts[0].get_text().startswith("Where to clip")  # the suptitle
+    for ax, rec in zip(drawn.axes, recs, strict=True):
+        assert ax.get_title() == f"accum_steps={rec.accum_steps} ({len(rec.per_seed)} seeds, " \
+                                 f"{rec.steps} steps)"
+        assert ax.get_xlabel() == "pre-clip global gradient L2 norm (log axis)"
+        assert ax.get_ylabel() == "optimizer steps"
+        # the histogram holds every step's norm; the red line stands at the recommendation
+        (bars,) = ax.containers
+        assert sum(bar.get_height() for bar in bars) == len(rec.norms) == rec.steps
+        red = [line for line in ax.get_lines() if line.get_color() == "tab:red"]
+        assert [line.get_xdata()[0] for line in red] == pytest.approx([rec.max_norm])
+        grey = [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"]
+        assert grey == sorted(rec.swept_share)
+    fig = max_norm_advice(recs, tmp_path)
+    assert fig is not None and (tmp_path / fig.file).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_no_clip_off_run_means_no_recommendation(tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.collections import PathCollection, PolyCollection
 
 from stability.report import factors, health, lr, select
 from stability.report.sections import lr_sensitivity as lr_plot
@@ -114,10 +115,29 @@ def test_no_lr_axis_no_curves_and_no_figure(tmp_path: Path) -> None:
     assert found == [] and lr_plot.lr_sensitivity(found, tmp_path) is None
 
 
-def test_the_figure_is_drawn(tmp_path: Path) -> None:
+def test_the_figure_draws_one_curve_per_setting_with_its_crosses_and_labels(
+        tmp_path: Path) -> None:
     found, _ = _study(_runs(WIDENS))
+    drawn = lr_plot.draw(found, "MSE")
+    (ax,) = drawn.axes
+    assert ax.get_xscale() == "log"
+    assert ax.get_xlabel() == "learning rate (train.lr)"
+    assert ax.get_ylabel() == "final validation loss (MSE), capped at loss_init"
+    assert ax.get_title().startswith("Final validation loss vs learning rate")
+    curves = [line for line in ax.get_lines() if line.get_marker() == "o"]
+    assert len(curves) == len(found) == 2
+    for line, curve in zip(curves, found, strict=True):  # each curve at every swept LR
+        assert list(line.get_xdata()) == list(curve.lrs) == list(LRS)
+        assert np.allclose(line.get_ydata(), curve.loss)
+        assert line.get_label().startswith(f"{curve.label}: sensitivity")
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [c.get_label() for c in curves]
+    # a min-max band per curve; a cross at each LR a setting does not train stably at
+    assert sum(isinstance(c, PolyCollection) for c in ax.collections) == 2
+    crosses = sorted(len(c.get_offsets()) for c in ax.collections
+                     if isinstance(c, PathCollection))
+    assert crosses == sorted(c.stable.count(False) for c in found) == [1, 3]
     fig = lr_plot.lr_sensitivity(found, tmp_path, "MSE")
-    assert fig is not None and (tmp_path / fig.file).stat().st_size > 10_000
+    assert fig is not None and (tmp_path / fig.file).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_sensitivity_of_a_flat_curve_is_zero_and_capped_at_loss_init() -> None:
@@ -148,4 +168,5 @@ def test_a_swept_lr_reaches_the_report_with_its_sentence_table_and_figure(tmp_pa
             "swept LR) (LR sensitivity 0.222 -> 0.062).") in md
     assert "## Learning rate (LR sensitivity per setting)" in md
     assert "| clip off | 1e-3 3e-3 1e-2 3e-2 | ok ok x x | <=3e-3 | 0.7 |" in md
-    assert (out.folder / "plots" / lr_plot.FILE).stat().st_size > 10_000
+    assert f"(plots/{lr_plot.FILE})" in md  # what the figure shows: the test above
+    assert (out.folder / "plots" / lr_plot.FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -134,42 +133,51 @@ def test_a_trainer_task_sweeps_through_slurm_like_any_other(env, client, slurm_c
     assert set(tasks.values()) == {"COMPLETED"}, tasks
 
 
-@pytest.fixture
-def loaded() -> Iterator[None]:
-    """Both cores busy (two busy-loop processes), stopped at teardown."""
-    with busy_cores(2):
-        yield
-
-
 def test_scancel_of_one_task_ends_its_run_killed_and_the_others_finish(
-        env, client, slurm_cluster, tmp_path: Path, loaded) -> None:
-    """Under load: the run's own KILLED close and the sweep's orphan close must agree."""
+        env, client, slurm_cluster, tmp_path: Path) -> None:
+    """Under load: the run's own KILLED close and the sweep's orphan close must agree.
+
+    Both cores are busy (``busy_cores``) from the submission until the cancelled run is
+    closed, by itself or by the sweep: the window in which the two writers race. The sweep
+    then collects its tasks unloaded.
+    """
     experiment = f"scancel-{uuid.uuid4().hex[:8]}"
+    said = tmp_path / "command.out"
     # the 400-epoch run trains long enough to be cancelled; the other two are quick
-    proc = subprocess.Popen(sweep_cmd(experiment, tmp_path, "train.epochs=2,400,3", "seed=0"),
-                            cwd=PROJECT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    with busy_cores(2), said.open("w") as stdout:
+        proc = subprocess.Popen(sweep_cmd(experiment, tmp_path, "train.epochs=2,400,3", "seed=0"),
+                                cwd=PROJECT, env=env, stdout=stdout,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline, victim = time.monotonic() + 300, None
+            while victim is None and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(1)
+                exp = client.get_experiment_by_name(experiment)
+                if exp is None:
+                    continue
+                long = client.search_runs([exp.experiment_id], "params.`train.epochs` = '400' "
+                                          "and attributes.status = 'RUNNING'")
+                if long and (tmp_path / ".submitit").exists():
+                    victim = long[0]
+            assert victim is not None, "the long run never started\n" + said.read_text()[-3000:]
+            (job,) = array_job_ids(tmp_path)
+            # the sweeper launches longest first, so find the long run's array task: its job
+            # folder <sweep dir>/<job number> is its index in the array
+            task = int(Path(victim.data.tags[Tag.OUTPUT_DIR]).name)
+            slurm_cluster.run("scancel", f"{job}_{task}")
+            deadline = time.monotonic() + 300  # whoever closes it, the asserts below judge it
+            while (proc.poll() is None and time.monotonic() < deadline
+                   and client.get_run(victim.info.run_id).info.status == "RUNNING"):
+                time.sleep(0.5)
+        except BaseException:
+            proc.kill()
+            raise
     try:
-        deadline, victim = time.monotonic() + 300, None
-        while victim is None and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(1)
-            exp = client.get_experiment_by_name(experiment)
-            if exp is None:
-                continue
-            long = client.search_runs([exp.experiment_id], "params.`train.epochs` = '400' "
-                                      "and attributes.status = 'RUNNING'")
-            if long and (tmp_path / ".submitit").exists():
-                victim = long[0]
-        assert victim is not None, "the long run never started"
-        (job,) = array_job_ids(tmp_path)
-        # the sweeper launches longest first, so find the long run's array task: its job
-        # folder <sweep dir>/<job number> is its index in the array
-        task = int(Path(victim.data.tags[Tag.OUTPUT_DIR]).name)
-        slurm_cluster.run("scancel", f"{job}_{task}")
-        out, _ = proc.communicate(timeout=400)
+        proc.wait(timeout=400)
     finally:
         if proc.poll() is None:
             proc.kill()
+    out = said.read_text()
     train = {r.data.params["train.epochs"]: r for r in runs(client, experiment, Kind.TRAIN)}
     assert sorted(train) == ["2", "3", "400"], out[-3000:]
     assert train["400"].info.run_id == victim.info.run_id

@@ -269,6 +269,23 @@ def max_norm_advice(recs: Sequence, folder: Path) -> Figure | None:
     recs = [r for r in recs if len(r.norms)]
     if not recs:
         return None
+    name = save(draw_max_norm_advice(recs), folder, "max_norm_advice.png")
+    return Figure(name, "Recommended max_norm",
+                  "Distribution of pre-clip gradient norms of every finished clip-off run (all "
+                  "seeds and precisions of an accumulation setting, skipped steps left out). The "
+                  "red line is the max_norm that clips the target share of steps (median over "
+                  "seeds), the band its range over seeds.")
+
+
+def draw_max_norm_advice(recs: Sequence) -> plt.Figure:
+    """The max_norm advice figure, unsaved (``max_norm_advice`` saves it; tests inspect it).
+
+    Args:
+        recs: ``advice.Recommendation`` with norms, one panel each.
+
+    Returns:
+        The matplotlib figure: one axis per recommendation.
+    """
     fig, axes = plt.subplots(1, len(recs), figsize=(4.6 * len(recs) + 0.6, 4), squeeze=False)
     for ax, r in zip(axes[0], recs, strict=True):
         lo, hi = max(r.norms.min(), 1e-12), r.norms.max()
@@ -290,9 +307,4 @@ def max_norm_advice(recs: Sequence, folder: Path) -> Figure | None:
         ax.grid(alpha=0.3)
     fig.suptitle("Where to clip: gradient norms of the clip-off runs, recommended max_norm in red "
                  "(grey: swept values, % of these steps each would clip)", fontsize=10)
-    name = save(fig, folder, "max_norm_advice.png")
-    return Figure(name, "Recommended max_norm",
-                  "Distribution of pre-clip gradient norms of every finished clip-off run (all "
-                  "seeds and precisions of an accumulation setting, skipped steps left out). The "
-                  "red line is the max_norm that clips the target share of steps (median over "
-                  "seeds), the band its range over seeds.")
+    return fig

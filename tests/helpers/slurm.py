@@ -26,6 +26,7 @@ from stability.tracking.server import free_port
 
 CLUSTER = "stabilitytest"
 PARTITION = "debug"
+NODE_CPUS = 4  # at least: the tests' largest array has 3 tasks
 DAEMONS = ("munged", "mariadbd", "mariadb-install-db", "slurmdbd", "slurmctld", "slurmd")
 
 
@@ -129,6 +130,8 @@ JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 # seconds between SIGTERM and SIGKILL on scancel: time for a run to close itself KILLED
 KillWait=30
+# the node may advertise more CPUs than the machine has (see start_slurm)
+SlurmdParameters=config_overrides
 NodeName={node} CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN
 PartitionName={PARTITION} Nodes={node} Default=YES MaxTime=INFINITE State=UP
 """)
@@ -159,7 +162,9 @@ def start_slurm(timeout_s: float = 90) -> SlurmCluster:
     assert os.geteuid() == 0, "the test cluster's slurmd must run as root"
     root = Path(tempfile.mkdtemp(prefix="stability-slurm-"))
     root.chmod(0o755)  # munge clients of any user reach the socket
-    node, cpus = socket.gethostname(), os.cpu_count() or 1
+    # A test's array (up to NODE_CPUS one-CPU tasks) runs at once, as on a cluster with free
+    # nodes; on a 2-core machine the third task would otherwise wait for the first to end.
+    node, cpus = socket.gethostname(), max(os.cpu_count() or 1, NODE_CPUS)
     mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 - 1024
     ports = {k: free_port() for k in ("ctld", "d", "dbd", "sql")}
     for sub in ("state", "spool", "sql"):

@@ -26,6 +26,24 @@ def lr_sensitivity(found: Sequence[LrCurve], folder: Path,
     """Draw ``plots/lr_sensitivity.png``; None when the study swept no learning rate."""
     if not found:
         return None
+    name = save(draw(found, loss_name), folder, FILE)
+    return Figure(name, "LR sensitivity",
+                  "One curve per setting of the other factors; dotted: the loss before "
+                  "training (loss_init), where runs that diverged or did not finish are drawn; "
+                  "x: the setting does not train stably at that learning rate (its verdict is "
+                  "unstable, or its loss is not below loss_init).")
+
+
+def draw(found: Sequence[LrCurve], loss_name: str = DEFAULT_LOSS_NAME) -> plt.Figure:
+    """The LR-sensitivity figure, unsaved (``lr_sensitivity`` saves it; tests inspect it).
+
+    Args:
+        found: the curves, one per setting of the other factors (not empty).
+        loss_name: the task's loss, named on the y axis.
+
+    Returns:
+        The matplotlib figure: one axis, one line per curve.
+    """
     fig, ax = plt.subplots(figsize=(8, 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, c in enumerate(found):
@@ -44,12 +62,8 @@ def lr_sensitivity(found: Sequence[LrCurve], folder: Path,
            ylabel=f"final validation loss ({loss_name}), capped at loss_init")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
-    name = save(fig, folder, FILE)
-    return Figure(name, "LR sensitivity",
-                  "One curve per setting of the other factors; dotted: the loss before "
-                  "training (loss_init), where runs that diverged or did not finish are drawn; "
-                  "x: the setting does not train stably at that learning rate (its verdict is "
-                  "unstable, or its loss is not below loss_init).")
+    return fig
+
 
 
 SECTION = Part("LR sensitivity", lambda st: st,
