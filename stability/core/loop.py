@@ -8,7 +8,9 @@ Records flow one way: ``TrainStep.step`` returns a ``StepLog``; this loop hands 
 named step sinks (``core.sinks``) with one call each: the per-layer table, the diagnostics
 (which own the run's and the epoch's counts), the CSV writer (the ground truth, flushed per
 row), any extra sinks (e.g. the MLflow buffer) and, last, the skip-rate monitor. The step
-itself never logs.
+itself never logs. The sinks, the epoch records, the best epoch and the summary are the run's
+``core.assembly.RunAssembly``, as for every trainer: setup, then for each epoch: for each
+window: step, record; the epoch's record; then finish.
 
 With ``world_size > 1`` (under torchrun, see ``docs/distributed.md``) the model is wrapped in
 ``DistributedDataParallel``, each rank trains on its shard of every epoch's shuffled order,
@@ -20,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,9 +31,10 @@ import torch
 import yaml
 
 from stability.core import checkpoint, distributed
+from stability.core.assembly import InitialLoss, RunAssembly, standard_sinks
 from stability.core.batches import evaluate_task, task_of, windows
 from stability.core.config import RunConfig, to_yaml_dict
-from stability.core.cost import CostMeter, run_costs
+from stability.core.cost import CostMeter
 from stability.core.faults import FaultInjector
 from stability.core.layers import LayerNormRecorder
 from stability.core.monitor import Diagnostics, DivergedError, SkipRateMonitor
@@ -79,42 +82,9 @@ class RunResult:
         return self.output_dir / CHECKPOINT_NAME
 
 
-class InitialLoss:
-    """``loss_init``: the validation loss before the first step, kept across a resume.
-
-    The reference of the LR sensitivity (Wortsman et al. 2023): a learning rate whose final
-    loss is above it counts as having learned nothing. Evaluating draws no random numbers, so
-    the steps are the same with or without it. A sink only for its place in the checkpoint.
-    """
-
-    def __init__(self) -> None:
-        self.value = math.nan
-
-    def on_step(self, log: object, epoch: int) -> None:
-        """Nothing per step."""
-
-    def on_epoch(self, log: object) -> None:
-        """Nothing per epoch."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """The measured value (NaN until measured)."""
-        return {"loss_init": self.value}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The value measured before the run was stopped."""
-        self.value = float(state["loss_init"])
-
-
 def write_config(cfg: RunConfig, path: Path) -> None:
     """Write the resolved config as YAML (``to_run_config`` reads it back)."""
     path.write_text(yaml.safe_dump(to_yaml_dict(cfg), sort_keys=False))
-
-
-def log_epoch(record: EpochLog, epochs: int, level: int = logging.INFO) -> None:
-    """The run's per-epoch line (in a sweep: in the run's log), for our loop and trainers."""
-    log.log(level, "epoch %2d/%d  train_loss %.4f  val_loss %.4f  val_acc %.3f  clip %.2f  "
-            "skips %d", record.epoch, epochs, record.train_loss, record.val_loss,
-            record.val_acc, record.clip_fraction, record.skip_count)
 
 
 def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -> RunResult:
@@ -180,27 +150,24 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     # Same seed on every rank: the same permutation each epoch, of which each takes its share.
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
-    # The step sinks, in the order they see each step; the monitor last: it may end the run
-    # once the step is recorded everywhere. Their state is part of the resume checkpoint.
+    # The step sinks, in the order they see each step (core.assembly.standard_sinks); the
+    # monitor last: it may end the run once the step is recorded everywhere. Their state is
+    # part of the resume checkpoint.
     diag = Diagnostics()
-    monitor = SkipRateMonitor(cfg.monitor)
+    initial = InitialLoss()
     csv_writer = CsvStepWriter(out / CSV_NAME) if main else None
-    named: dict[str, StepSink] = {} if layers is None else {"layers": layers}
-    named["diagnostics"] = diag
-    if csv_writer is not None:
-        named["csv"] = csv_writer
-    named |= {f"extra{i}": sink for i, sink in enumerate(sinks)}
-    initial = named["loss_init"] = InitialLoss()
-    named["monitor"] = monitor
-    all_sinks = list(named.values())
-    cost = CostMeter(device)
+    named = standard_sinks(diag, layers=layers, csv=csv_writer, extras=sinks,
+                           loss_init=initial, monitor=SkipRateMonitor(cfg.monitor))
+    run = RunAssembly(named, diag, CostMeter(device),
+                      best_path=out / CHECKPOINT_NAME if main else None, model=model,
+                      epoch_lines=cfg.train.epochs,
+                      line_level=logging.INFO if main else logging.DEBUG)
     # A killed run's folder continues after its last whole epoch (core/checkpoint.py).
     parts = checkpoint.Parts(model, optimizer, trainer, shuffle, named)
     resumed = checkpoint.restore(out, cfg, parts) if main and not ddp else None
-    epochs: list[EpochLog] = resumed.epochs if resumed else []
-    best_val, best_epoch, best_acc = resumed.best if resumed else (math.inf, 0, math.nan)
-    best_metrics: Mapping[str, float] = resumed.best_metrics if resumed else {}
-    if resumed is None:  # before the first step; a checkpoint from before it was kept: NaN
+    if resumed is not None:
+        run.resume(resumed.epochs, resumed.best, resumed.best_metrics)
+    else:  # before the first step; a checkpoint from before it was kept: NaN
         initial.value = evaluate_task(task, model, val_set, cfg.precision.name, device,
                                       sharded=ddp, num_workers=cfg.train.num_workers)["loss"]
     status, reason = "finished", ""
@@ -211,50 +178,24 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
                                   shuffle, device, rank, world_size, cfg.train.num_workers):
                 ts = time.perf_counter()
                 s = trainer.step(window)
-                cost.on_step(time.perf_counter() - ts)
-                for sink in all_sinks:
-                    sink.on_step(s, epoch)  # the monitor raises DivergedError
+                run.step(s, epoch, time.perf_counter() - ts)
+            # validation sums are reduced over ranks: the best epoch is the same on every rank
             val = evaluate_task(task, model, val_set, cfg.precision.name, device, sharded=ddp,
                                 num_workers=cfg.train.num_workers)
-            val_loss, val_acc = val["loss"], val.get("acc", math.nan)
-            record = diag.epoch_record(epoch, val_loss, val_acc, time.perf_counter() - te)
-            epochs.append(record)
-            for sink in all_sinks:  # the per-layer table reaches the disk here
-                sink.on_epoch(record)
-            if val_loss < best_val:  # nan never wins; identical on every rank (reduced)
-                best_val, best_epoch, best_acc = val_loss, epoch, val_acc
-                best_metrics = val
-                if main:  # the unwrapped module: keys load into the task's fresh model
-                    checkpoint.save_atomic(model.state_dict(), out / CHECKPOINT_NAME)
+            run.epoch(epoch, val["loss"], val.get("acc", math.nan), time.perf_counter() - te,
+                      val)
             if csv_writer is not None and not ddp:  # the resume point of this epoch
-                checkpoint.save(out, cfg, parts, epochs, (best_val, best_epoch, best_acc),
-                                best_metrics)
-            log_epoch(record, cfg.train.epochs, logging.INFO if main else logging.DEBUG)
+                checkpoint.save(out, cfg, parts, run.epochs, run.best, run.best_metrics)
     except DivergedError as err:
         status, reason = "diverged", str(err)
         log.error("run diverged: %s", err)
     finally:
-        if csv_writer is not None:
-            csv_writer.close()
-        if layers is not None:  # the rows of an epoch cut short (diverged or failed)
-            layers.flush()
+        run.close()
     if main:
         checkpoint.discard(out)  # the run ended (finished or diverged): nothing to resume
 
-    costs = run_costs(cost, trainer.scaler,
-                      cfg.train.batch_size * cfg.train.accum_steps * world_size, trainer.grad_syncs)
-    summary: dict[str, Any] = diag.summary() | costs | (
-        layers.summary() if layers is not None else {}) | {
-        "best_val_loss": best_val,
-        "best_epoch": best_epoch,
-        "loss_init": initial.value,  # validation loss before training (LR sensitivity)
-        "best_val_acc": best_acc,
-        # The task's own metrics at the best epoch (val_mse, val_perplexity...).
-        **{f"best_val_{k}": v for k, v in best_metrics.items() if k not in ("loss", "acc")},
-        "diverged": int(status == "diverged"),
-        "optimizer_steps": trainer.step_count,
-        "skip_alerts": monitor.alerts,
-    }
+    summary = run.finish(trainer.scaler, cfg.train.batch_size * cfg.train.accum_steps * world_size,
+                         trainer.grad_syncs, trainer.step_count, status)
     wall = time.perf_counter() - t0
     summary["wall_time_s"] = wall
-    return RunResult(status, reason, best_val, best_epoch, epochs, summary, out, wall)
+    return RunResult(status, reason, run.best[0], run.best[1], run.epochs, summary, out, wall)
