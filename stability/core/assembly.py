@@ -86,6 +86,52 @@ def log_epoch(record: EpochLog, epochs: int, level: int = logging.INFO) -> None:
             record.val_acc, record.clip_fraction, record.skip_count)
 
 
+class BestCheckpoint:
+    """The best validation loss so far, its weights kept as ``checkpoints/best.pt`` (a plain
+    ``state_dict``: the report rebuilds the winner from it); nan never wins. A step sink too,
+    for a trainer that hands its epochs to sinks (``integrations.study``).
+
+    Args:
+        path: where the weights go (None: nowhere, the loss is still kept).
+        model: whose weights (the unwrapped module: keys load into a fresh model; settable
+            once the trainer has built it).
+    """
+
+    def __init__(self, path: Path | None, model: nn.Module | None = None) -> None:
+        self.path, self.model = path, model
+        self.best = math.inf
+
+    def offer(self, val_loss: float) -> bool:
+        """Whether ``val_loss`` beats the best so far (then its weights are saved)."""
+        if not val_loss < self.best:
+            return False
+        self.best = val_loss
+        if self.path is not None and self.model is not None:
+            checkpoint.save_atomic(self.model.state_dict(), self.path)
+        return True
+
+    def on_step(self, log: StepLog, epoch: int) -> None:
+        """Nothing per step."""
+
+    def on_epoch(self, log: EpochLog) -> None:
+        """The epoch's validation loss, offered."""
+        self.offer(log.val_loss)
+
+
+class EpochLines:
+    """A step sink that writes the per-epoch line (``log_epoch``) out of ``epochs``."""
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs = epochs
+
+    def on_step(self, log: StepLog, epoch: int) -> None:
+        """Nothing per step."""
+
+    def on_epoch(self, log: EpochLog) -> None:
+        """The epoch's line."""
+        log_epoch(log, self.epochs)
+
+
 class RunAssembly:
     """One run's sinks, epochs and best epoch, from setup to summary.
 
@@ -105,7 +151,7 @@ class RunAssembly:
                  line_level: int = logging.INFO) -> None:
         self.sinks = dict(sinks)
         self.diagnostics, self.cost = diagnostics, cost
-        self.best_path, self.model = best_path, model
+        self.keeper = BestCheckpoint(best_path, model)
         self.epoch_lines, self.line_level = epoch_lines, line_level
         self.epochs: list[EpochLog] = []
         self.best: tuple[float, int, float] = (math.inf, 0, math.nan)  # val_loss, epoch, acc
@@ -139,10 +185,8 @@ class RunAssembly:
         self.epochs.append(record)
         for sink in self._all:  # the per-layer table reaches the disk here
             sink.on_epoch(record)
-        if val_loss < self.best[0]:
+        if self.keeper.offer(val_loss):
             self.best, self.best_metrics = (val_loss, epoch, val_acc), dict(metrics or {})
-            if self.best_path is not None and self.model is not None:
-                checkpoint.save_atomic(self.model.state_dict(), self.best_path)
         if self.epoch_lines is not None:
             log_epoch(record, self.epoch_lines, self.line_level)
         return record
@@ -157,6 +201,7 @@ class RunAssembly:
         load_states(self.sinks, state["sinks"])
         loss, epoch, acc = state["best"]
         self.best = (float(loss), int(epoch), float(acc))
+        self.keeper.best = self.best[0]
         # the epochs before the checkpoint (absent from a state saved before they were kept)
         self.epochs = [EpochLog(**e) for e in state.get("epochs", [])]
 
@@ -170,12 +215,25 @@ class RunAssembly:
             layers.flush()
 
     def finish(self, scaler: torch.amp.GradScaler | None, effective_batch: float,
-               grad_syncs: int, optimizer_steps: int,
-               status: str | None = None) -> dict[str, Any]:
-        """Close the files; the run's summary: the diagnostics, the cost metrics
-        (``core.cost.run_costs``), the per-layer update ratio, the best epoch, ``loss_init``
-        and ``skip_alerts`` where the run has those sinks, ``diverged`` given a ``status``."""
+               grad_syncs: int, optimizer_steps: int, status: str) -> dict[str, Any]:
+        """The run ended (finished or diverged): close the files; its ``summary``."""
         self.close()
+        return self.summary(scaler, effective_batch, grad_syncs, optimizer_steps, status)
+
+    def summary(self, scaler: torch.amp.GradScaler | None, effective_batch: float,
+                grad_syncs: int, optimizer_steps: int,
+                status: str | None = None) -> dict[str, Any]:
+        """The run's summary: the diagnostics, the cost metrics (``core.cost.run_costs``), the
+        per-layer update ratio, the best epoch, ``loss_init`` and ``skip_alerts`` where the run
+        has those sinks, ``diverged`` given a ``status``.
+
+        Args:
+            scaler: the run's GradScaler (None: no loss scaling).
+            effective_batch: samples per optimizer step (NaN when unknown).
+            grad_syncs: backward passes that synchronised gradients.
+            optimizer_steps: optimizer steps taken.
+            status: ``finished`` or ``diverged`` (None: not said).
+        """
         layers, initial = self.sinks.get("layers"), self.sinks.get("loss_init")
         monitor = self.sinks.get("monitor")
         best_val, best_epoch, best_acc = self.best

@@ -6,7 +6,8 @@ the gradients are still there, ``emit`` once it has had its chance to advance it
 scheduler, and ``end_epoch`` after validation. The records are our
 loop's: a ``StepLog`` (as ``TrainerStepLog``, one more field) through the same sinks, in our
 loop's order: ``layers`` (optional), ``diagnostics``, ``csv``, the caller's (e.g. a
-``TrackedRun``'s ``sink``).
+``TrackedRun``'s ``sink``); the epochs, best epoch, state and summary are our loop's
+``core.assembly.RunAssembly``.
 
 Only ``steps.csv`` of a trainer run has the column ``scheduler_stepped`` (1 when the trainer
 advanced an LR scheduler during the step): our own loop never steps a scheduler on a skipped
@@ -19,22 +20,23 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from stability.core.assembly import RunAssembly, standard_sinks
 from stability.core.clipping import CLIP_EPS, grad_global_norm, grad_norms
 from stability.core.config import ClipConfig
-from stability.core.cost import CostMeter, run_costs
+from stability.core.cost import CostMeter
 from stability.core.layers import LayerNormRecorder
 from stability.core.measure import Measurement, StepMeter, _first_non_finite, measure
 from stability.core.monitor import Diagnostics
 from stability.core.precision import fp16_underflow_fraction
 from stability.core.rundir import CSV_NAME, LAYER_NORMS_NAME
-from stability.core.sinks import ParamSink, StepSink, load_states, state_of
+from stability.core.sinks import ParamSink, StepSink
 from stability.core.steplog import (
     CSV_COLUMNS,
     CsvStepWriter,
@@ -106,20 +108,20 @@ class StepRecorder:
         self.csv = CsvStepWriter(self.folder / CSV_NAME, columns=TRAINER_CSV_COLUMNS)
         self.layers = (LayerNormRecorder(model, clip.enabled and clip.method == "norm",
                                          self.folder / LAYER_NORMS_NAME) if per_layer else None)
-        # The per-layer table sees each step in finish_step (it reads .grad, which a trainer
-        # may zero before it steps its scheduler), the rest in emit; every sink sees the epoch.
-        self.sinks: list[StepSink] = [self.diagnostics, self.csv, *sinks]
-        self._epoch_sinks: list[StepSink] = ([] if self.layers is None
-                                             else [self.layers]) + self.sinks
-        self.epochs: list[EpochLog] = []
-        self.best_val_loss, self.best_epoch, self.best_val_acc = math.inf, 0, math.nan
-        self.scheduler_steps_on_skip = 0
-        self._pending: _Pending | None = None
-        self._finished: StepLog | None = None
         # The cost metrics, measured as our loop measures them (core.cost): the wall time
         # from the step's first micro-batch (its batch already fetched) to its record.
         first = next(iter(model.parameters()), None)
         self.cost = CostMeter(first.device if first is not None else "cpu")
+        # Our loop's assembly (core.assembly): the named sinks, epochs, best epoch, summary.
+        self.run = RunAssembly(
+            standard_sinks(self.diagnostics, layers=self.layers, csv=self.csv, extras=sinks),
+            self.diagnostics, self.cost)
+        # The per-layer table sees each step in finish_step (it reads .grad, which a trainer
+        # may zero before it steps its scheduler), the rest in emit; every sink sees the epoch.
+        self.sinks: list[StepSink] = [s for name, s in self.run.sinks.items() if name != "layers"]
+        self.scheduler_steps_on_skip = 0
+        self._pending: _Pending | None = None
+        self._finished: StepLog | None = None
         self.effective_batch = math.nan  # the trainer's batch x accumulation (set_batch)
         self._scaler: torch.amp.GradScaler | None = None
         self._window_t0: float | None = None
@@ -284,54 +286,46 @@ class StepRecorder:
             sink.on_step(log, epoch)
         return log
 
+    @property
+    def epochs(self) -> list[EpochLog]:
+        """The epochs' records so far."""
+        return self.run.epochs
+
+    @property
+    def best_val_loss(self) -> float:
+        """The best validation loss so far (inf before the first epoch)."""
+        return self.run.best[0]
+
+    @property
+    def best_epoch(self) -> int:
+        """Its epoch (0 before the first)."""
+        return self.run.best[1]
+
     def end_epoch(self, epoch: int, val_loss: float, val_acc: float,
                   seconds: float) -> EpochLog:
         """The epoch's record (after validation) to every sink; the best epoch so far."""
-        record = self.diagnostics.epoch_record(epoch, val_loss, val_acc, seconds)
-        self.epochs.append(record)
-        for sink in self._epoch_sinks:
-            sink.on_epoch(record)
-        if val_loss < self.best_val_loss:
-            self.best_val_loss, self.best_epoch, self.best_val_acc = val_loss, epoch, val_acc
-        return record
-
-    def _named_sinks(self) -> dict[str, StepSink]:
-        named: dict[str, StepSink] = {} if self.layers is None else {"layers": self.layers}
-        named |= {"diagnostics": self.diagnostics, "csv": self.csv}
-        return named | {f"extra{i}": s for i, s in enumerate(self.sinks[2:])}
+        return self.run.epoch(epoch, val_loss, val_acc, seconds)
 
     def state_dict(self) -> dict[str, Any]:
         """The counters, the best epoch and every sink's state (plain containers), for the
         trainer's checkpoint: ``load_state_dict`` continues the files from there."""
-        return {"meter": self.meter.state_dict(), "sinks": state_of(self._named_sinks()),
-                "best": [self.best_val_loss, self.best_epoch, self.best_val_acc],
-                "scheduler_steps_on_skip": self.scheduler_steps_on_skip,
-                "epochs": [asdict(e) for e in self.epochs]}
+        return {"meter": self.meter.state_dict(), **self.run.state_dict(),
+                "scheduler_steps_on_skip": self.scheduler_steps_on_skip}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state_dict``: ``steps.csv`` (and ``layer_norms.csv``) are cut back to
         the checkpoint's step and continued."""
         self.meter.load_state_dict(state["meter"])
-        load_states(self._named_sinks(), state["sinks"])
-        loss, epoch, acc = state["best"]
-        self.best_val_loss, self.best_epoch, self.best_val_acc = float(loss), int(epoch), float(acc)
+        self.run.load_state_dict(state)
         self.scheduler_steps_on_skip = int(state["scheduler_steps_on_skip"])
-        # the epochs before the checkpoint (absent from a state saved before they were kept)
-        self.epochs = [EpochLog(**e) for e in state.get("epochs", [])]
 
     def close(self) -> None:
         """Close ``steps.csv`` and write the per-layer rows still held (idempotent)."""
-        self.csv.close()
-        if self.layers is not None:
-            self.layers.flush()
+        self.run.close()
 
     def summary(self) -> dict[str, Any]:
-        """The run's summary (``TrackedRun.finish``): our loop's diagnostics, cost metrics
-        (``core.cost.run_costs``: one gradient sync per optimizer step in one process) and
-        best epoch, plus ``scheduler_steps_on_skip``."""
-        costs = run_costs(self.cost, self._scaler, self.effective_batch, self.meter.step_count)
-        return self.diagnostics.summary() | costs | {
-            "best_val_loss": self.best_val_loss, "best_epoch": self.best_epoch,
-            "best_val_acc": self.best_val_acc, "optimizer_steps": self.meter.step_count,
-            SCHEDULER_STEPS_ON_SKIP: self.scheduler_steps_on_skip,
-        }
+        """The run's summary (``TrackedRun.finish``): our loop's (``RunAssembly.finish``: one
+        gradient sync per optimizer step in one process), plus ``scheduler_steps_on_skip``."""
+        steps = self.meter.step_count
+        return self.run.summary(self._scaler, self.effective_batch, steps, steps) | {
+            SCHEDULER_STEPS_ON_SKIP: self.scheduler_steps_on_skip}

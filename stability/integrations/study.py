@@ -35,14 +35,14 @@ import torch
 from torch import nn
 
 from stability.core import checkpoint
+from stability.core.assembly import BestCheckpoint, EpochLines
 from stability.core.config import ConfigError, RunConfig
 from stability.core.faults import FaultInjector
-from stability.core.loop import RunResult, log_epoch, write_config
+from stability.core.loop import RunResult, write_config
 from stability.core.monitor import DivergedError, SkipRateMonitor
 from stability.core.precision import check_precision_supported, resolve_device
 from stability.core.rundir import CHECKPOINT_NAME, CONFIG_NAME, RESUME_NAME
 from stability.core.sinks import StepSink
-from stability.core.steplog import EpochLog, StepLog
 from stability.core.task import Task, build_task, trainer_of
 from stability.integrations import backends
 from stability.integrations.backends import TrainerBackend
@@ -86,8 +86,7 @@ def save_resume_point(folder: Path, cfg: RunConfig, model: nn.Module,
     """
     parts = checkpoint.Parts(model=model, optimizer=optimizer, trainer=_Steps(steps),
                              shuffle=torch.Generator(), sinks={})
-    checkpoint.save(folder, cfg, parts, recorder.epochs,
-                    (recorder.best_val_loss, recorder.best_epoch, recorder.best_val_acc), {})
+    checkpoint.save(folder, cfg, parts, recorder.run.epochs, recorder.run.best, {})
 
 
 def trainer_checkpoint(folder: Path, cfg: RunConfig,
@@ -176,40 +175,6 @@ def preflight(cfg: RunConfig, world_size: int = 1) -> tuple[TrainerBackend, Task
     return module, task
 
 
-class BestCheckpoint:
-    """A step sink that keeps the best-validation weights as our loop does (a plain
-    ``state_dict`` at ``checkpoints/best.pt``: the report rebuilds the winner from it)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.path = folder / CHECKPOINT_NAME
-        self.model: nn.Module | None = None
-        self.best = math.inf
-
-    def on_step(self, log: StepLog, epoch: int) -> None:
-        """Nothing per step."""
-
-    def on_epoch(self, log: EpochLog) -> None:
-        """A better validation loss: save the weights (nan never wins)."""
-        if self.model is not None and log.val_loss < self.best:
-            self.best = log.val_loss
-            checkpoint.save_atomic(self.model.state_dict(), self.path)
-
-
-class EpochLines:
-    """A step sink that writes our loop's per-epoch line (``core.loop.log_epoch``): in a sweep
-    it goes to the run's log (``<n>/sweep.log``), as our loop's does."""
-
-    def __init__(self, epochs: int) -> None:
-        self.epochs = epochs
-
-    def on_step(self, log: StepLog, epoch: int) -> None:
-        """Nothing per step."""
-
-    def on_epoch(self, log: EpochLog) -> None:
-        """The epoch's line."""
-        log_epoch(log, self.epochs)
-
-
 def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -> RunResult:
     """Train one point with its task's trainer; ``core.loop.train``'s signature and result.
 
@@ -231,11 +196,11 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     out = Path(cfg.output_dir)
     (out / CHECKPOINT_NAME).parent.mkdir(parents=True, exist_ok=True)
     write_config(cfg, out / CONFIG_NAME)
-    best = BestCheckpoint(out)
+    best = BestCheckpoint(out / CHECKPOINT_NAME)  # the model: once the trainer built it
     resume = checkpoint.peek(out, cfg)  # a point killed before (lightning_runner writes it)
     if resume is not None:
         best.best = resume.best[0]  # best.pt holds that epoch's weights already
-    monitor = SkipRateMonitor(cfg.monitor)
+    monitor = SkipRateMonitor(cfg.monitor)  # last, as in our loop (core.assembly)
     fit = module.prepare(task, cfg, device, out,
                          [*sinks, best, EpochLines(cfg.train.epochs), monitor])
     best.model = fit.model
