@@ -5,11 +5,11 @@ call (``on_step``), then each ``EpochLog`` (``on_epoch``). Every sink's state go
 resume checkpoint as ``{name: sink.state_dict()}`` and comes back through
 ``load_state_dict``: the PyTorch convention, so no one writes another object's attributes.
 
-The sinks of a run, in the order they see a step (``core.loop``): ``layers``
+The sinks of a run, in the order they see a step (``core.assembly.standard_sinks``): ``layers``
 (``LayerNormRecorder``, optional), ``diagnostics`` (``Diagnostics``: the run's and the epoch's
 counts), ``csv`` (``CsvStepWriter``, rank 0), the caller's sinks (e.g. the MLflow
-``MetricBuffer``), ``monitor`` (``SkipRateMonitor``, last: it may end the run after the step
-is recorded everywhere).
+``MetricBuffer``), ``loss_init`` (our loop's), ``monitor`` (``SkipRateMonitor``, last: it may
+end the run after the step is recorded everywhere).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import torch
 import yaml
 from torch import nn
 
-from stability.core import checkpoint
+from stability.core.assembly import RunAssembly, standard_sinks
 from stability.core.config import (
     TASK_SECTIONS,
     ClipConfig,
@@ -34,7 +34,7 @@ from stability.core.config import (
     TrackingConfig,
     to_run_config,
 )
-from stability.core.cost import CostMeter, run_costs
+from stability.core.cost import CostMeter
 from stability.core.identity import fingerprint, flatten
 from stability.core.measure import StepMeter
 from stability.core.monitor import Diagnostics
@@ -63,10 +63,10 @@ class LoopRun:
         self.csv = CsvStepWriter(folder / CSV_NAME)
         (folder / CHECKPOINT_NAME).parent.mkdir(parents=True, exist_ok=True)
         assert tracked.sink is not None
-        self.sinks = [self.diagnostics, self.csv, tracked.sink]
-        self.cost = CostMeter("cpu")
-        self.epochs: list[EpochLog] = []
-        self.best_val_loss, self.best_epoch, self.best_val_acc = math.inf, 0, math.nan
+        # Our loop's assembly (core.assembly): sinks, epochs, best epoch and summary.
+        self.run = RunAssembly(
+            standard_sinks(self.diagnostics, csv=self.csv, extras=[tracked.sink]),
+            self.diagnostics, CostMeter("cpu"), best_path=folder / CHECKPOINT_NAME)
         self._epoch = 1
         self._samples = 0  # the largest step's samples: the effective batch
         self._t0 = self._last = time.perf_counter()
@@ -82,10 +82,8 @@ class LoopRun:
         """
         log = self.meter.step(model, loss, lr=lr, micro_batches=micro_batches,
                               samples=samples, params=params)
-        for sink in self.sinks:
-            sink.on_step(log, self._epoch)
         now = time.perf_counter()
-        self.cost.on_step(now - self._last)
+        self.run.step(log, self._epoch, now - self._last)
         self._last = now
         self._samples = max(self._samples, samples)
         return log
@@ -94,27 +92,17 @@ class LoopRun:
               model: nn.Module | None = None) -> EpochLog:
         """The epoch's record with its validation; a better ``val_loss`` keeps ``model``'s
         weights as ``checkpoints/best.pt`` (what the report rebuilds a winner from)."""
-        record = self.diagnostics.epoch_record(self._epoch, float(val_loss), float(val_acc),
-                                               time.perf_counter() - self._t0)
-        self.epochs.append(record)
-        for sink in self.sinks:
-            sink.on_epoch(record)
-        if val_loss < self.best_val_loss:
-            self.best_val_loss, self.best_epoch, self.best_val_acc = val_loss, self._epoch, val_acc
-            if model is not None:
-                checkpoint.save_atomic(model.state_dict(), self.folder / CHECKPOINT_NAME)
+        self.run.keeper.model = model
+        record = self.run.epoch(self._epoch, float(val_loss), float(val_acc),
+                                time.perf_counter() - self._t0)
         self._epoch += 1
         self._t0 = self._last = time.perf_counter()
         return record
 
     def summary(self) -> dict[str, Any]:
         """Our loop's summary metrics for this run (docs/TRACKING.md)."""
-        costs = run_costs(self.cost, self.scaler, self._samples or math.nan,
-                          self.meter.step_count)
-        return self.diagnostics.summary() | costs | {
-            "best_val_loss": self.best_val_loss, "best_epoch": self.best_epoch,
-            "best_val_acc": self.best_val_acc, "optimizer_steps": self.meter.step_count,
-            "diverged": 0}
+        steps = self.meter.step_count
+        return self.run.summary(self.scaler, self._samples or math.nan, steps, steps, "finished")
 
 
 def rebuild_config(task: str, seed: int, settings: Mapping[str, object],
@@ -200,5 +188,5 @@ def track(folder: str | Path, *, task: str, sweep_id: str, seed: int = 0,
         try:
             yield run
         finally:
-            run.csv.close()
+            run.run.close()
         tracked.finish(run.summary() | {"wall_time_s": time.perf_counter() - t0}, "finished")
