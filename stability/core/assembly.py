@@ -162,6 +162,7 @@ class RunAssembly:
                best_metrics: Mapping[str, float]) -> None:
         """Continue after the epochs of a resume point (the sinks load their own state)."""
         self.epochs, self.best, self.best_metrics = list(epochs), best, dict(best_metrics)
+        self.keeper.best = best[0]  # best.pt holds that epoch's weights already
 
     def step(self, record: StepLog, epoch: int, seconds: float) -> None:
         """One optimizer step took ``seconds``: its record to every sink, in order."""
