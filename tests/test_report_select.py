@@ -238,3 +238,47 @@ def test_finished_runs_without_a_cost_metric_are_named_not_silently_timed_by_wal
     runs["step_time_median_s"] = 0.01
     assert missing_costs(runs.drop(columns=["grad_syncs"])) == [
         "2 finished run(s) lack `grad_syncs`: `a s=0`, `a s=1`"]
+
+
+def test_the_config_table_is_assembled_once_from_the_stages_parts_with_the_schemas_columns():
+    from dataclasses import replace
+
+    from stability.report import health
+    from stability.report.compare import versus
+    from stability.report.select import put_first
+    from stability.report.table import COLUMNS, SUMMARY_COLUMNS, ConfigTable
+
+    runs = runs_table([
+        ("low", "fp16", True, 1.0, 2, {0: 0.30, 1: 0.31, 2: 0.29}),
+        ("base", "fp32", False, 1.0, 1, {0: 0.35, 1: 0.36, 2: 0.34}),
+        ("lost", "bf16", True, 0.5, 1, {0: 0.20, 1: "diverged", 2: 0.21}),
+    ])
+    ranked = put_first(aggregate(runs), "base")  # a decided winner that is not rank 1
+    t = health.Thresholds()
+    table = ConfigTable.assemble(ranked, versus(runs, ranked),
+                                 health.verdicts(runs, ranked, {}, t))
+    assert [r.fingerprint for r in table] == ["base", "low", "lost"] and len(table) == 3
+    assert table.winner.fingerprint == "base" and table.lowest.fingerprint == "low"
+    assert table.row("lost").unfinished == 1 and math.isinf(table.row("lost").loss_mean)
+    assert table.winner.verdict_vs_winner == "winner" and not table.winner.within_ci
+    # The same numbers as the column-by-column frame the analyses read.
+    grown = health.judge(runs, versus_winner(runs, ranked), {}, t)
+    frame = table.frame()
+    assert list(frame.columns) == list(COLUMNS)
+    assert sorted(grown.columns) == sorted(COLUMNS)
+    pd.testing.assert_frame_equal(frame, grown[list(COLUMNS)], check_dtype=False)
+    summary = table.summary()
+    assert list(summary.columns) == [*SUMMARY_COLUMNS, "winner"]
+    assert list(summary["winner"]) == [False, True, False]  # rank 1, not row 0
+    with pytest.raises(KeyError):
+        table.row("absent")
+    # The stability sentence reads the typed rows: one group per precision and verdict.
+    marginal = [replace(table.row("low"), stability="marginal", stability_reason=reason)
+                for reason in ("spikes (1/3 seeds)", "backoffs (2/3 seeds)")]
+    mixed = ConfigTable((replace(table.winner, stability="stable", stability_reason=""),
+                         *marginal, table.row("lost")))
+    assert table.row("lost").stability == "unstable"  # its diverged seed
+    # a tie between two reasons names the first alphabetically (as pandas' mode did)
+    assert health.summary_sentence(mixed) == (
+        "The winner is stable; 1 bf16 config is unstable (most often: diverged); "
+        "2 fp16 configs are marginal (most often: backoffs); 0 of 3 others stable.")

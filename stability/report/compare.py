@@ -24,7 +24,7 @@ difference could still hide behind it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import pandas as pd
@@ -32,6 +32,7 @@ import pandas as pd
 from stability.core.precision import SIMPLEST_FIRST
 from stability.report.format import signed, size
 from stability.report.select import baseline, best_of, per_seed
+from stability.report.table import VersusWinner
 from stability.stats import effects as fx
 from stability.stats.paired import Paired, min_detectable, paired, seeds_needed
 
@@ -227,46 +228,47 @@ def verdict(c: Comparison, alpha: float) -> str:
             f"{unseen(c)} ({c.other} vs the winner: {_numbers(c)}).{lost}")
 
 
-def versus_winner(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0.95,
-                  alpha: float = 0.05, power: float = 0.8,
-                  margin: float = math.nan) -> pd.DataFrame:
-    """``configs`` plus each config's paired comparison with the winner and its noise flags.
+def versus(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0.95,
+           alpha: float = 0.05, power: float = 0.8,
+           margin: float = math.nan) -> tuple[VersusWinner, ...]:
+    """Each config's paired comparison with the winner (row 0 of ``configs``), in its order.
 
-    Adds ``n_paired``, ``diff_vs_winner``, ``p_vs_winner`` (paired t, unadjusted),
-    ``p_wilcoxon_vs_winner``, ``within_ci`` (mean inside the winner's CI) and ``within_noise``
-    (paired t not significant at ``alpha``) and ``mdd_vs_winner`` (the smallest difference
-    those paired seeds detect with ``power``), ``verdict_vs_winner`` (helps / hurts /
-    equivalent / undecided: paired t and TOST against ``margin``, each selection-adjusted,
-    ``p_adj_vs_winner``; a config with unfinished seeds is never equivalent). Configs with an
-    infinite mean are never within noise: by the +inf rule they cannot win.
+    The paired t-test (``p_vs_winner``, unadjusted) and Wilcoxon p, ``within_ci`` (mean inside
+    the winner's CI), ``within_noise`` (paired t not significant at ``alpha``), ``mdd_vs_winner``
+    (the smallest difference those paired seeds detect with ``power``) and
+    ``verdict_vs_winner`` (helps / hurts / equivalent / undecided: paired t and TOST against
+    ``margin``, each selection-adjusted, ``p_adj_vs_winner``; a config with unfinished seeds
+    is never equivalent). Configs with an infinite mean are never within noise: by the +inf
+    rule they cannot win. The winner is not its own competitor: NaN, False and "winner".
     """
     win = configs.iloc[0]
     ref = per_seed(runs, str(win["fingerprint"]))
     results = [paired(ref, per_seed(runs, str(fp)), confidence) for fp in configs["fingerprint"]]
-    out = configs.assign(
-        n_paired=[r.n for r in results],
-        diff_vs_winner=[r.mean_diff for r in results],
-        p_vs_winner=[r.p_t for r in results],
-        p_wilcoxon_vs_winner=[r.p_wilcoxon for r in results],
-        mdd_vs_winner=[min_detectable(r.sd, r.n, alpha, power) for r in results],
-    )
-    finite = np.isfinite(out["loss_mean"])
-    out["within_ci"] = finite & out["loss_mean"].between(win["loss_ci_low"], win["loss_ci_high"])
-    out["within_noise"] = finite & (out["p_vs_winner"] >= alpha)
-    # The winner is not its own competitor.
-    out.loc[0, ["within_ci", "within_noise"]] = False
-    out.loc[0, ["diff_vs_winner", "p_vs_winner", "p_wilcoxon_vs_winner",
-                "mdd_vs_winner"]] = math.nan
+    loss = configs["loss_mean"]
+    finite = np.isfinite(loss.to_numpy(float))
+    within_ci = finite & loss.between(win["loss_ci_low"], win["loss_ci_high"]).to_numpy()
+    within_noise = finite & (np.array([r.p_t for r in results], dtype=float) >= alpha)
     family = selection_family(configs)
     p_diff = selected(np.array([math.nan] + [r.p_t for r in results[1:]]), family)
-    unfinished = (out["seeds_diverged"] + out["seeds_failed"]).to_numpy()
+    unfinished = (configs["seeds_diverged"] + configs["seeds_failed"]).to_numpy()
     p_eq = selected(np.array([math.nan] + [_equiv_p(r, margin) if u == 0 else math.nan
                                            for r, u in zip(results[1:], unfinished[1:],
                                                            strict=True)]), family)
-    words = fx.decide(-out["diff_vs_winner"].to_numpy(float), np.nan_to_num(p_diff, nan=1.0),
-                      np.nan_to_num(p_eq, nan=1.0), alpha)
-    out["p_adj_vs_winner"] = p_diff
-    out["p_equiv_vs_winner"] = p_eq
-    out["verdict_vs_winner"] = words
-    out.loc[0, "verdict_vs_winner"] = "winner"
-    return out
+    diff = np.array([math.nan] + [r.mean_diff for r in results[1:]], dtype=float)
+    words = fx.decide(-diff, np.nan_to_num(p_diff, nan=1.0), np.nan_to_num(p_eq, nan=1.0), alpha)
+    out = [VersusWinner(results[0].n, math.nan, math.nan, math.nan, math.nan, False, False,
+                        float(p_diff[0]), float(p_eq[0]), "winner")]
+    out += [VersusWinner(r.n, r.mean_diff, r.p_t, r.p_wilcoxon,
+                         min_detectable(r.sd, r.n, alpha, power), bool(within_ci[i]),
+                         bool(within_noise[i]), float(p_diff[i]), float(p_eq[i]), str(words[i]))
+            for i, r in enumerate(results) if i]
+    return tuple(out)
+
+
+def versus_winner(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0.95,
+                  alpha: float = 0.05, power: float = 0.8,
+                  margin: float = math.nan) -> pd.DataFrame:
+    """``configs`` with ``versus``'s fields as columns, for analyses that read a DataFrame."""
+    parts = versus(runs, configs, confidence, alpha, power, margin)
+    return configs.assign(**{f.name: [getattr(v, f.name) for v in parts]
+                             for f in fields(VersusWinner)})

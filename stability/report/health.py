@@ -11,6 +11,7 @@ Thresholds live in ``conf/report.yaml`` (``verdict:``), each with the reason for
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -18,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from stability.core.steplog import COLUMN
+from stability.report.table import ConfigTable, StabilityVerdict
 from stability.tracking.contract import SCHEDULER_STEPPED, SCHEDULER_STEPS_ON_SKIP, Outcome
 
 
@@ -224,31 +226,44 @@ def judge_config(runs: pd.DataFrame, steps: dict[str, pd.DataFrame], clip_enable
     return ConfigHealth(worst, "; ".join(parts), n, by_kind)
 
 
+def verdicts(runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.DataFrame],
+             t: Thresholds) -> tuple[StabilityVerdict, ...]:
+    """Each config's verdict (stable / marginal / unstable) and reason, in ``configs``' order."""
+    out = []
+    for fp, clip in zip(configs["fingerprint"], configs["clip_enabled"], strict=True):
+        h = judge_config(runs[runs["fingerprint"] == fp], steps, bool(clip), t)
+        out.append(StabilityVerdict(str(h.verdict), h.reason) if h.seeds_judged
+                   else StabilityVerdict("not judged", "no seed finished or diverged"))
+    return tuple(out)
+
+
 def judge(runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.DataFrame],
           t: Thresholds) -> pd.DataFrame:
-    """``configs`` plus ``stability`` (stable / marginal / unstable) and ``stability_reason``."""
-    verdicts, reasons = [], []
-    for _, c in configs.iterrows():
-        h = judge_config(runs[runs["fingerprint"] == c["fingerprint"]], steps,
-                         bool(c["clip_enabled"]), t)
-        verdicts.append(str(h.verdict) if h.seeds_judged else "not judged")
-        reasons.append(h.reason if h.seeds_judged else "no seed finished or diverged")
-    return configs.assign(stability=verdicts, stability_reason=reasons)
+    """``configs`` plus ``stability`` and ``stability_reason`` (``verdicts``) as columns."""
+    found = verdicts(runs, configs, steps, t)
+    return configs.assign(stability=[v.stability for v in found],
+                          stability_reason=[v.stability_reason for v in found])
 
 
-def summary_sentence(configs: pd.DataFrame) -> str:
+def summary_sentence(configs: ConfigTable) -> str:
     """"The winner is stable; 4 fp16 configs are marginal: scale backoffs in 30% of steps"."""
-    w = configs.iloc[0]
-    text = f"the winner is {w['stability']}" + (f" ({w['stability_reason']})"
-                                                if w["stability_reason"] else "")
+    w = configs.winner
+    text = f"the winner is {w.stability}" + (f" ({w.stability_reason})"
+                                             if w.stability_reason else "")
     groups = []
     for verdict in ("unstable", "marginal"):
-        bad = configs.iloc[1:][configs.iloc[1:]["stability"] == verdict]
-        for precision, g in bad.groupby("precision", sort=False):
-            first_reason = g["stability_reason"].str.split(" \\(").str[0].mode().iloc[0]
-            groups.append(f"{len(g)} {precision} config{'s are' if len(g) > 1 else ' is'} "
+        by_precision: dict[str, list[str]] = {}
+        for r in configs.others:
+            if r.stability == verdict:
+                by_precision.setdefault(r.precision, []).append(r.stability_reason.split(" (")[0])
+        for precision, reasons in by_precision.items():
+            counts = Counter(reasons)
+            top = max(counts.values())
+            first_reason = min(k for k, n in counts.items() if n == top)  # as pandas' mode
+            n = len(reasons)
+            groups.append(f"{n} {precision} config{'s are' if n > 1 else ' is'} "
                           f"{verdict} (most often: {first_reason})")
-    stable = int((configs.iloc[1:]["stability"] == "stable").sum())
+    stable = sum(r.stability == "stable" for r in configs.others)
     others = len(configs) - 1
     tail = (f"{'; '.join(groups)}; {stable} of {others} others stable" if groups
             else f"so {'is the other config' if others == 1 else f'are the other {others} configs'}"

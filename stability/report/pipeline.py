@@ -29,6 +29,7 @@ from stability.report.render import Header, render, write_sections, write_summar
 from stability.report.sections import spending
 from stability.report.sections.answer import answer_markdown
 from stability.report.study import Study
+from stability.report.table import ConfigRow, ConfigTable, VersusWinner
 from stability.report.trust import allowed_tasks
 from stability.report.winner import Decision
 from stability.report.winner import decide as decide_winner
@@ -74,7 +75,8 @@ class _Selected:
     margin: float
     analysis: factors.FactorAnalysis
     decided: Decision
-    configs: pd.DataFrame  # the winner first, with its comparisons against every config
+    configs: pd.DataFrame  # select.aggregate, the winner first
+    versus: tuple[VersusWinner, ...]  # each config against the winner, in that order
     comparisons: list[compare.Comparison]
 
 
@@ -98,10 +100,10 @@ def _select(runs: pd.DataFrame, configs: pd.DataFrame, cfg: ReportConfig) -> _Se
     analysis = factors.analyse(runs, configs, margin, cfg.alpha, cfg.confidence, cfg.power)
     decided = decide_winner(runs, configs, analysis, margin, cfg.alpha, cfg.cost_tolerance)
     configs = select.put_first(configs, decided.fingerprint)  # row 0 is the winner from here on
-    configs = compare.versus_winner(runs, configs, cfg.confidence, cfg.alpha, cfg.power, margin)
+    versus = compare.versus(runs, configs, cfg.confidence, cfg.alpha, cfg.power, margin)
     comparisons = compare.comparisons(runs, configs, cfg.confidence, cfg.alpha, cfg.power,
                                       cfg.min_effect, cfg.min_effect_sd, margin)
-    return _Selected(margin, analysis, decided, configs, comparisons)
+    return _Selected(margin, analysis, decided, configs, versus, comparisons)
 
 
 def _steps(c: Any, cfg: ReportConfig, runs: pd.DataFrame, dest: Path,
@@ -149,24 +151,27 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             cache, staging = Path(tmp), Path(staged)
             steps = _steps(c, cfg, runs, cache / "steps", notes)
             notes += adoption.other_users(c, sweep.parent_run_id, runs)
-            configs = health.judge(runs, chosen.configs, steps, cfg.verdict)
+            # Each config's row, once, from what selection and the stability check found.
+            table = ConfigTable.assemble(chosen.configs, chosen.versus,
+                                         health.verdicts(runs, chosen.configs, steps, cfg.verdict))
+            configs = table.frame()  # for the analyses that read a DataFrame
             lr_found = lr.curves(runs, configs)
             lr_text = lr.sentences(lr_found, {f.name: f.reference
                                               for f in chosen.analysis.factors if f.name != lr.LR})
             recs = advice.recommend(runs, configs, steps, cfg.advice)
-            publish.tag_findings(c, report_run, configs, recs)
+            publish.tag_findings(c, report_run, table.winner, recs)
             # The sealed test: opened once, after selection, for the winner's seeds only.
             test = evaluate_winner(c, runs, str(winner["fingerprint"]), cache / "winner",
                                    cfg.device, cfg.history_workers, allowed_tasks(cfg.task))
             version, created = "", False
             if cfg.register:
-                version, created = _register(c, uri, cfg, sweep, runs, winner, test, report_run,
-                                             cache / "model", notes)
+                version, created = _register(c, uri, cfg, sweep, runs, table.winner, test,
+                                             report_run, cache / "model", notes)
             replay_notes: list[str] = []
             spent, sequential = spending.replayed(c, sweep.parent_run_id, runs, configs,
                                                   replay_notes)
             study = Study(sweep=sweep, tracking_uri=redact_uri(uri), options=cfg, client=c,
-                          cache=cache, runs=runs, configs=configs, steps=steps,
+                          cache=cache, runs=runs, configs=table, steps=steps,
                           loss_name=fetch.loss_name(runs), margin=chosen.margin,
                           analysis=chosen.analysis, decision=chosen.decided,
                           comparisons=tuple(chosen.comparisons), advice=tuple(recs),
@@ -176,7 +181,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             written = write_sections(study, staging / "plots" if cfg.plots else None)
             header = Header(report_run, version, time.perf_counter() - t0,
                             datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit)
-            write_summary(configs, staging / Artifact.SUMMARY_CSV)
+            write_summary(table, staging / Artifact.SUMMARY_CSV)
             markdown = render(study, written, header, [*notes, *written.notes, *replay_notes])
             (staging / Artifact.REPORT_MD).write_text(markdown)
             (staging / Artifact.REPORT_HTML).write_text(
@@ -186,10 +191,10 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             publish.install(staging, folder, own_files)
         metrics = publish.summary_metrics(test) | {
             "winner_best_val_loss_mean": float(winner["loss_mean"]),
-            "configs": float(len(configs)), "training_runs": float(len(runs)),
+            "configs": float(len(table)), "training_runs": float(len(runs)),
             "report_elapsed_s": time.perf_counter() - t0}
         publish.finish_report_run(c, report_run, folder, metrics, own_files)
-        publish.annotate_parent(c, sweep, report_run, configs.iloc[0], answer_markdown(study),
+        publish.annotate_parent(c, sweep, report_run, table.winner, answer_markdown(study),
                                 study.model_uri)
     except BaseException as err:
         publish.fail_report_run(c, report_run, err)
@@ -203,15 +208,15 @@ def _model_uri(cfg: ReportConfig, version: str) -> str:
 
 
 def _register(c: Any, uri: str, cfg: ReportConfig, sweep: fetch.Sweep, runs: pd.DataFrame,
-              winner: pd.Series, test: Any, report_run: str, workdir: Path,
+              winner: ConfigRow, test: Any, report_run: str, workdir: Path,
               notes: list[str]) -> tuple[str, bool]:
-    mine = runs[(runs["fingerprint"] == winner["fingerprint"]) & (runs["outcome"] == "finished")]
+    mine = runs[(runs["fingerprint"] == winner.fingerprint) & (runs["outcome"] == "finished")]
     if mine.empty:
         notes.append("no finished run of the winner: nothing registered")
         return "", False
     best = mine.sort_values(["best_val_loss", "seed"]).iloc[0]  # chosen on validation
     try:
-        loadable = load_winner(c, str(best["run_id"]), workdir, str(winner["fingerprint"]),
+        loadable = load_winner(c, str(best["run_id"]), workdir, winner.fingerprint,
                                allowed_tasks(cfg.task))
         return publish.register_winner(c, uri, cfg.registered_model, sweep, winner, best, test,
                                        report_run, loadable, notes)

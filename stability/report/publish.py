@@ -15,7 +15,7 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stability.core.validation import safe_name
 from stability.report.evaluate import LoadableWinner, WinnerTestResult
@@ -24,6 +24,9 @@ from stability.report.html import note_markdown
 from stability.report.options import ReportError
 from stability.report.select import SELECTION_RULE
 from stability.tracking.contract import Artifact, Kind, Tag, quote
+
+if TYPE_CHECKING:
+    from stability.report.table import ConfigRow
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +51,16 @@ def start_report_run(c: Any, sweep: Sweep, winner: Mapping[str, Any], git_commit
     return str(run.info.run_id)
 
 
-def tag_findings(c: Any, run_id: str, configs: Any, recs: list[Any]) -> None:
+def tag_findings(c: Any, run_id: str, winner: ConfigRow, recs: list[Any]) -> None:
     """The winner's stability verdict and the max_norm recommendation, as report-run tags."""
-    tags = {Tag.WINNER_STABILITY: str(configs.iloc[0].get("stability", ""))}
+    tags = {Tag.WINNER_STABILITY: winner.stability}
     if recs:
         tags[Tag.MAX_NORM_RECOMMENDATION] = "; ".join(r.tag() for r in recs)[:MAX_TAG]
     for key, value in tags.items():
         c.set_tag(run_id, key, value)
 
 
-def annotate_parent(c: Any, sweep: Sweep, report_run_id: str, winner: Mapping[str, Any],
+def annotate_parent(c: Any, sweep: Sweep, report_run_id: str, winner: ConfigRow,
                     answer: str, model_uri: str) -> None:
     """Put the answer on the sweep's parent run, where a user browsing the UI lands first.
 
@@ -74,8 +77,8 @@ def annotate_parent(c: Any, sweep: Sweep, report_run_id: str, winner: Mapping[st
     if len(note) > MAX_TAG:
         note = note[:MAX_TAG - 60].rsplit("\n", 1)[0] + "\n\n…(cut: see the report run)"
     tags = {Tag.NOTE: note, Tag.REPORT_RUN_ID: report_run_id,
-            Tag.WINNER: str(winner["fingerprint"]), Tag.WINNER_LABEL: str(winner["label"]),
-            Tag.WINNER_STABILITY: str(winner.get("stability", ""))}
+            Tag.WINNER: winner.fingerprint, Tag.WINNER_LABEL: winner.label,
+            Tag.WINNER_STABILITY: winner.stability}
     try:
         for key, value in tags.items():
             c.set_tag(sweep.parent_run_id, key, value)
@@ -171,7 +174,7 @@ def _own_version(c: Any, v: Any, sweep: Sweep, fp: str, training_run_id: str) ->
             and tags.get(Tag.SWEEP_ID) == sweep.sweep_id and tags.get(Tag.WINNER) == fp)
 
 
-def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: Mapping[str, Any],
+def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: ConfigRow,
                     run: Mapping[str, Any], test: WinnerTestResult, report_run_id: str,
                     loadable: LoadableWinner, notes: list[str] | None = None
                     ) -> tuple[str, bool]:
@@ -202,7 +205,7 @@ def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: Mapping[s
     """
     from mlflow.exceptions import MlflowException
 
-    fp = str(winner["fingerprint"])
+    fp = winner.fingerprint
     for v in _versions(c, name):
         if _own_version(c, v, sweep, fp, str(run["run_id"])):
             log.info("model %s version %s already holds this winner; not registering again",
@@ -222,7 +225,7 @@ def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: Mapping[s
     tags = {
         "sweep_id": sweep.sweep_id,
         "winner": fp,
-        "config": str(winner["label"]),
+        "config": winner.label,
         "seed": str(run["seed"]),
         "training_run_id": str(run["run_id"]),
         "report_run_id": report_run_id,
@@ -309,13 +312,13 @@ def _log_model(uri: str, experiment_id: str, run_id: str, w: LoadableWinner) -> 
             metadata={"config_yaml": w.config_text, "training_run_id": w.run_id})
 
 
-def _description(sweep: Sweep, winner: Mapping[str, Any], run: Mapping[str, Any],
+def _description(sweep: Sweep, winner: ConfigRow, run: Mapping[str, Any],
                  test: WinnerTestResult, seed_test: Any) -> str:
     seed_line = (f"; this seed: test loss {seed_test.test_loss:.4f}, test accuracy "
                  f"{seed_test.test_acc:.4f}" if seed_test is not None
                  and math.isfinite(seed_test.test_loss) else "")
     return (
-        f"Config `{winner['label']}` (fingerprint {winner['fingerprint']}), seed {run['seed']} "
+        f"Config `{winner.label}` (fingerprint {winner.fingerprint}), seed {run['seed']} "
         f"(training run {run['run_id']}, best validation loss {run['best_val_loss']:.4f}) of "
         f"sweep {sweep.sweep_id}.\n\nSelection rule: {SELECTION_RULE}.\n\nTest (sealed split, "
         f"{test.test_size} sequences, opened once after selection): loss {test.loss.mean:.4f} ± "

@@ -13,26 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 from stability.report.html import inert
 from stability.report.plots import Figure
 from stability.report.sections import SECTIONS, Section
 from stability.report.study import Study
+from stability.report.table import ConfigTable
 
 log = logging.getLogger(__name__)
-
-SUMMARY_COLUMNS = [
-    "rank", "label", "fingerprint", "precision", "clip_enabled", "clip_method", "max_norm",
-    "accum_steps", "seeds", "seeds_finished", "seeds_diverged", "seeds_failed", "seeds_missing",
-    "flag", "loss_mean", "loss_std", "loss_ci_low", "loss_ci_high", "acc_mean", "acc_std",
-    "acc_ci_low", "acc_ci_high", "clip_fraction_mean", "clip_fraction_std", "skip_count_mean",
-    "skip_count_std", "underflow_mean", "wall_time_s_mean",
-    "wall_time_s_median", "wall_time_s_max", "n_paired", "diff_vs_winner",
-    "p_vs_winner", "p_wilcoxon_vs_winner", "mdd_vs_winner", "within_ci", "within_noise",
-    "stability", "stability_reason", "seed_list",
-]
-
 
 @dataclass(frozen=True)
 class Written:
@@ -123,7 +110,6 @@ def render(study: Study, written: Written, header: Header, notes: Sequence[str])
     return "\n".join(parts)
 
 
-def write_summary(configs: pd.DataFrame, path: Path) -> None:
-    """One row per config, ranked, with every aggregate the report uses."""
-    cols = [c for c in SUMMARY_COLUMNS if c in configs.columns]
-    configs[cols].assign(winner=configs["rank"] == 1).to_csv(path, index=False)
+def write_summary(configs: ConfigTable, path: Path) -> None:
+    """One row per config with every aggregate the report uses (``table.SUMMARY_COLUMNS``)."""
+    configs.summary().to_csv(path, index=False)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from stability.report.table import ConfigRow, ConfigTable
+
 if TYPE_CHECKING:
     from stability.report.advice import Recommendation
     from stability.report.compare import Comparison
@@ -39,8 +41,8 @@ class Study:
         client: the MLflow client, for a figure's own downloads.
         cache: a scratch folder for those downloads (deleted with the report's temp folder).
         runs: one row per training run (``fetch.fetch_runs``); read as data, never as code.
-        configs: one row per config, ranked, the winner first, with its paired comparison
-            against the winner and its stability verdict.
+        configs: one typed row per config (``table.ConfigRow``), the winner first, with its
+            paired comparison against the winner and its stability verdict.
         steps: each judged run's ``steps.csv`` by run id.
         loss_name: the task's loss, on every loss axis and table head.
         margin: the equivalence margin in loss units.
@@ -63,7 +65,7 @@ class Study:
     client: Any
     cache: Path
     runs: pd.DataFrame
-    configs: pd.DataFrame
+    configs: ConfigTable
     steps: Mapping[str, pd.DataFrame]
     loss_name: str
     margin: float
@@ -80,6 +82,6 @@ class Study:
     model_uri: str = ""
 
     @property
-    def winner(self) -> pd.Series:
+    def winner(self) -> ConfigRow:
         """The winner's row of ``configs``."""
-        return self.configs.iloc[0]
+        return self.configs.winner

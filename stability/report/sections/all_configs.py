@@ -4,31 +4,27 @@ from __future__ import annotations
 
 import math
 
-import pandas as pd
-
 from stability.report.format import ci, fmt, pm, pval, signed, size, table
 from stability.report.sections.section import Part, lines
 from stability.report.study import Study
+from stability.report.table import ConfigRow, ConfigTable
 
 
-def _wall(c: pd.Series) -> str:
-    median, top = c.get("wall_time_s_median", math.nan), c.get("wall_time_s_max", math.nan)
+def _wall(c: ConfigRow) -> str:
+    median, top = c.wall_time_s_median, c.wall_time_s_max
     return "—" if math.isnan(median) else f"{median:.1f} ({top:.1f})"
 
 
-def _table(configs: pd.DataFrame, loss_name: str) -> str:
+def _table(configs: ConfigTable, loss_name: str) -> str:
     rows = []
-    for _, c in configs.iterrows():
+    for c in configs:
         rows.append([
-            str(c["rank"]), f"`{c['label']}`", str(c.get("stability", "—")),
-            f"{c['seeds_finished']}/{c['seeds']}",
-            str(c["seeds_diverged"] + c["seeds_failed"]), pm(c["loss_mean"], c["loss_std"]),
-            ci(c["loss_ci_low"], c["loss_ci_high"]), pm(c["acc_mean"], c["acc_std"], 3),
-            fmt(c["clip_fraction_mean"], 3), fmt(c["skip_count_mean"], 1),
-            fmt(c["underflow_mean"], 4), _wall(c),
-            signed(c["diff_vs_winner"]), pval(c.get("p_adj_vs_winner", c["p_vs_winner"])),
-            size(c["mdd_vs_winner"]),
-            c["flag"] or "",
+            str(c.rank), f"`{c.label}`", c.stability, f"{c.seeds_finished}/{c.seeds}",
+            str(c.unfinished), pm(c.loss_mean, c.loss_std), ci(c.loss_ci_low, c.loss_ci_high),
+            pm(c.acc_mean, c.acc_std, 3), fmt(c.clip_fraction_mean, 3),
+            fmt(c.skip_count_mean, 1), fmt(c.underflow_mean, 4), _wall(c),
+            signed(c.diff_vs_winner), pval(c.p_adj_vs_winner), size(c.mdd_vs_winner),
+            c.flag or "",
         ])
     return table(["rank", "config", "stability", "finished", "unfinished",
                   f"best val loss ({loss_name})", "CI",

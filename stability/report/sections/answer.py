@@ -6,8 +6,7 @@ The same Markdown opens report.md and is noted on the sweep's parent run (``answ
 from __future__ import annotations
 
 import math
-
-import pandas as pd
+from collections import Counter
 
 from stability.core.precision import Precision
 from stability.report import decision
@@ -16,6 +15,7 @@ from stability.report.format import ci, fmt, pm, pval, signed, size
 from stability.report.health import summary_sentence
 from stability.report.sections.section import Part, lines
 from stability.report.study import Study
+from stability.report.table import ConfigTable
 
 
 def _answer(st: Study) -> list[str]:
@@ -28,7 +28,7 @@ def _answer(st: Study) -> list[str]:
            "validation loss; the cheapest level near the best, then the simplest)"
            if dec is not None and dec.choices else "the study's only finished config"
            if dec is not None else "the lowest mean best validation loss")
-    out = [f"**Train with `{w['label']}`** (config fingerprint `{w['fingerprint']}`), {how}.", ""]
+    out = [f"**Train with `{w.label}`** (config fingerprint `{w.fingerprint}`), {how}.", ""]
     if dec is not None and an is not None and dec.choices:
         out += [*decision.choice_lines(dec, an, st.sequential), f"- {decision.guarantee(dec)}"]
     out.append(
@@ -41,9 +41,9 @@ def _answer(st: Study) -> list[str]:
     out += ["", "Behind the decision:", ""]
     out.append(
         f"- Validation (the only selection criterion): best validation loss "
-        f"{pm(w['loss_mean'], w['loss_std'])} "
-        f"({level} CI {ci(w['loss_ci_low'], w['loss_ci_high'])}) over {int(w['seeds'])} "
-        f"seeds; validation accuracy at the best epoch {pm(w['acc_mean'], w['acc_std'], 3)}.")
+        f"{pm(w.loss_mean, w.loss_std)} "
+        f"({level} CI {ci(w.loss_ci_low, w.loss_ci_high)}) over {w.seeds} "
+        f"seeds; validation accuracy at the best epoch {pm(w.acc_mean, w.acc_std, 3)}.")
     if an is not None and an.main:
         out += ["", "What each setting does, from all "
                 f"{len(st.runs)} runs (seeds as blocks; effects on best validation loss, "
@@ -63,47 +63,43 @@ def _answer(st: Study) -> list[str]:
                    f"{r.sentence()}" + (f"; nearest swept value {near:g}"
                                         if near == near else "") + ".")
     out.append(f"- Against the winner: {_verdict_counts(st.configs)}; "
-               f"{int(st.configs['within_ci'].sum())} of {others} other configs have a mean "
+               f"{sum(r.within_ci for r in st.configs)} of {others} other configs have a mean "
                f"inside the winner's {level} CI.")
     return out
 
 
 def _warnings(st: Study) -> list[str]:
     w, out = st.winner, []
-    if math.isinf(w["loss_mean"]):
+    if math.isinf(w.loss_mean):
         out.append("- **Warning: every config lost at least one seed**; the winner was chosen by "
                    "the tie-breaks (fewest unfinished seeds, then simplest).")
-    if w["flag"]:
-        out.append(f"- **Warning: the winner is flagged: {w['flag']}.**")
-    if w["precision"] == Precision.FP32 and not w["clip_enabled"] and w["accum_steps"] == 1:
+    if w.flag:
+        out.append(f"- **Warning: the winner is flagged: {w.flag}.**")
+    if w.precision == Precision.FP32 and not w.clip_enabled and w.accum_steps == 1:
         out.append("- The winner is the baseline itself (fp32, clip off, accum 1).")
-    if "stability" in st.configs:
-        out.append(f"- Stability: {summary_sentence(st.configs)}")
+    out.append(f"- Stability: {summary_sentence(st.configs)}")
     return out
 
 
 def _lowest_line(st: Study) -> list[str]:
     """The config with the lowest validation mean, against the decision, selection-adjusted."""
-    lowest = st.configs.sort_values("rank", kind="stable").iloc[0]
-    w = st.winner
-    if lowest["fingerprint"] == w["fingerprint"]:
+    lowest, w = st.configs.lowest, st.winner
+    if lowest.fingerprint == w.fingerprint:
         return ["- Lowest validation mean: the winner itself."]
-    c = next((c for c in st.comparisons if c.other_fp == lowest["fingerprint"]), None)
+    c = next((c for c in st.comparisons if c.other_fp == lowest.fingerprint), None)
     if c is None:
         return []
     r = c.result
-    return [f"- Lowest validation mean: `{lowest['label']}` ({fmt(lowest['loss_mean'])} vs "
-            f"{fmt(w['loss_mean'])}); it − the winner {signed(r.mean_diff)} "
+    return [f"- Lowest validation mean: `{lowest.label}` ({fmt(lowest.loss_mean)} vs "
+            f"{fmt(w.loss_mean)}); it − the winner {signed(r.mean_diff)} "
             f"({st.options.confidence:.0%} CI {signed(r.low)} to {signed(r.high)}, {r.n} seeds, "
             f"selection-adjusted p {pval(c.p_adj)}): **{c.word}** for the winner; the lowest of "
             f"{len(st.configs)} means is biased low by its own selection."]
 
 
-def _verdict_counts(configs: pd.DataFrame) -> str:
+def _verdict_counts(configs: ConfigTable) -> str:
     """"0 equivalent, 21 undecided, 26 worse" over the configs other than the winner."""
-    if "verdict_vs_winner" not in configs:
-        return "no per-config verdicts"
-    counts = configs["verdict_vs_winner"].iloc[1:].value_counts()
+    counts = Counter(r.verdict_vs_winner for r in configs.others)
     words = {"equivalent": "equivalent", "undecided": "undecided", "helps": "worse (the winner "
              "helps)", "hurts": "lower on the seeds both finished"}
     parts = [f"{int(counts.get(k, 0))} {v}" for k, v in words.items() if counts.get(k, 0)

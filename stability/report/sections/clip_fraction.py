@@ -6,4 +6,4 @@ from stability.report import plots
 from stability.report.sections.section import Part, drawn
 
 SECTION = Part("clip fraction", lambda st: st,
-               figures=lambda st, folder: drawn(plots.clip_fraction(st.configs, folder)))
+               figures=lambda st, folder: drawn(plots.clip_fraction(st.configs.frame(), folder)))

@@ -8,8 +8,7 @@ from stability.report.study import Study
 
 def markdown(st: Study) -> str:
     """One line per flagged config."""
-    flagged = st.configs[st.configs["flag"] != ""]
-    return lines("## Flags", "", [f"- `{r['label']}`: {r['flag']}" for _, r in flagged.iterrows()]
+    return lines("## Flags", "", [f"- `{r.label}`: {r.flag}" for r in st.configs if r.flag]
                  or ["- none: every config has every seed, all finished."], "")
 
 

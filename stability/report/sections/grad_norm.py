@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,10 +15,11 @@ from stability.report.study import Study
 def figures(st: Study, folder: Path) -> Sequence[Drawn]:
     """One curve per plotted config that has a ``steps.csv``; the swept max_norms as lines."""
     p = plotted(st)
+    swept = list(dict.fromkeys(r.max_norm for r in st.configs if not math.isnan(r.max_norm)))
     ids = p.rep_ids
     return drawn(plots.grad_norm([(p.series[fp], st.steps[ids[fp]]) for _, fp in p.roles
                                   if ids.get(fp) in st.steps],
-                                 folder, st.configs["max_norm"].dropna().unique()))
+                                 folder, swept))
 
 
 SECTION = Part("grad norm", lambda st: st, figures=figures)

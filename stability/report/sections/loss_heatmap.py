@@ -6,4 +6,5 @@ from stability.report import plots
 from stability.report.sections.section import Part, drawn
 
 SECTION = Part("heatmap", lambda st: st,
-               figures=lambda st, folder: drawn(plots.heatmap(st.configs, folder, st.loss_name)))
+               figures=lambda st, folder: drawn(plots.heatmap(st.configs.frame(), folder,
+                                                              st.loss_name)))

@@ -7,6 +7,7 @@ Each is drawn from one representative seed (``select.representative_seed``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pandas as pd
@@ -15,6 +16,7 @@ from stability.core.precision import SIMPLEST_FIRST, Precision
 from stability.report import select
 from stability.report.plots import Series
 from stability.report.study import Study
+from stability.report.table import ConfigTable
 
 ROLE_COLORS = ("tab:red", "tab:blue", "tab:purple", "tab:olive", "tab:cyan")
 
@@ -31,9 +33,9 @@ def roles(configs: pd.DataFrame) -> list[tuple[str, str]]:
     return [(role, fp) for fp, role in named.items()]
 
 
-def _series(configs: pd.DataFrame, role: str, fp: str, color: str) -> Series:
-    row = configs[configs["fingerprint"] == fp].iloc[0]
-    return Series(role, str(row["label"]), color, float(row["max_norm"]))
+def _series(configs: ConfigTable, role: str, fp: str, color: str) -> Series:
+    row = configs.row(fp)
+    return Series(role, row.label, color, float(row.max_norm))
 
 
 @dataclass(frozen=True)
@@ -61,17 +63,19 @@ class Plotted:
 def plotted(st: Study) -> Plotted:
     """The study's plotted configs and their representative runs."""
     configs, runs = st.configs, st.runs
-    found = roles(configs)
+    found = roles(configs.frame())
     series = {fp: _series(configs, role, fp, ROLE_COLORS[i % len(ROLE_COLORS)])
               for i, (role, fp) in enumerate(found)}
     rep = {fp: select.representative_seed(runs, fp) for fp in series}
-    fp16 = configs[configs["precision"] == Precision.FP16]
+    fp16 = [r for r in configs if r.precision == Precision.FP16]
     scaler: list[str] = []
-    if len(fp16):  # the best fp16 config, and the one that skipped most if it skipped at all
-        most = fp16.sort_values("skip_count_mean", kind="stable").iloc[-1]
-        scaler = list(dict.fromkeys([fp16.iloc[0]["fingerprint"]]
-                                    + ([most["fingerprint"]]
-                                       if most["skip_count_mean"] > 0 else [])))
+    if fp16:  # the best fp16 config, and the one that skipped most if it skipped at all
+        # the last of the most skips, a config without the count (NaN) sorting after all
+        most = sorted(fp16, key=lambda r: (math.isnan(r.skip_count_mean),
+                                           0.0 if math.isnan(r.skip_count_mean)
+                                           else r.skip_count_mean))[-1]
+        scaler = list(dict.fromkeys([fp16[0].fingerprint]
+                                    + ([most.fingerprint] if most.skip_count_mean > 0 else [])))
     for fp in scaler:
         rep.setdefault(fp, select.representative_seed(runs, fp))
         series.setdefault(fp, _series(configs, "most skips fp16", fp, "tab:orange"))

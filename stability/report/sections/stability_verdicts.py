@@ -10,8 +10,8 @@ from stability.report.study import Study
 def markdown(st: Study) -> str:
     """One line per config that is not stable (the reason comes from ``health.judge``), then a
     failed ``stability check`` of the same task, if the experiment holds one."""
-    named = [f"- `{r['label']}`: **{r['stability']}**: {r['stability_reason']}"
-             for _, r in st.configs.iterrows() if r.get("stability", "stable") != "stable"]
+    named = [f"- `{r.label}`: **{r.stability}**: {r.stability_reason}"
+             for r in st.configs if r.stability != "stable"]
     return lines("## Stability verdicts", "", named or ["- every config is stable."],
                  check_runs.lines(st.client, st.sweep.experiment_id, st.runs), "",
                  "Judged per seed from `steps.csv` and the run's outcome, worst seed wins; "
