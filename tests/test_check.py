@@ -26,6 +26,7 @@ from stability.check.result import Status, exit_status
 from stability.check.rig import Rig, Template, ours
 from stability.check.sanity import probe_determinism, probe_init_loss
 from stability.core.precision import autocast
+from tests.helpers.e2e32 import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 IGNORE = -1.0  # a padded target: no loss
@@ -210,7 +211,7 @@ def test_same_seed_twice_passes_and_an_unseeded_model_fails():
 
 
 @pytest.mark.slow
-def test_cli_check_on_the_default_task(tmp_path):
+def test_cli_check_on_the_default_task(tmp_path, monkeypatch, capsys):
     out = tmp_path / "c.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, str(ROOT / "experiments/check.py"),
@@ -220,16 +221,15 @@ def test_cli_check_on_the_default_task(tmp_path):
     assert "accumulation.short_window  pass" in done.stdout and str(out) in done.stdout
     body = json.loads(out.read_text())
     assert body["exit_status"] == 0 and len(body["probes"]) == 10
-    bad = subprocess.run([sys.executable, str(ROOT / "experiments/check.py"),
-                          "check.loop=tests.test_check.short_window_by_configured",
-                          f"check.output={tmp_path / 'bad.json'}", "tracking.enabled=false"],
-                         cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, env=env)
-    assert bad.returncode == 1 and "accumulation.short_window  fail" in bad.stdout
-    wrong = subprocess.run([sys.executable, str(ROOT / "experiments/check.py"),
-                            "check.accum_steps=0"], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=300, env=env)
-    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1
+    # the same entry point in this process: a planted bug fails (1), a bad value is one line (2)
+    monkeypatch.chdir(ROOT)
+    bad = in_process(["check", "check.loop=tests.test_check.short_window_by_configured",
+                      f"check.output={tmp_path / 'bad.json'}", "tracking.enabled=false"], capsys)
+    assert bad.code == 1 and "accumulation.short_window  fail" in bad.stdout
+    monkeypatch.chdir(tmp_path)
+    wrong = in_process(["check", "check.accum_steps=0"], capsys)
+    assert wrong.code == 2 and wrong.stderr.count("\n") == 1, wrong.stderr
+    assert wrong.stderr.startswith("error: ") and "check.accum_steps" in wrong.stderr
 
 
 # --- tracking, and the report citing a failed check ------------------------------------------

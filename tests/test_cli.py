@@ -1,7 +1,9 @@
 """The ``stability`` command: the own-task example end to end, and a non-editable install.
 
-Every run is a real subprocess (the console script, Hydra, the joblib-free basic launcher, the
-embedded SQLite store in the folder the command runs in); nothing is mocked.
+The console script runs as a real subprocess (``stability ui``, a non-editable install); the
+own-task study and the unknown command call the same entry point in this process
+(``tests.helpers.e2e32``), with Hydra, the joblib-free basic launcher and the store all real;
+nothing is mocked.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 
 from stability.tracking.contract import Kind, Tag
 from stability.tracking.server import MlflowServer
+from tests.helpers.e2e32 import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "own_task"
@@ -58,9 +61,9 @@ def test_ui_serves_the_store_of_the_folder_it_runs_in(tmp_path: Path) -> None:
         proc.wait(timeout=30)
 
 
-def test_unknown_command_names_the_allowed_ones(tmp_path: Path) -> None:
-    proc = _run([str(SCRIPT), "train"], tmp_path)
-    assert proc.returncode == 2
+def test_unknown_command_names_the_allowed_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    proc = in_process(["train"], capsys)
+    assert proc.code == 2
     assert proc.stderr.strip() == ("error: unknown command 'train': allowed values are "
                                    "sweep | report | check | ui | sync")
 
@@ -68,16 +71,20 @@ def test_unknown_command_names_the_allowed_ones(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.server
 def test_the_own_task_example_sweeps_and_reports_against_a_server(
-    tmp_path: Path, mlflow_server: MlflowServer,
+    tmp_path: Path, mlflow_server: MlflowServer, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """README "Study your own model": -m sweep and report of examples/own_task (narrowed)."""
     folder = tmp_path / "own_task"
     shutil.copytree(EXAMPLE, folder)
+    monkeypatch.chdir(folder)  # `stability` puts the folder it runs in on the import path
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delitem(sys.modules, "my_task", raising=False)
     uri = f"tracking.uri={mlflow_server.uri}"
-    sweep = _run([str(SCRIPT), "sweep", "-m", "--config-dir", ".", "task=my_task", uri,
-                  "hydra/launcher=basic", "train.epochs=2", "task.num_samples=400", "seed=0",
-                  "precision=fp32", "tracking.experiment=own-e2e"], folder)
-    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    sweep = in_process(["sweep", "-m", "--config-dir", ".", "task=my_task", uri,
+                        "hydra/launcher=basic", "train.epochs=2", "task.num_samples=400",
+                        "seed=0", "precision=fp32", "tracking.experiment=own-e2e"], capsys)
+    assert sweep.code == 0, sweep.stderr[-3000:]
     assert "finished=4" in sweep.stdout + sweep.stderr  # clip off/on x accum 1/4, one seed
     c = mlflow.MlflowClient(mlflow_server.uri)
     exp = c.get_experiment_by_name("own-e2e")
@@ -86,9 +93,9 @@ def test_the_own_task_example_sweeps_and_reports_against_a_server(
     assert {r.data.params["task._target_"] for r in runs} == {"my_task.MyTask"}
     assert {r.data.params["task.num_samples"] for r in runs} == {"400"}
 
-    report = _run([str(SCRIPT), "report", "experiment=own-e2e", "task_target=my_task.MyTask",
-                   uri], folder)
-    assert report.returncode == 0, report.stderr[-3000:]
+    report = in_process(["report", "experiment=own-e2e", "task_target=my_task.MyTask", uri],
+                        capsys)
+    assert report.code == 0, report.stderr[-3000:]
     md = next(folder.glob("reports/*/report.md")).read_text()
     assert "Train with" in md
     winners = [r for r in c.search_runs([exp.experiment_id], f"tags.`{Tag.KIND}` = "

@@ -20,6 +20,7 @@ from stability.core.config import (
     to_run_config,
 )
 from stability.tasks.sign_sum import DataConfig, ModelConfig
+from tests.helpers.e2e32 import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -206,13 +207,11 @@ def test_every_invalid_key_is_reported_at_once() -> None:
         assert part in message
 
 
-def test_every_invalid_key_reaches_the_command_line_with_exit_2(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "experiments" / "sweep.py"), "train.lr=-1",
-         "clip.max_norm=0", "tracking.enabled=false", f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+def test_every_invalid_key_reaches_the_command_line_with_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    proc = in_process(["sweep", "train.lr=-1", "clip.max_norm=0", "tracking.enabled=false",
+                       f"hydra.run.dir={tmp_path}"], capsys)
+    assert proc.code == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: 2 invalid keys: clip.max_norm=0 is invalid: allowed values are a finite number "
         "> 0; train.lr=-1 is invalid: allowed values are a finite number > 0")

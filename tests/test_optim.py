@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from stability.core.optim import build_optimizer, build_scheduler
 from stability.core.step import TrainStep
 from stability.core.steplog import EpochLog, StepLog
 from stability.tasks.sign_sum import ModelConfig, SequenceClassifier
+from tests.helpers.e2e32 import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP = "stability.core.optim.linear_warmup"
@@ -127,14 +126,11 @@ def test_a_bad_optim_or_schedule_fails_before_training(section: dict[str, Any],
     assert message in str(err.value)
 
 
-def test_a_bad_optimizer_key_exits_2_with_one_line(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "experiments" / "sweep.py"), "optim=sgd",
-         "+optim.momentun=0.5", "tracking.enabled=false", f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True, timeout=120,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+def test_a_bad_optimizer_key_exits_2_with_one_line(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    proc = in_process(["sweep", "optim=sgd", "+optim.momentun=0.5", "tracking.enabled=false",
+                       f"hydra.run.dir={tmp_path}"], capsys)
+    assert proc.code == 2 and "Traceback" not in proc.stderr, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: unknown key optim.momentun: allowed keys are ") and (
         "momentum" in last), last

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.helpers.e2e32 import in_process
 from tests.helpers.report_fixtures import Spec, make_sweep
 
 pytestmark = pytest.mark.server
@@ -43,9 +44,13 @@ def report(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     (["experiment=cli-has-sweep", "device=gpu"],
      "device='gpu' is invalid: allowed values are auto | cpu | cuda"),
 ])
-def test_bad_arguments_fail_with_a_clear_message(server_with_sweep, tmp_path, args, expected):
-    done = report(f"tracking.uri={server_with_sweep}", *args, cwd=tmp_path)
-    assert done.returncode == 2, done.stderr[-2000:]
+def test_bad_arguments_fail_with_a_clear_message(server_with_sweep, tmp_path, args, expected,
+                                                 monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    done = in_process(["report", f"tracking.uri={server_with_sweep}", *args,
+                       f"output_dir={tmp_path / 'reports'}"], capsys)
+    assert done.code == 2, done.stderr[-2000:]
     assert f"error: {expected}" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
     assert not (tmp_path / "reports").exists()  # nothing written for a rejected request

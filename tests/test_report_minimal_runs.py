@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import pytest
 from stability.core.identity import config_label
 from stability.report.fetch import val_acc_at_best
 from stability.report.select import aggregate
+from tests.helpers.e2e32 import call, in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,15 +58,21 @@ for seed in (0, 1):
 
 
 @pytest.mark.slow
-def test_two_seeds_tracked_by_hand_with_only_the_contract_are_reported(tmp_path: Path) -> None:
-    env = os.environ | {"MLFLOW_TRACKING_URI": "", "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-c", MINIMAL, str(tmp_path)], check=True, env=env,
-                   cwd=tmp_path, capture_output=True, timeout=300)
-    done = subprocess.run(
-        [sys.executable, "-m", "stability.cli", "report", f"tracking.uri=sqlite:///{tmp_path}/"
-         "mlflow.db", "experiment=minimal", f"output_dir={tmp_path / 'reports'}"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_two_seeds_tracked_by_hand_with_only_the_contract_are_reported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # the user's script and `stability report`, each run in this process as its own main
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+
+    def script() -> None:
+        sys.argv = ["minimal.py", str(tmp_path)]
+        exec(compile(MINIMAL, "minimal.py", "exec"), {"__name__": "__main__"})  # noqa: S102
+
+    assert call(script, capsys).code == 0
+    done = in_process(["report", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+                       "experiment=minimal", f"output_dir={tmp_path / 'reports'}"], capsys)
+    assert done.code == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stdout + done.stderr
     report = (tmp_path / "reports" / "minimal" / "report.md").read_text()
     # named, not silent (a note's backticks are made inert at the way in: docs/report.md)

@@ -50,6 +50,7 @@ from stability.sweep.strategy_registry import load_strategy
 from stability.sweep.sweeper import StabilitySweeper
 from stability.tracking.contract import STEP_METRICS
 from stability.tracking.server import free_port
+from tests.helpers.e2e32 import in_process
 
 PROJECT = Path(__file__).resolve().parents[1]
 TINY = ["+sweep=smoke", "device=cpu"]  # 300 samples, 2 epochs
@@ -326,23 +327,24 @@ def test_submitit_local_launcher(mlflow_server, tmp_path: Path) -> None:
     assert list(tmp_path.glob(".submitit/*/*_result.pkl"))  # really went through submitit
 
 
-@pytest.mark.slow
-def test_unreachable_server_fails_before_any_job(tmp_path: Path) -> None:
+@pytest.mark.slow  # the product's bounded retries of the dead port
+def test_unreachable_server_fails_before_any_job(tmp_path: Path, monkeypatch, capsys) -> None:
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    # the bound is the subprocess timeout (it fails the test); the exit status is the docs' 1
-    done = sweep([*TINY, "seed=0,1", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path}"],
-                 timeout=120)
-    assert done.returncode == 1, done.stderr[-2000:]
+    monkeypatch.chdir(PROJECT)
+    done = in_process(["sweep", "-m", *TINY, "seed=0,1", f"tracking.uri={uri}",
+                       f"hydra.sweep.dir={tmp_path}"], capsys)
+    assert done.code == 1, done.stderr[-2000:]  # the docs' exit status for the environment
     assert f"error: tracking server {uri} is not reachable" in done.stderr
     assert "Traceback" not in done.stderr
     assert "Launching" not in done.stdout + done.stderr
+    assert not list(tmp_path.glob("*/steps.csv"))
 
 
-@pytest.mark.slow
-def test_bad_grid_value_fails_before_any_job(tmp_path: Path) -> None:
-    done = sweep([*TINY, "train.accum_steps=1,0", "tracking.enabled=false",
-                  f"hydra.sweep.dir={tmp_path}"], timeout=120)
-    assert done.returncode == 2
+def test_bad_grid_value_fails_before_any_job(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(PROJECT)
+    done = in_process(["sweep", "-m", *TINY, "train.accum_steps=1,0", "tracking.enabled=false",
+                       f"hydra.sweep.dir={tmp_path}"], capsys)
+    assert done.code == 2
     assert "error: train.accum_steps=0 is invalid: allowed values are an integer >= 1" in (
         done.stderr)
     assert "Traceback" not in done.stderr

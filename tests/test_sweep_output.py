@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.e2e32 import in_process
+
 PROJECT = Path(__file__).resolve().parents[1]
 TWO_RUNS = ["-m", "+sweep=smoke", "device=cpu", "clip.enabled=false", "train.accum_steps=1",
             "precision=fp32", "seed=0,1", "hydra.launcher.n_jobs=2"]
@@ -71,10 +73,14 @@ def test_verbose_brings_the_epoch_lines_back_to_the_terminal(tmp_path: Path) -> 
      "error: hydra.sweeper.adaptive.margin='big' is invalid: allowed values are a share of the "
      "best config's mean loss (\"5%\") or a loss difference > 0"),
 ])
-def test_a_bad_progress_setting_is_one_line_and_exit_2(tmp_path: Path, override: str,
-                                                       message: str) -> None:
-    done = sweep(tmp_path, *override.split())
-    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+def test_a_bad_progress_setting_is_one_line_and_exit_2(
+        tmp_path: Path, override: str, message: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    done = in_process(["sweep", *TWO_RUNS, f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+                       f"hydra.sweep.dir={tmp_path / 'sweep'}", *override.split()], capsys)
+    assert done.code == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stderr.strip() == message
     assert not (tmp_path / "mlflow.db").exists()  # nothing started
 
@@ -88,15 +94,16 @@ def test_dash_v_is_the_verbose_override_for_both_entry_points() -> None:
 
 
 def test_a_sweep_says_its_axes_and_which_come_from_the_default_study_before_any_job(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """Narrowing three axes keeps the default study's accum and max_norm: the sweep says so."""
-    cmd = [sys.executable, str(PROJECT / "experiments" / "sweep.py"), "-m", "device=cpu",
-           "precision=fp32,bf16", "clip.enabled=false,true", "seed=0,1",
-           "hydra.sweeper.dry_run=true", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
-           f"hydra.sweep.dir={tmp_path / 'sweep'}"]
-    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env=os.environ | {"MLFLOW_TRACKING_URI": ""})
-    assert done.returncode == 0, done.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    done = in_process(["sweep", "-m", "device=cpu", "precision=fp32,bf16",
+                       "clip.enabled=false,true", "seed=0,1", "hydra.sweeper.dry_run=true",
+                       f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+                       f"hydra.sweep.dir={tmp_path / 'sweep'}"], capsys)
+    assert done.code == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[:4] == [
         "[sweep] axes given: clip.enabled=false,true, precision=fp32,bf16, seed=0,1",

@@ -33,6 +33,7 @@ from stability.core.config import (
 )
 from stability.core.identity import fingerprint
 from stability.core.loop import train
+from tests.helpers.e2e32 import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "tests.test_tasks.TinyTask"
@@ -262,20 +263,21 @@ def _sweep(cwd: Path, *args: str) -> subprocess.CompletedProcess:
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("body", "key"), [
     ("_target_: tests.nope.Task", "task._target_='tests.nope.Task' is invalid"),
     ("_target_: tests.test_tasks.TinyTask\nout_dim: 3", "is rejected by task.loss"),
     ("_target_: tests.test_tasks.NoTestTask", "has no test split"),
 ])
-def test_a_bad_task_from_a_user_config_dir_exits_2_with_one_line(tmp_path: Path, body: str,
-                                                                 key: str) -> None:
+def test_a_bad_task_from_a_user_config_dir_exits_2_with_one_line(
+        tmp_path: Path, body: str, key: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """--config-dir with task/<name>.yaml selects a user's task; a bad one: exit 2, one line."""
     (tmp_path / "task").mkdir()
     (tmp_path / "task" / "bad.yaml").write_text(body + "\n")  # package: task
-    proc = _sweep(tmp_path, "--config-dir", str(tmp_path), "task=bad", "tracking.enabled=false",
-                  f"hydra.run.dir={tmp_path / 'run'}")
-    assert proc.returncode == 2, proc.stderr
+    monkeypatch.chdir(tmp_path)
+    proc = in_process(["sweep", "--config-dir", str(tmp_path), "task=bad",
+                       "tracking.enabled=false", f"hydra.run.dir={tmp_path / 'run'}"], capsys)
+    assert proc.code == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: task._target_=") and key in last

@@ -24,6 +24,7 @@ from stability.core.config import ConfigError, to_run_config
 from stability.core.identity import fingerprint
 from stability.sweep.job import run_job
 from stability.tracking.contract import SCHEDULER_STEPPED, Tag
+from tests.helpers.e2e32 import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 LIGHTNING = "tests.helpers.trainer_tasks.TinyLightningTask"
@@ -167,16 +168,17 @@ def test_a_setting_the_trainer_cannot_honour_fails_before_anything_exists(
     assert not (tmp_path / "mlflow.db").exists() or not _runs(tmp_path)
 
 
-def test_fp16_of_an_hf_task_on_cpu_exits_2_with_one_line(tmp_path: Path) -> None:
+def test_fp16_of_an_hf_task_on_cpu_exits_2_with_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("transformers")
     folder = ROOT / "examples" / "hf_task"
-    env = os.environ | {"PYTHONPATH": f"{ROOT}{os.pathsep}{folder}", "MLFLOW_TRACKING_URI": ""}
-    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "sweep.py"),
-                           "--config-dir", str(folder), "task=gpt2", "precision=fp16",
-                           "device=cpu", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}",
-                           f"hydra.run.dir={tmp_path / 'run'}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    monkeypatch.chdir(folder)  # `stability sweep` from the example's folder finds its task
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    proc = in_process(["sweep", "--config-dir", str(folder), "task=gpt2", "precision=fp16",
+                       "device=cpu", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}",
+                       f"hydra.run.dir={tmp_path / 'run'}"], capsys)
+    assert proc.code == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert line.startswith("error: precision=fp16 is invalid for the HF Trainer on cpu")

@@ -6,6 +6,7 @@ Real processes, a real ``mlflow server`` on 127.0.0.1 and real SQLite stores; no
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -22,6 +23,7 @@ from stability.core import rundir
 from stability.tracking import journal
 from stability.tracking.server import MlflowServer, free_port
 from stability.tracking.uri import redact_uri
+from tests.helpers.e2e32 import Done, call, in_process
 from tests.helpers.processes import ENV, PROJECT, rows, start
 
 TINY = ("data.num_samples=200", "device=cpu")
@@ -41,7 +43,9 @@ def _files(*roots: Path) -> dict[Path, bytes]:
 
 @pytest.mark.slow
 @pytest.mark.server
-def test_a_planted_password_is_in_no_output(mlflow_server: MlflowServer, tmp_path: Path) -> None:
+def test_a_planted_password_is_in_no_output(mlflow_server: MlflowServer, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     """user:password@ in tracking.uri and in $MLFLOW_TRACKING_URI: a run, a sweep, a report, a
     sync and a SLURM script later, no param, tag, artifact, log, journal or file holds it."""
     port = mlflow_server.uri.rsplit(":", 1)[1]
@@ -62,12 +66,16 @@ def test_a_planted_password_is_in_no_output(mlflow_server: MlflowServer, tmp_pat
     assert report.returncode == 0, report.stderr[-3000:]
     sync = _run("sync.py", str(tmp_path), "--uri", secret_uri)
     assert sync.returncode == 0, sync.stderr[-3000:]
-    refused = _run("sweep.py", "-m", *TINY, "seed=0", f"tracking.uri={secret_uri}",
-                   f"hydra.sweep.dir={tmp_path / 'refused'}")
-    assert refused.returncode == 2  # a -m sweep refuses it in tracking.uri (Hydra records it)
-    unreachable = _run("report.py", f"tracking.uri=http://alice:{PASSWORD}@127.0.0.1:{free_port()}",
-                       f"hydra.run.dir={tmp_path / 'report-log2'}")
-    assert unreachable.returncode == 2 and "is not reachable" in unreachable.stderr
+    # the two refusals, through the same entry point in this process
+    monkeypatch.chdir(PROJECT)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    refused = in_process(["sweep", "-m", *TINY, "seed=0", f"tracking.uri={secret_uri}",
+                          f"hydra.sweep.dir={tmp_path / 'refused'}"], capsys)
+    assert refused.code == 2  # a -m sweep refuses it in tracking.uri (Hydra records it)
+    unreachable = in_process(["report", "tracking.uri=http://alice:"
+                              f"{PASSWORD}@127.0.0.1:{free_port()}",
+                              f"hydra.run.dir={tmp_path / 'report-log2'}"], capsys)
+    assert unreachable.code == 2 and "is not reachable" in unreachable.stderr
     outputs += [one, sweep, report, sync, refused, unreachable]
 
     # the SLURM script a sweep would submit with that environment
@@ -137,12 +145,20 @@ class Listener:
         self.sock.close()
 
 
-def _pending_run(folder: Path, experiment: str) -> None:
+def _pending_run(folder: Path, experiment: str, capsys: pytest.CaptureFixture[str]) -> None:
     """A run trained while its server (a dead port) was away: its folder is pending sync."""
-    done = _run("sweep.py", *TINY, "train.epochs=2",
-                f"tracking.uri=http://127.0.0.1:{free_port()}", f"tracking.experiment={experiment}",
-                "tracking.retry_s=1", f"hydra.run.dir={folder}")
-    assert done.returncode == 0 and journal.is_pending(folder), done.stdout[-3000:]
+    done = in_process(["sweep", *TINY, "train.epochs=2",
+                       f"tracking.uri=http://127.0.0.1:{free_port()}",
+                       f"tracking.experiment={experiment}", "tracking.retry_s=1",
+                       f"hydra.run.dir={folder}"], capsys)
+    assert done.code == 0 and journal.is_pending(folder), done.stdout[-3000:] + done.stderr
+
+
+def _sync(capsys: pytest.CaptureFixture[str], *args: str) -> Done:
+    """``stability sync ARGS`` in this process (the password test runs experiments/sync.py)."""
+    from stability.cli import sync
+
+    return call(lambda: sync(list(args)), capsys)
 
 
 def _rewrite_journal(folder: Path, edit) -> None:  # noqa: ANN001
@@ -153,19 +169,23 @@ def _rewrite_journal(folder: Path, edit) -> None:  # noqa: ANN001
 
 @pytest.mark.slow
 @pytest.mark.server
-def test_sync_sends_only_to_the_configured_server(mlflow_server: MlflowServer,
-                                                   tmp_path: Path) -> None:
+def test_sync_sends_only_to_the_configured_server(
+        mlflow_server: MlflowServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """A crafted journal names a listener: the sync stops with one line, nothing is sent."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
     out, listener = tmp_path / "run", Listener()
-    _pending_run(out, "crafted")
+    _pending_run(out, "crafted", capsys)
     try:
         _rewrite_journal(out, lambda lines: [
             json.dumps(json.loads(x) | {"uri": f"http://127.0.0.1:{listener.port}"})
             if json.loads(x)["k"] == "run" else x for x in lines])
-        env = ENV | {"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": PASSWORD}
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PASSWORD)
         for args in ([str(out), "--uri", mlflow_server.uri], [str(out)]):
-            done = _run("sync.py", *args, env=env)
-            assert done.returncode == 2, done.stdout + done.stderr
+            done = _sync(capsys, *args)
+            assert done.code == 2, done.stdout + done.stderr
             (line,) = done.stderr.strip().splitlines()
             assert line.startswith(f"error: {out / rundir.JOURNAL_NAME} names tracking store "
                                    f"'http://127.0.0.1:{listener.port}', not the configured")
@@ -181,12 +201,15 @@ def test_sync_sends_only_to_the_configured_server(mlflow_server: MlflowServer,
 
 @pytest.mark.slow
 @pytest.mark.server
-def test_a_bad_journal_line_keeps_the_folder_pending(mlflow_server: MlflowServer,
-                                                     tmp_path: Path) -> None:
+def test_a_bad_journal_line_keeps_the_folder_pending(
+        mlflow_server: MlflowServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """A corrupted params line: nothing sent, still pending, file and line named; a torn last
     line alone is tolerated."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
     out = tmp_path / "run"
-    _pending_run(out, "corrupt")
+    _pending_run(out, "corrupt", capsys)
     _rewrite_journal(out, lambda lines: [
         json.dumps(json.loads(x) | {"uri": mlflow_server.uri}) if json.loads(x)["k"] == "run"
         else x for x in lines])
@@ -194,16 +217,16 @@ def test_a_bad_journal_line_keeps_the_folder_pending(mlflow_server: MlflowServer
     lines = original.splitlines()
     n = next(i for i, x in enumerate(lines) if json.loads(x)["k"] == "params")
     _rewrite_journal(out, lambda _: [*lines[:n], lines[n][:40] + "#garbage", *lines[n + 1:]])
-    done = _run("sync.py", str(out), "--uri", mlflow_server.uri)
-    assert done.returncode == 2
+    done = _sync(capsys, str(out), "--uri", mlflow_server.uri)
+    assert done.code == 2
     assert done.stderr.strip() == (f"error: {out / rundir.JOURNAL_NAME}:{n + 1}: not a JSON "
                                    "record; nothing was sent, the folder stays pending")
     assert journal.is_pending(out)
     assert MlflowClient(mlflow_server.uri).get_experiment_by_name("corrupt") is None
 
     (out / rundir.JOURNAL_NAME).write_text(original + '{"k": "metrics", "ts": 1, "metr')
-    done = _run("sync.py", str(out), "--uri", mlflow_server.uri)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = _sync(capsys, str(out), "--uri", mlflow_server.uri)
+    assert done.code == 0, done.stdout + done.stderr
     assert "8 params" not in done.stdout and " 0 params" not in done.stdout
     assert not journal.is_pending(out)
     c = MlflowClient(mlflow_server.uri)
@@ -211,9 +234,13 @@ def test_a_bad_journal_line_keeps_the_folder_pending(mlflow_server: MlflowServer
     assert r.info.status == "FINISHED" and r.data.params["train.epochs"] == "2"
 
 
-def test_a_bad_steps_csv_cell_keeps_the_folder_pending(tmp_path: Path) -> None:
+def test_a_bad_steps_csv_cell_keeps_the_folder_pending(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
     out = tmp_path / "run"
-    _pending_run(out, "badcell")
+    _pending_run(out, "badcell", capsys)
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     _rewrite_journal(out, lambda lines: [
         json.dumps(json.loads(x) | {"uri": uri}) if json.loads(x)["k"] == "run" else x
@@ -223,18 +250,26 @@ def test_a_bad_steps_csv_cell_keeps_the_folder_pending(tmp_path: Path) -> None:
     cells = table[2].split(",")
     cells[table[0].split(",").index("skipped")] = "abc"
     csv_path.write_text("\n".join([table[0], table[1], ",".join(cells), *table[3:]]) + "\n")
-    done = _run("sync.py", str(out), "--uri", uri)
-    assert done.returncode == 1  # one folder stays pending (logged with its reason)
-    assert f"{csv_path}:3: a row that is not numbers" in done.stderr
+    caplog.clear()
+    done = _sync(capsys, str(out), "--uri", uri)
+    assert done.code == 1  # one folder stays pending (logged with its reason)
+    assert "synced 0 of 1 pending runs; 1 stay pending" in done.stdout
+    # logged at WARNING or above: what the command's stderr shows (logging.basicConfig)
+    assert any(f"{csv_path}:3: a row that is not numbers" in r.getMessage()
+               for r in caplog.records if r.levelno >= logging.WARNING)
     assert journal.is_pending(out)
     assert not MlflowClient(uri).search_runs(
         [e.experiment_id for e in MlflowClient(uri).search_experiments()])
 
 
-def test_a_new_run_moves_another_runs_records_aside(tmp_path: Path) -> None:
+def test_a_new_run_moves_another_runs_records_aside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """Seed 1 started in seed 0's pending folder: seed 0's records move aside, whole."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
     out = tmp_path / "run"
-    _pending_run(out, "aside")
+    _pending_run(out, "aside", capsys)
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*")
               if p.is_file() and ".hydra" not in p.parts and p.suffix != ".log"}
     assert Path(rundir.JOURNAL_NAME) in before and Path(rundir.PENDING_NAME) in before
@@ -270,14 +305,17 @@ def test_journal_reader_tolerates_only_a_torn_last_line(tmp_path: Path) -> None:
         journal.read(tmp_path)
 
 
-def test_disk_full_is_one_line_and_leaves_no_temp_file(tmp_path: Path) -> None:
+def test_disk_full_is_one_line_and_leaves_no_temp_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """best.pt's temp file leads to /dev/full (ENOSPC from the kernel): one line, exit 1."""
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)
     (out / "checkpoints" / "best.tmp").symlink_to("/dev/full")
-    done = _run("sweep.py", *TINY, "train.epochs=1", "tracking.enabled=false",
-                f"hydra.run.dir={out}")
-    assert done.returncode == 1
+    monkeypatch.chdir(tmp_path)
+    done = in_process(["sweep", *TINY, "train.epochs=1", "tracking.enabled=false",
+                       f"hydra.run.dir={out}"], capsys)
+    assert done.code == 1
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: disk full: cannot write {out / rundir.CHECKPOINT_NAME} (no space left on "
         "device); free space and run again (it resumes from its last whole epoch)")
