@@ -16,7 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+# a pytest run on two xdist workers of its own: it checks make test's grouping, not the inner loop
+pytestmark = pytest.mark.slow
 
 CONFTEST = '''
 import pytest
