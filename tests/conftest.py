@@ -10,19 +10,23 @@ from stability.tracking.server import MlflowServer, start_server
 from tests.helpers.slurm import SlurmCluster, missing_daemons, start_slurm
 from tests.helpers.stack import TeamStack, start_team_stack
 
-# Under ``pytest -n`` (``make test``), the tests that need one of these session fixtures run
-# on one xdist worker (``--dist loadgroup``, one group: the SLURM tests need the team stack
-# too), so each cluster or stack starts once, not once per worker.
-SHARED_FIXTURES = ("slurm_cluster", "team_stack")
-SHARED_GROUP = "shared_services"
+# Under ``pytest -n`` (``make test``), the tests that need a shared session fixture run on one
+# xdist worker per group (``--dist loadgroup``), so each group starts its services once. Two
+# groups, not one: the SLURM tests (which need the team stack too) and the team-stack-only tests
+# start on different workers (xdist hands the largest groups out first, one per worker), so
+# neither waits for the other's services and tests. The team stack then starts twice, once per
+# group's worker: a start costs far less than the SLURM tests the other worker runs meanwhile.
+SHARED_GROUPS = {"slurm_cluster": "slurm", "team_stack": "team_stack"}  # first match wins
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the tests of the shared session fixtures as one xdist group."""
+    """Mark the tests of each shared session fixture as one xdist group."""
     for item in items:
-        if set(SHARED_FIXTURES) & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group(SHARED_GROUP))
+        needs = set(getattr(item, "fixturenames", ()))
+        group = next((g for fixture, g in SHARED_GROUPS.items() if fixture in needs), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

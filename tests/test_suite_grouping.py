@@ -1,7 +1,8 @@
 """``make test`` runs on xdist workers; the tests of a shared service start it once.
 
-``tests/conftest.py`` marks every test that needs the team stack or the SLURM cluster as one
-``xdist_group``, and ``--dist loadgroup`` sends that group to one worker. Nothing fails when the
+``tests/conftest.py`` marks the tests that need the SLURM cluster as one ``xdist_group`` and the
+other tests that need the team stack as another; ``--dist loadgroup`` sends each group to one
+worker, and the two groups to different workers. Nothing fails when the
 grouping silently stops (pytest 9.2 with xdist 3.8 ignores the marks, pytest-xdist#1386): the
 services then start once per worker. This runs a tiny suite with our conftest's hook under
 ``-n 2 --dist loadgroup`` and checks where its tests ran.
@@ -15,7 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+# a pytest run on two xdist workers of its own: it checks make test's grouping, not the inner loop
+pytestmark = pytest.mark.slow
 
 CONFTEST = '''
 import pytest
@@ -40,6 +45,7 @@ def test_stack_1(team_stack): pass
 def test_stack_2(swept): pass
 def test_cluster_1(slurm_cluster, team_stack): pass
 def test_cluster_2(slurm_cluster): pass
+def test_cluster_3(team_stack, slurm_cluster): pass
 '''
 PLAIN = "\n".join(f"def test_plain_{i}(): pass" for i in range(8))
 
@@ -54,7 +60,9 @@ def test_the_shared_service_tests_run_on_one_worker(tmp_path: Path) -> None:
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ran = re.findall(r"\[(gw\d)\] \[\s*\d+%\] PASSED \S+::(test_\w+)", done.stdout)
-    assert len(ran) == 12, done.stdout[-3000:]
-    services = {worker for worker, name in ran if not name.startswith("test_plain")}
-    assert len(services) == 1, ran  # all four on one worker: each service starts once
-    assert "@shared_services" in done.stdout  # the group xdist formed (its node id suffix)
+    assert len(ran) == 13, done.stdout[-3000:]
+    stack = {worker for worker, name in ran if name.startswith("test_stack")}
+    cluster = {worker for worker, name in ran if name.startswith("test_cluster")}
+    # each group on one worker (its services start once there), the two groups on two workers
+    assert len(stack) == len(cluster) == 1 and stack != cluster, ran
+    assert "@team_stack" in done.stdout and "@slurm" in done.stdout  # node id suffixes

@@ -14,6 +14,7 @@ annotations``: see hydra_plugins/stability_sweeper.
 
 import logging
 import shlex
+import time
 from collections.abc import Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
@@ -22,6 +23,10 @@ from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
 
+# Seconds between ``sacct`` calls while the sweep awaits a task. submitit alone spaces them by
+# half the time since submission (up to 10 minutes), so a task lost an hour into a sweep was
+# noticed half an hour later; a task that finished is still seen by its result file, each second.
+STATE_POLL_S = 10
 
 
 def _sh_uri(value: object) -> str:
@@ -67,6 +72,7 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
     @staticmethod
     def _result(job: object, overrides: Sequence[str]) -> JobReturn:
         try:
+            _await(job)
             return job.results()[0]  # type: ignore[attr-defined]
         except Exception as err:  # UncompletedJobError, FailedJobError, unpickling errors
             state = job.state  # type: ignore[attr-defined]
@@ -76,3 +82,21 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
 
             return JobReturn(overrides=list(overrides), status=JobStatus.FAILED,
                              _return_value=JobLost(job.job_id, str(state)))
+
+
+def _await(job: object, poll_s: float = STATE_POLL_S) -> None:
+    """Return once ``job`` wrote its result or SLURM's accounting says it ended.
+
+    Args:
+        job: a ``submitit.Job``.
+        poll_s: seconds between forced ``sacct`` calls (submitit's own, spaced further and
+            further apart, go on in between).
+    """
+    next_forced = time.monotonic() + poll_s
+    while True:
+        forced = time.monotonic() >= next_forced
+        if job.done(force_check=forced):  # type: ignore[attr-defined]
+            return
+        if forced:
+            next_forced = time.monotonic() + poll_s
+        time.sleep(1)
