@@ -11,10 +11,11 @@ numbers in docs/integrations.md)::
                           + _clip_grad_norm_dtensor_aware: get_total_norm <- _took_norm
                             (the record's pre-clip norm, read before the clip), clip,
                             returns the pre-clip norm (HF's ``grad_norm``)
-                     -> on_pre_optimizer_step      <- the post-clip norm (the standard norm
-                                                    clip's, derived from the pre-clip one)
+                     -> on_pre_optimizer_step      (the post-clip norm, were it measured:
+                                                    the standard norm clip's is derived)
                      -> optimizer.step()  (AcceleratedOptimizer: skipped on inf/nan in fp16)
-                     -> on_optimizer_step          <- finish_step: skip, loss, per-layer norms
+                     -> on_optimizer_step          <- finish_step: skip, loss, the post-clip
+                                                    norm (derived), per-layer norms
                      -> lr_scheduler.step() unless accelerator.optimizer_step_was_skipped
                      -> model.zero_grad() -> on_step_end   <- emit: scheduler stepped?
     epoch end:       on_epoch_end -> evaluate -> on_evaluate  <- end_epoch: eval_loss
