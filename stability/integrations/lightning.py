@@ -263,7 +263,8 @@ class StabilityCallback(RecordingCallback, pl.Callback):
         Lightning divided it, the record holds the mean) and its micro-batches, read from the
         device at once; the next window starts empty."""
         losses, self._losses = self._losses, []
-        if len(losses) == 1 and losses[0] is not None:  # no accumulation: one read, no stack
+        if len(losses) == 1 and losses[0] is not None:
+            # no accumulation: one read, no stack; 0.0 + as the sum below forms it (bit for bit)
             return 0.0 + float(losses[0]) * accum, 1
         tensors = [t for t in losses if t is not None]
         if len(tensors) == 1:
