@@ -26,6 +26,7 @@ from stability.core.steplog import (
     CsvStepWriter,
     SkipReason,
     StepLog,
+    build,
     column,
     csv_columns,
     extend,
@@ -233,6 +234,20 @@ def test_extend_is_the_subclass_built_from_the_same_values() -> None:
         extend(log, _Extended, scheduler_stepped=1, other=2)
     with pytest.raises(TypeError, match="cannot extend"):
         extend(out, StepLog)
+
+
+def test_build_is_the_record_built_from_its_init() -> None:
+    """``build`` (the meter's record, every step) equals the dataclass built through its
+    ``__init__``, stays frozen, and refuses a missing or unknown field."""
+    values = vars(_log(7, skipped=True, skips=3)) | {"underflow_frac": 0.25}
+    out = build(StepLog, dict(values))
+    assert type(out) is StepLog and out == StepLog(**values)
+    with pytest.raises(FrozenInstanceError):
+        out.loss = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError, match="needs exactly"):
+        build(StepLog, {k: v for k, v in values.items() if k != "nonfinite_param"})
+    with pytest.raises(TypeError, match="needs exactly"):
+        build(StepLog, values | {"other": 1})
 
 
 def test_the_meter_copies_a_measurement_by_field_name() -> None:

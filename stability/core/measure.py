@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -45,7 +46,7 @@ from stability.core.clipping import (
 )
 from stability.core.config import ClipConfig
 from stability.core.precision import fp16_underflow_fraction
-from stability.core.steplog import SkipReason, StepLog
+from stability.core.steplog import SkipReason, StepLog, build
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class Measurement:
 # The Measurement fields that are StepLog fields of the same name.
 RECORDED = tuple(f.name for f in fields(Measurement)
                  if f.name in {g.name for g in fields(StepLog)})
+_recorded = attrgetter(*RECORDED)  # their values, in RECORDED's order
 
 
 def unmeasured(loss: float, scale: float) -> Measurement:
@@ -209,13 +211,15 @@ class StepMeter:
         """
         skipped = skip is not SkipReason.NONE
         self.skip_count += skipped
-        found = vars(measured)
-        values = {name: found[name] for name in RECORDED}
+        values = {"step": step, "lr": lr, "skipped": skipped, "skip_reason": skip,
+                  "micro_batches": micro_batches, "samples": samples,
+                  "skips_cumulative": self.skip_count}
+        values.update(zip(RECORDED, _recorded(measured), strict=True))
         if override:
             values.update(override)
-        return StepLog(step=step, lr=lr, skipped=skipped, skip_reason=skip,
-                       micro_batches=micro_batches, samples=samples,
-                       skips_cumulative=self.skip_count, **values)
+        # StepLog(**values), built without its frozen __init__: this runs on every step of
+        # every loop, a trainer callback's included
+        return build(StepLog, values)
 
     def state_dict(self) -> dict[str, Any]:
         """The counters (``load_state_dict`` continues them)."""

@@ -11,10 +11,11 @@ numbers in docs/integrations.md)::
                           + _clip_grad_norm_dtensor_aware: get_total_norm <- _took_norm
                             (the record's pre-clip norm, read before the clip), clip,
                             returns the pre-clip norm (HF's ``grad_norm``)
-                     -> on_pre_optimizer_step      <- the post-clip norm (the standard norm
-                                                    clip's, derived from the pre-clip one)
+                     -> on_pre_optimizer_step      (the post-clip norm, were it measured:
+                                                    the standard norm clip's is derived)
                      -> optimizer.step()  (AcceleratedOptimizer: skipped on inf/nan in fp16)
-                     -> on_optimizer_step          <- finish_step: skip, loss, per-layer norms
+                     -> on_optimizer_step          <- finish_step: skip, loss, the post-clip
+                                                    norm (derived), per-layer norms
                      -> lr_scheduler.step() unless accelerator.optimizer_step_was_skipped
                      -> model.zero_grad() -> on_step_end   <- emit: scheduler stepped?
     epoch end:       on_epoch_end -> evaluate -> on_evaluate  <- end_epoch: eval_loss
@@ -140,6 +141,14 @@ def load_state(path: Path) -> dict[str, Any]:
     return state
 
 
+def _detached_float(loss: torch.Tensor) -> torch.Tensor:
+    """``loss.detach().float()``, without the two calls when the Trainer's ``training_step``
+    returned it detached and in float32 already (its usual return): the same tensor values."""
+    if loss.requires_grad or loss.dtype != torch.float32:
+        return loss.detach().float()
+    return loss
+
+
 def scheduler_position(trainer: Trainer) -> int:
     """How many times the trainer's LR scheduler has stepped (0 before it exists)."""
     return int(getattr(trainer.lr_scheduler, "last_epoch", 0) or 0)
@@ -161,6 +170,8 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
         self.trainer: Trainer | None = None
         self._post: float | None = None
         self._epoch = 0
+        self._norm_later = False  # the clip's norm is handed in (wrap_clip_norm wrapped it)
+        self._measure_post = False  # the post-clip norm is measured, not derived (on_train_begin)
 
     def attach(self, trainer: Trainer) -> StabilityCallback:
         """Add this callback to ``trainer`` and wrap its two measuring points (see module).
@@ -177,8 +188,8 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
         trainer.add_callback(self)
         # Summed on the device: the step's one host read is in finish_step.
         wrap_measuring_points(trainer, self._before_clip, lambda loss, inputs:
-                              self.add_micro_batch(loss.detach().float(), inputs))
-        wrap_clip_norm(trainer, self._shared_clip_norm)
+                              self.add_micro_batch(_detached_float(loss), inputs))
+        self._norm_later = wrap_clip_norm(trainer, self._shared_clip_norm)
         return self
 
     def _shared_clip_norm(self, clip: Any) -> Any:
@@ -225,7 +236,7 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
         opt = self.trainer.optimizer
         self.recorder.before_step(self._params(), opt.param_groups[0]["lr"],
                                   self.trainer.accelerator.scaler,
-                                  norm_later=torch.distributed.is_available())
+                                  norm_later=self._norm_later)
         self._sched_before = scheduler_position(self.trainer)
 
     # -- TrainerCallback events --------------------------------------------------------------
@@ -235,6 +246,7 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
             raise RuntimeError("StabilityCallback needs the trainer: "
                                "use StabilityCallback(folder).attach(trainer)")
         recorder = self.start_recorder(clip_of(self.trainer), kwargs["model"])
+        self._measure_post = not recorder.derives_post_clip
         recorder.set_batch(args.train_batch_size, args.gradient_accumulation_steps)
         recorder.log_params(ran_params(self.trainer, state.max_steps))
         if state.global_step > 0:  # resumed from a checkpoint: continue its records
@@ -263,8 +275,9 @@ class StabilityCallback(RecordingCallback, TrainerCallback):
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The gradients are clipped: the post-clip norm (``StepRecorder.post_clip_norm``, of
-        the parameters ``_before_clip`` measured: the same optimizer step)."""
-        if self.recorder is not None and self.recorder.stepping:
+        the parameters ``_before_clip`` measured: the same optimizer step) when it is measured;
+        a derived one (the standard norm clip) is arithmetic that ``finish_step`` does."""
+        if self._measure_post and self.recorder is not None and self.recorder.stepping:
             self._post = self.recorder.post_clip_norm()
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -137,6 +137,8 @@ class StabilityCallback(RecordingCallback, pl.Callback):
                     is pl.LightningModule.configure_gradient_clipping)
         clip = clip_of(trainer)
         self.start_recorder(clip, pl_module, derive_norm_clip=standard)
+        # the plugin (and its scaler) is the fit's: read once, not through the trainer each step
+        self._scaler = getattr(trainer.precision_plugin, "scaler", None)
         self._losses = []
         # Lightning's standard norm clip takes the pre-clip norm anyway: take it there once,
         # for the clip and for the record (``_share_the_clip_norm``).
@@ -224,11 +226,10 @@ class StabilityCallback(RecordingCallback, pl.Callback):
                                  optimizer: torch.optim.Optimizer) -> None:
         """Unscaled, not yet clipped gradients: the pre-clip norm, the scale, the lr."""
         assert self.recorder is not None
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        scaler = self._scaler
         self.recorder.before_step(_params(optimizer), optimizer.param_groups[0]["lr"], scaler,
                                   norm_later=self._norm_later)
         self._sched_before = self._scheduler_position()
-        self._scaler = scaler
         self._scale_before = scaler.get_scale() if scaler is not None else 1.0
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
@@ -262,6 +263,9 @@ class StabilityCallback(RecordingCallback, pl.Callback):
         Lightning divided it, the record holds the mean) and its micro-batches, read from the
         device at once; the next window starts empty."""
         losses, self._losses = self._losses, []
+        if len(losses) == 1 and losses[0] is not None:
+            # no accumulation: one read, no stack; 0.0 + as the sum below forms it (bit for bit)
+            return 0.0 + float(losses[0]) * accum, 1
         tensors = [t for t in losses if t is not None]
         if len(tensors) == 1:
             values = iter([float(tensors[0])])

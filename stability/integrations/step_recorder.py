@@ -62,10 +62,12 @@ assert SCHEDULER_STEPPED in {f.name for f in fields(TrainerStepLog)}
 MEASURE_ONLY = ClipConfig(enabled=False)  # the trainer clips; the recorder only measures
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Pending:
     """What ``before_step`` measured, waiting for the trainer to step (``m`` is None until
-    ``took_norm`` hands in the norm the trainer's own clip took)."""
+    ``took_norm`` hands in the norm the trainer's own clip took). Mutable, with slots: one a
+    step, completed in place (a frozen dataclass sets each field through
+    ``object.__setattr__``, on every optimizer step)."""
 
     step: int
     lr: float
@@ -190,14 +192,20 @@ class StepRecorder:
             with_grad = [q for q in p.params if q.grad is not None]
             per_tensor = grad_norms([q.grad for q in with_grad])[0]
             name = _first_non_finite(self.model, with_grad, per_tensor)
-        m = Measurement(pre_f, pre_f, math.nan, finite, False, p.scale,
-                        p.underflow if finite else math.nan, name)
-        self._pending = _Pending(p.step, p.lr, m, p.params)
+        p.m = Measurement(pre_f, pre_f, math.nan, finite, False, p.scale,
+                          p.underflow if finite else math.nan, name)
 
     @property
     def stepping(self) -> bool:
         """Whether ``before_step`` ran and ``finish_step`` has not yet."""
         return self._pending is not None
+
+    @property
+    def derives_post_clip(self) -> bool:
+        """Whether the post-clip norm is arithmetic on the pre-clip one (clipping off, or the
+        standard norm clip): then ``finish_step`` takes it, and no earlier call needs to."""
+        c = self.clip
+        return not c.enabled or (c.method == "norm" and self.derive_norm_clip)
 
     def post_clip_norm(self) -> float:
         """The global norm of the gradients as the trainer clipped them (call after its clip,

@@ -109,7 +109,8 @@ def batch_samples(batch: Any) -> int:
     if isinstance(batch, list | tuple) and batch and isinstance(batch[0], torch.Tensor):
         # the common (inputs, targets): no Mapping check (an ABC isinstance) on every step
         return batch_samples(batch[0]) or batch_samples(batch[1:])
-    if isinstance(batch, Mapping):  # dict, HF BatchEncoding
+    # dict first: the HF Trainer's inputs (every micro-batch) skip the slower ABC check
+    if isinstance(batch, dict | Mapping):  # dict, HF BatchEncoding
         batch = list(batch.values())
     if isinstance(batch, list | tuple):
         for item in batch:
