@@ -81,7 +81,7 @@ def training_arguments(clip: ClipConfig, precision: PrecisionConfig, accum_steps
     Raises:
         ConfigError: a setting the Trainer cannot honour: value clipping (it clips by norm
             only) and fp16 on CPU (accelerate 1.15 then trains in fp32 without autocast or
-            loss scaling, accelerator.py:564-570, and says nothing).
+            loss scaling, and says nothing).
     """
     if clip.enabled and clip.method != "norm":
         raise ConfigError(f"clip.method={clip.method!r} is invalid for the HF Trainer: it clips "
@@ -113,7 +113,7 @@ STATE_NAME = "stability_callback.pt"  # the recorder's state in each Trainer che
 
 def checkpoint_folder(args: Any, state: Any) -> Path:
     """The Trainer's checkpoint of ``state.global_step`` (``<output_dir>/checkpoint-<step>``,
-    trainer.py:3370 of 5.24)."""
+    the Trainer's own naming, ``PREFIX_CHECKPOINT_DIR``)."""
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
     return Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"

@@ -74,7 +74,7 @@ def trainer_settings(clip: ClipConfig, precision: PrecisionConfig, accum_steps: 
     """A study point's settings as ``lightning.pytorch.Trainer`` keyword arguments.
 
     fp16 comes as a ``MixedPrecision`` plugin with our GradScaler settings: Lightning 2.6
-    turns ``precision="16-mixed"`` on CPU into bf16-mixed (accelerator_connector.py:478-483),
+    turns ``precision="16-mixed"`` on CPU into bf16-mixed (its accelerator connector does),
     while the plugin trains fp16 with loss scaling there as our loop does.
 
     Args:
