@@ -26,7 +26,7 @@ from stability.check.result import Status, exit_status
 from stability.check.rig import Rig, Template, ours
 from stability.check.sanity import probe_determinism, probe_init_loss
 from stability.core.precision import autocast
-from tests.helpers.e2e32 import in_process
+from tests.helpers.in_process import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 IGNORE = -1.0  # a padded target: no loss

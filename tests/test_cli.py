@@ -2,7 +2,7 @@
 
 The console script runs as a real subprocess (``stability ui``, a non-editable install); the
 own-task study and the unknown command call the same entry point in this process
-(``tests.helpers.e2e32``), with Hydra, the joblib-free basic launcher and the store all real;
+(``tests.helpers.in_process``), with Hydra, the joblib-free basic launcher and the store all real;
 nothing is mocked.
 """
 
@@ -20,7 +20,7 @@ import pytest
 
 from stability.tracking.contract import Kind, Tag
 from stability.tracking.server import MlflowServer
-from tests.helpers.e2e32 import in_process
+from tests.helpers.in_process import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "own_task"

@@ -20,7 +20,7 @@ from stability.core.config import (
     to_run_config,
 )
 from stability.tasks.sign_sum import DataConfig, ModelConfig
-from tests.helpers.e2e32 import in_process
+from tests.helpers.in_process import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -26,7 +26,7 @@ from stability.core.optim import build_optimizer, build_scheduler
 from stability.core.step import TrainStep
 from stability.core.steplog import EpochLog, StepLog
 from stability.tasks.sign_sum import ModelConfig, SequenceClassifier
-from tests.helpers.e2e32 import in_process
+from tests.helpers.in_process import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP = "stability.core.optim.linear_warmup"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.helpers.e2e32 import in_process
+from tests.helpers.in_process import in_process
 from tests.helpers.report_fixtures import Spec, make_sweep
 
 pytestmark = pytest.mark.server

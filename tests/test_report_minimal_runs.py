@@ -12,7 +12,7 @@ import pytest
 from stability.core.identity import config_label
 from stability.report.fetch import val_acc_at_best
 from stability.report.select import aggregate
-from tests.helpers.e2e32 import call, in_process
+from tests.helpers.in_process import call, in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -50,7 +50,7 @@ from stability.sweep.strategy_registry import load_strategy
 from stability.sweep.sweeper import StabilitySweeper
 from stability.tracking.contract import STEP_METRICS
 from stability.tracking.server import free_port
-from tests.helpers.e2e32 import in_process
+from tests.helpers.in_process import in_process
 
 PROJECT = Path(__file__).resolve().parents[1]
 TINY = ["+sweep=smoke", "device=cpu"]  # 300 samples, 2 epochs

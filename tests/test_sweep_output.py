@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.e2e32 import in_process
+from tests.helpers.in_process import in_process
 
 PROJECT = Path(__file__).resolve().parents[1]
 TWO_RUNS = ["-m", "+sweep=smoke", "device=cpu", "clip.enabled=false", "train.accum_steps=1",

@@ -33,7 +33,7 @@ from stability.core.config import (
 )
 from stability.core.identity import fingerprint
 from stability.core.loop import train
-from tests.helpers.e2e32 import in_process
+from tests.helpers.in_process import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "tests.test_tasks.TinyTask"

@@ -24,7 +24,7 @@ from stability.core.config import ConfigError, to_run_config
 from stability.core.identity import fingerprint
 from stability.sweep.job import run_job
 from stability.tracking.contract import SCHEDULER_STEPPED, Tag
-from tests.helpers.e2e32 import in_process
+from tests.helpers.in_process import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 LIGHTNING = "tests.helpers.trainer_tasks.TinyLightningTask"

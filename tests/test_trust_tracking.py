@@ -23,7 +23,7 @@ from stability.core import rundir
 from stability.tracking import journal
 from stability.tracking.server import MlflowServer, free_port
 from stability.tracking.uri import redact_uri
-from tests.helpers.e2e32 import Done, call, in_process
+from tests.helpers.in_process import Done, call, in_process
 from tests.helpers.processes import ENV, PROJECT, rows, start
 
 TINY = ("data.num_samples=200", "device=cpu")
