@@ -211,9 +211,10 @@ class StepMeter:
         """
         skipped = skip is not SkipReason.NONE
         self.skip_count += skipped
-        values = {"step": step, "lr": lr, "skipped": skipped, "skip_reason": skip,
-                  "micro_batches": micro_batches, "samples": samples,
-                  "skips_cumulative": self.skip_count}
+        # keywords, not string keys: the column names are spelled once, in steplog
+        values = dict(step=step, lr=lr, skipped=skipped, skip_reason=skip,
+                      micro_batches=micro_batches, samples=samples,
+                      skips_cumulative=self.skip_count)
         values.update(zip(RECORDED, _recorded(measured), strict=True))
         if override:
             values.update(override)
