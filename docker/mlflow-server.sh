@@ -47,6 +47,12 @@ default_permission = READ
 database_uri = $MLFLOW_AUTH_DATABASE_URI
 admin_username = admin
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+# A password check is a scrypt hash (~0.1 s of CPU) on every request: without this cache a
+# sweep's per-step logging keeps the server's one worker busy hashing. A cached entry is only
+# a success, keyed by an HMAC of the password with a per-process key; password changes and
+# deletions through the API drop it at once (one worker, so no other worker holds a stale one);
+# a change made directly in the database takes effect within the TTL.
+auth_cache_ttl_seconds = 60
 INI
 export MLFLOW_AUTH_CONFIG_PATH="$auth_ini"
 # The server-side job runner (GenAI jobs) starts ~10 busy consumer processes this project

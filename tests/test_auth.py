@@ -58,6 +58,29 @@ def test_anonymous_requests_are_refused_but_health_is_open(team_stack: TeamStack
     assert requests.get(f"{team_stack.uri}/health", timeout=30).status_code == 200
 
 
+def test_a_remembered_password_is_forgotten_when_it_changes_or_its_user_goes(
+        team_stack: TeamStack) -> None:
+    """The server caches successful password checks for 60 s (docker/mlflow-server.sh): a
+    password change or a deletion through the API must still refuse the old password at once."""
+    user = f"cached-{uuid.uuid4().hex[:6]}"
+    old = team_stack.create_user(user)
+    search = f"{team_stack.uri}/api/2.0/mlflow/experiments/search"
+
+    def status(password: str) -> int:
+        return requests.get(search, params={"max_results": 1}, auth=(user, password),
+                            timeout=30).status_code
+
+    assert status(old) == status(old) == 200  # the second one is served from the cache
+    new = "n" + uuid.uuid4().hex[:15]
+    code, body = team_stack.api("PATCH", "/api/2.0/mlflow/users/update-password",
+                                {"username": user, "password": new})
+    assert code == 200, body
+    assert (status(old), status(new)) == (401, 200)
+    code, body = team_stack.api("DELETE", "/api/2.0/mlflow/users/delete", {"username": user})
+    assert code == 200, body
+    assert status(new) == 401
+
+
 def test_a_user_without_permission_cannot_log_to_an_experiment(
         team_stack: TeamStack, monkeypatch: pytest.MonkeyPatch) -> None:
     owner, outsider = f"owner-{uuid.uuid4().hex[:6]}", f"outsider-{uuid.uuid4().hex[:6]}"
