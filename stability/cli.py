@@ -34,6 +34,7 @@ import hydra
 from omegaconf import DictConfig
 
 from stability.core.config import ConfigError
+from stability.core.quick_exit import skip_exit_gc
 from stability.core.signals import Terminated
 from stability.sweep.errors import SweepError
 from stability.sweep.sweeper import StabilitySweeper
@@ -210,6 +211,7 @@ def check_argv(args: Sequence[str]) -> list[str]:
 
 def run_script(main: Callable[[], Any]) -> None:
     """Run an ``experiments/`` script's Hydra ``main`` (``-v`` understood, as by ``stability``)."""
+    skip_exit_gc()
     sys.argv = verbose_argv(sys.argv)
     main()
 
@@ -300,11 +302,13 @@ def sync(argv: Sequence[str] | None = None) -> int:
 
 def sync_main() -> NoReturn:
     """``experiments/sync.py``: ``sync`` with the process's arguments, as the exit status."""
+    skip_exit_gc()
     raise SystemExit(sync(sys.argv[1:]))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the console script: dispatch on the first argument."""
+    skip_exit_gc()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(__doc__.split("\n\n")[1])

@@ -32,6 +32,7 @@ from stability.core import distributed
 from stability.core.checkpoint import DiskFull
 from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.loop import RunResult, train
+from stability.core.quick_exit import skip_exit_gc
 from stability.core.signals import sigterm_deferred
 from stability.core.sinks import StepSink
 from stability.core.task import trainer_of
@@ -68,6 +69,7 @@ def hydra_job(cfg: Any, say: Callable[[str], None] = log.info) -> float:
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
+    skip_exit_gc()  # a sweep's worker or a SLURM task is a process of ours
     hc = HydraConfig.get()
     in_sweep = hc.mode == RunMode.MULTIRUN
     if in_sweep and not hc.sweeper.get("verbose", False):
