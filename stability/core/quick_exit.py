@@ -3,8 +3,8 @@
 A process that imported torch and MLflow spends about a second of CPU at exit in the cyclic
 garbage collector, walking millions of objects it is about to free anyway (docs/performance.md,
 "Process exit"). A sweep starts a parent, one process per worker and a report, each paying it;
-the test suite starts hundreds. Freezing the tracked objects (``gc.freeze``) after the other
-exit handlers have run leaves them out of those passes.
+the test suite starts hundreds. Freezing the tracked objects (``gc.freeze``) in an exit
+handler, before the interpreter's final collections, leaves them out of those passes.
 
 Only the entry points of our own processes call ``skip_exit_gc`` (the CLI, the experiments/
 scripts, a sweep's job): everything they write is flushed and closed before they return, so no
