@@ -23,7 +23,9 @@ from stability.report.fetch import find_sweep
 from stability.report.select import SELECTION_RULE
 from tests.helpers.report_fixtures import Spec, log_run, make_sweep, run_config
 
-pytestmark = pytest.mark.server
+# One xdist group: under ``make test`` (``-n auto --dist loadgroup``) the module's tests run on
+# one worker, so the ``reported`` fixture (a sweep reported twice) is built once, not per worker.
+pytestmark = [pytest.mark.server, pytest.mark.xdist_group("report_mlflow")]
 
 EXPERIMENT = "report-known"
 SWEEP = "known-1"

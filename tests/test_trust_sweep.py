@@ -8,6 +8,8 @@ write runs into the experiment (or files into a handed-over folder) would plant 
 from __future__ import annotations
 
 import pickle
+import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -220,8 +222,12 @@ def test_a_run_posing_as_one_of_the_sweeps_orphans_gets_nothing_from_its_folders
     folder = tmp_path / "sweep" / "0"
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text("seed: 1\n")
+    # both runs name a process of this host that has exited (a killed job's run does): the
+    # sweep need not wait ORPHAN_WAIT_S for an end write that cannot come
+    gone = subprocess.Popen(["true"])
+    gone.wait()
     tags = {Tag.KIND: Kind.TRAIN, Tag.SWEEP_ID: run.sweep_id, Tag.FINGERPRINT: "f" * 12,
-            Tag.SEED: "1"}
+            Tag.SEED: "1", Tag.PROCESS: f"{socket.gethostname()}:{gone.pid}"}
     ours = c.create_run(run.experiment_id, tags=tags).info.run_id
     journal.append(folder, "run_id", run_id=ours)
     posing = c.create_run(run.experiment_id, tags=tags | {

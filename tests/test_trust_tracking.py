@@ -273,9 +273,10 @@ def test_a_new_run_moves_another_runs_records_aside(
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*")
               if p.is_file() and ".hydra" not in p.parts and p.suffix != ".log"}
     assert Path(rundir.JOURNAL_NAME) in before and Path(rundir.PENDING_NAME) in before
-    again = _run("sweep.py", *TINY, "train.epochs=1", "seed=1", "tracking.enabled=false",
-                 f"hydra.run.dir={out}")
-    assert again.returncode == 0, again.stderr[-3000:]
+    # in this process, as _pending_run (the password test runs experiments/sweep.py itself)
+    again = in_process(["sweep", *TINY, "train.epochs=1", "seed=1", "tracking.enabled=false",
+                        f"hydra.run.dir={out}"], capsys)
+    assert again.code == 0, again.stdout[-3000:] + again.stderr[-3000:]
     (aside,) = [p for p in out.iterdir() if p.name.startswith("aside-")]
     assert f"moved the previous run's records in {out} aside to {aside} (a run MLflow does " \
            "not hold completely (marked pending sync))" in again.stdout
