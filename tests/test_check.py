@@ -27,6 +27,7 @@ from stability.check.rig import Rig, Template, ours
 from stability.check.sanity import probe_determinism, probe_init_loss
 from stability.core.precision import autocast
 from tests.helpers.in_process import in_process
+from tests.helpers.stores import sqlite_store
 
 ROOT = Path(__file__).resolve().parents[1]
 IGNORE = -1.0  # a padded target: no loss
@@ -282,7 +283,7 @@ def test_a_tracked_check_is_a_check_run_the_report_cites(tmp_path):
     from stability.report.check_runs import fetch, lines
     from stability.tracking.contract import Artifact, Kind, Tag
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, str(ROOT / "experiments/check.py"),
                            "check.loop=tests.test_check.short_window_by_configured",

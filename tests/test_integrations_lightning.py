@@ -35,6 +35,7 @@ from stability.integrations.lightning import (  # noqa: E402
 )
 from stability.tasks.sign_sum import DataConfig  # noqa: E402
 from stability.tracking.contract import SCHEDULER_STEPPED  # noqa: E402
+from tests.helpers.stores import sqlite_store  # noqa: E402
 
 SEED = 5
 MAX_NORM = 0.2  # clips some of the steps of this run, not all
@@ -222,7 +223,7 @@ def test_a_lightning_fit_is_a_tracked_run_the_report_reads(tmp_path: Path) -> No
     from stability.tracking.run import RunRecord, TrackedRun
 
     cfg = _cfg(tmp_path / "unused", "fp32")
-    uri, folder = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "pl"
+    uri, folder = sqlite_store(tmp_path / "mlflow.db"), tmp_path / "pl"
     tags = {Tag.KIND: Kind.TRAIN, Tag.SWEEP_ID: "pl-1", Tag.FINGERPRINT: "beef", Tag.SEED: "5",
             Tag.LOSS_NAME: "BCE"}
     record = RunRecord(params={"task._target_": "tests.TaskModule", "trainer": "lightning"},

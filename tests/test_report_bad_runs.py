@@ -19,6 +19,7 @@ from stability.report import ReportConfig, build_report
 from stability.report.fetch import TYPED_PARAMS, UNREADABLE, _row
 from stability.tracking.contract import Tag
 from tests.helpers.report_fixtures import Spec, make_sweep, run_config
+from tests.helpers.stores import sqlite_store
 
 WINNER = Spec("bf16", 1.0, 2, {0: 0.40, 1: 0.41})
 BASELINE = Spec("fp32", None, 1, {0: 0.50, 1: 0.52})
@@ -62,7 +63,7 @@ def test_a_seed_tag_that_does_not_parse_marks_its_run() -> None:
 @pytest.fixture(scope="module")
 def bad_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict, Path, object]:
     tmp = tmp_path_factory.mktemp("bad")
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = sqlite_store(tmp / "mlflow.db")
     ids = make_sweep(uri, "bad", "bad", [WINNER, BASELINE, BAD_LR], tmp / "runs")
     c = MlflowClient(uri)
     # the winner's seed 1: a weights-only best.pt with the wrong keys (loads, does not fit)

@@ -12,6 +12,7 @@ from matplotlib.collections import PathCollection, PolyCollection
 
 from stability.report import factors, health, lr, select
 from stability.report.sections import lr_sensitivity as lr_plot
+from tests.helpers.stores import sqlite_store
 
 LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 LOSS_INIT = 0.7
@@ -158,7 +159,7 @@ def test_a_swept_lr_reaches_the_report_with_its_sentence_table_and_figure(tmp_pa
         for lr_value, loss in zip(LRS[:4], per_lr, strict=True):
             specs.append(Spec(clip=clip, lr=lr_value, losses={
                 s: loss if isinstance(loss, str) else loss + 0.01 * s for s in (0, 1)}))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     make_sweep(uri, "report-lr", "lr1", specs, tmp_path)
     out = build_report(ReportConfig(tracking_uri=uri, experiment="report-lr",
                                     output_dir=str(tmp_path / "reports"), device="cpu",

@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 from stability.report import ReportConfig, build_report
 from stability.report.options import ReportError, to_report_config
 from tests.helpers.report_fixtures import Spec, make_sweep
+from tests.helpers.stores import sqlite_store
 
 LONG = [Spec("fp32", None, 1, {0: 0.50, 1: 0.52}), Spec("bf16", 1.0, 1, {0: 0.40, 1: 0.41})]
 SHORT = [Spec("fp32", None, 1, {0: 0.30, 1: 0.31}, seq_len=20),
@@ -24,7 +25,7 @@ SHORT = [Spec("fp32", None, 1, {0: 0.30, 1: 0.31}, seq_len=20),
 @pytest.fixture(scope="module")
 def two_studies(tmp_path_factory):
     root = tmp_path_factory.mktemp("two-studies")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = sqlite_store(root / "mlflow.db")
     make_sweep(uri, "sign-long", "long-1", LONG, root)
     make_sweep(uri, "sign-short", "short-1", SHORT, root)
     reports = {exp: build_report(ReportConfig(tracking_uri=uri, experiment=exp, device="cpu",
@@ -107,7 +108,7 @@ def test_a_planted_version_tagged_with_the_sweep_and_winner_is_never_reused(tmp_
     from stability.core.identity import fingerprint
     from tests.helpers.report_fixtures import run_config
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     ids = make_sweep(uri, "victim", "v1", LONG, tmp_path)
     c = MlflowClient(uri)
     fp = fingerprint(run_config(LONG[1], 0, Path(".")))

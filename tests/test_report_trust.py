@@ -27,6 +27,7 @@ from stability.report.options import ReportError
 from stability.report.trust import BUILTIN_TASKS, Untrusted, allowed_tasks, trusted_config
 from stability.tracking.contract import Tag
 from tests.helpers.report_fixtures import Spec, make_sweep, run_config
+from tests.helpers.stores import sqlite_store
 
 HOSTILE = ('x"><script>alert(1)</script><img src=x onerror=alert(2)>'
            "[click](javascript:alert(3))\n## Answer\n| a | b |\n![s](/etc/passwd)'")
@@ -226,7 +227,7 @@ def test_names_read_back_are_checked(tmp_path: Path) -> None:
             ReportConfig(sweep_id=bad)
     with pytest.raises(ConfigError, match="registry.model_name="):
         ReportConfig(model_name="m' or name='x")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     make_sweep(uri, "names", "ok", [BASELINE], tmp_path)
     c = MlflowClient(uri)  # re-tagged by a teammate
     for r in c.search_runs([c.get_experiment_by_name("names").experiment_id]):
@@ -263,7 +264,7 @@ def _hostile_run(c: MlflowClient, exp_id: str, sweep_id: str, parent: str, seed:
 def test_a_planted_sweep_is_reported_escaped_contained_and_complete(tmp_path: Path) -> None:
     """Hostile winner label/tags, a planted config.yaml, a bad steps.csv cell, a planted file
     and a link in the report folder: the report ends 0, inert, uploading only its own files."""
-    uri, sweep = f"sqlite:///{tmp_path / 'mlflow.db'}", "planted"
+    uri, sweep = sqlite_store(tmp_path / "mlflow.db"), "planted"
     ids = make_sweep(uri, "planted", sweep, [WINNER, BASELINE], tmp_path / "runs")
     c = MlflowClient(uri)
     exp_id = c.get_experiment_by_name("planted").experiment_id
@@ -321,7 +322,7 @@ def test_a_planted_sweep_is_reported_escaped_contained_and_complete(tmp_path: Pa
 
 
 def test_a_linked_report_folder_is_refused(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     make_sweep(uri, "linked", "lk", [BASELINE], tmp_path / "runs")
     (tmp_path / "reports").mkdir()
     (tmp_path / "elsewhere").mkdir()
@@ -362,7 +363,7 @@ def test_inert_text_cannot_close_a_code_span_or_make_a_link_or_an_image() -> Non
 def test_a_backtick_in_a_value_makes_no_link_and_no_image(tmp_path: Path) -> None:
     """Issue 31 K: a backtick in a param value closed the code span of its label; report.html
     then held a link to /etc/passwd and MLflow's note a remote image. Now both are text."""
-    uri, sweep = f"sqlite:///{tmp_path / 'mlflow.db'}", "k"
+    uri, sweep = sqlite_store(tmp_path / "mlflow.db"), "k"
     make_sweep(uri, "k", sweep, [WINNER, BASELINE], tmp_path / "runs")
     c = MlflowClient(uri)
     exp_id = c.get_experiment_by_name("k").experiment_id
@@ -393,7 +394,7 @@ def test_a_planted_finished_run_is_unreadable_and_other_users_runs_are_named(
     another user created, escaped."""
     import json
 
-    uri, sweep = f"sqlite:///{tmp_path / 'mlflow.db'}", "g31"
+    uri, sweep = sqlite_store(tmp_path / "mlflow.db"), "g31"
     make_sweep(uri, "g31", sweep, [WINNER, BASELINE], tmp_path / "runs")
     c = MlflowClient(uri)
     exp_id = c.get_experiment_by_name("g31").experiment_id

@@ -31,6 +31,7 @@ from stability.tracking.uri import (
     local_artifact_root,
     resolve_tracking_uri,
 )
+from tests.helpers.stores import sqlite_store
 
 pytestmark = pytest.mark.server
 
@@ -200,7 +201,7 @@ def test_default_store_is_mlflow_db_in_the_current_folder(monkeypatch: pytest.Mo
 
 
 def test_sqlite_artifacts_live_beside_the_store(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     assert local_artifact_root(uri, "my study") == str(tmp_path / "mlruns" / "my_study")
     assert local_artifact_root("http://127.0.0.1:5000", "x") is None
     exp_id = ensure_experiment(uri, "my study")
@@ -314,7 +315,7 @@ def test_a_run_tracked_without_a_run_config_is_one_the_report_reads(tmp_path: Pa
     from stability.tracking.contract import Kind, Rebuild, Tag, missing_records
     from stability.tracking.run import RunRecord, TrackedRun
 
-    uri, exp = f"sqlite:///{tmp_path}/mlflow.db", "foreign-loop"
+    uri, exp = sqlite_store(tmp_path / "mlflow.db"), "foreign-loop"
     tags = {Tag.KIND: Kind.TRAIN, Tag.SWEEP_ID: "mine-1", Tag.FINGERPRINT: "f00d", Tag.SEED: "4",
             Tag.LOSS_NAME: "MSE"}
     params = {"task._target_": "my_lab.tasks.Regression", "task.width": "8",

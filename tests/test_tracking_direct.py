@@ -13,6 +13,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from stability.tracking.direct import DirectMetrics, sanitized
+from tests.helpers.stores import sqlite_store
 
 # Every rule MLflow applies: NaN, both infinities, an exact resend, steps out of order, a
 # later point of a key at a lower step (latest_metrics keeps the highest step), equal steps
@@ -25,7 +26,7 @@ LATER = [("loss", 0.4, 2, 2000), ("lr", 3e-3, 6, 900), ("grad", 1.0, 9, 1000)]
 
 
 def store(tmp_path: Path) -> tuple[str, MlflowClient, str]:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     c = MlflowClient(uri)
     exp = c.create_experiment("direct", artifact_location=(tmp_path / "art").as_uri())
     return uri, c, exp
@@ -107,7 +108,7 @@ def test_a_run_on_the_embedded_store_keeps_every_per_step_point(tmp_path: Path) 
     # every StepLog field marked metric (tests/test_contract.py pins the names the UI charts)
     assert len(STEP_METRICS) >= 8
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     cfg = to_run_config({
         "seed": 1, "device": "cpu", "output_dir": str(tmp_path / "run"),
         "data": {"num_samples": 300}, "train": {"epochs": 2, "batch_size": 32},
