@@ -90,7 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--scale-writers", type=int, default=8,
                    help="writer threads of the ingest window")
     g.add_argument("--scale-window", type=float, default=12.0,
-                   help="seconds of the measured ingest window (after 4 s of warm-up)")
+                   help="seconds of the measured ingest window (after --scale-warm)")
+    g.add_argument("--scale-warm", type=float, default=4.0,
+                   help="seconds the writers run before the ingest window is measured")
     return p.parse_args(argv)
 
 
@@ -100,7 +102,7 @@ def scale_spec(args: argparse.Namespace) -> Any:
 
     try:
         return ScaleSpec(runs=args.scale_runs, writers=args.scale_writers,
-                         window_s=args.scale_window)
+                         warm_s=args.scale_warm, window_s=args.scale_window)
     except ConfigError as err:
         _fail(str(err))
 

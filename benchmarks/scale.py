@@ -66,8 +66,8 @@ class ScaleSpec:
         except ConfigError as err:
             e.items.append(str(err))
         e.require(self.writers >= 1, "--scale-writers", self.writers, "an integer >= 1")
-        e.require(self.warm_s >= 0 and self.window_s > 0, "--scale-window", self.window_s,
-                  "a number of seconds > 0")
+        e.require(self.warm_s >= 0, "--scale-warm", self.warm_s, "a number of seconds >= 0")
+        e.require(self.window_s > 0, "--scale-window", self.window_s, "a number of seconds > 0")
         e.raise_if_any()
 
 

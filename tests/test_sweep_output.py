@@ -16,9 +16,13 @@ TWO_RUNS = ["-m", "+sweep=smoke", "device=cpu", "clip.enabled=false", "train.acc
             "precision=fp32", "seed=0,1", "hydra.launcher.n_jobs=2"]
 
 
-def sweep(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    """``experiments/sweep.py`` on a fresh embedded store in ``tmp_path``, output captured."""
-    cmd = [sys.executable, str(PROJECT / "experiments" / "sweep.py"), *TWO_RUNS,
+def sweep(tmp_path: Path, *extra: str, n_jobs: int = 2) -> subprocess.CompletedProcess:
+    """``experiments/sweep.py`` on a fresh embedded store in ``tmp_path``, output captured.
+
+    ``n_jobs`` worker processes (each pays for importing torch and MLflow once).
+    """
+    runs = [*TWO_RUNS[:-1], f"hydra.launcher.n_jobs={n_jobs}"]
+    cmd = [sys.executable, str(PROJECT / "experiments" / "sweep.py"), *runs,
            f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
            f"hydra.sweep.dir={tmp_path / 'sweep'}", *extra]
     return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
@@ -51,7 +55,9 @@ def test_a_sweep_prints_its_status_not_its_epochs_which_go_to_the_run_logs(
 
 @pytest.mark.slow
 def test_verbose_brings_the_epoch_lines_back_to_the_terminal(tmp_path: Path) -> None:
-    done = sweep(tmp_path, "-v")
+    # One worker runs both jobs: -v is read by each job, and a worker's lines reach the
+    # terminal the same way whichever worker it is (two workers: the test above).
+    done = sweep(tmp_path, "-v", n_jobs=1)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     assert len(epoch_lines(out)) == 4  # 2 runs x 2 epochs
