@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.in_process import in_process
+
 ROOT = Path(__file__).resolve().parents[1]
 HF = ROOT / "examples" / "hf_task"
 
@@ -24,7 +26,12 @@ def _run(cmd: str, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_the_hf_example_study_registers_a_gpt2_that_predicts_logits(tmp_path: Path) -> None:
+def test_the_hf_example_study_registers_a_gpt2_that_predicts_logits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The sweep is ``experiments/sweep.py`` in its own process, its runs in the launcher's
+    workers; the report calls the same entry point as ``stability report`` in this process
+    (``in_process``): the report is what is checked, not its process."""
     pytest.importorskip("transformers")
     import mlflow
     import numpy as np
@@ -39,9 +46,12 @@ def test_the_hf_example_study_registers_a_gpt2_that_predicts_logits(tmp_path: Pa
     # the Trainer's progress bars stay off the sweep's terminal (its status lines say enough)
     assert "Writing model shards" not in sweep.stdout + sweep.stderr
     [sweep_id] = re.findall(r"\[sweep\] sweep (\S+): parent run", sweep.stdout + sweep.stderr)
-    report = _run("report", tmp_path, "experiment=gpt2-e2e", f"sweep_id={sweep_id}",
-                  "task_target=gpt2_task.GPT2Task", f"output_dir={tmp_path / 'reports'}")
-    assert report.returncode == 0, report.stderr[-3000:]
+    monkeypatch.chdir(HF)  # `stability report` from the example's folder finds its task
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    report = in_process(["report", "experiment=gpt2-e2e", f"sweep_id={sweep_id}",
+                         "task_target=gpt2_task.GPT2Task", f"output_dir={tmp_path / 'reports'}",
+                         f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"], capsys)
+    assert report.code == 0, report.stderr[-3000:]
     assert "Downloading artifacts" not in report.stdout + report.stderr  # MLflow's bars, off
     c = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = c.get_experiment_by_name("gpt2-e2e")

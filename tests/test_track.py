@@ -19,6 +19,7 @@ from stability.core.config import ConfigError, TrackingConfig, to_run_config
 from stability.core.identity import fingerprint, flatten
 from stability.integrations.track import rebuild_config, track
 from stability.tasks.sign_sum import SignSumTask
+from tests.helpers.in_process import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +32,11 @@ def docs_snippet() -> str:
 
 
 @pytest.mark.slow
-def test_the_docs_plain_loop_is_tracked_and_reported(tmp_path: Path) -> None:
+def test_the_docs_plain_loop_is_tracked_and_reported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The docs' loop runs as the user's own process; ``stability report`` then runs in that
+    folder, called in this process (``in_process``: the report is checked, not its process)."""
     env = os.environ | {"MLFLOW_TRACKING_URI": "", "PYTHONPATH": str(ROOT)}
     code = docs_snippet()
     assert 12 <= len(code.strip().splitlines()) <= 30  # about 15 lines of loop
@@ -63,9 +68,10 @@ def test_the_docs_plain_loop_is_tracked_and_reported(tmp_path: Path) -> None:
                        "clip": {"enabled": True, "max_norm": 1.0}}
     assert {r.data.tags["stability.fingerprint"] for r in runs} == {
         fingerprint(to_run_config(written))}
-    done = subprocess.run([sys.executable, "-m", "stability.cli", "report"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)  # the report of the folder's own store, ./mlflow.db
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    done = in_process(["report"], capsys)
+    assert done.code == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stdout + done.stderr
     assert "winner " in done.stdout and "of sweep my-loop" in done.stdout
     # The winner's one sealed test: both seeds rebuilt from config.yaml + best.pt and scored

@@ -214,14 +214,20 @@ def _example(cmd: str, folder: Path, tmp: Path, *args: str) -> subprocess.Comple
 
 @pytest.mark.slow
 def test_a_lightning_study_sweeps_resumes_reports_and_registers_its_winner(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """The example's sweep (fp16 from a start scale that overflows: skipped steps on which
     Lightning steps the user's scheduler), the sweep again (nothing left to run), the report:
-    the winner tested alone, registered, the scheduler-on-skip verdict."""
+    the winner tested alone, registered, the scheduler-on-skip verdict.
+
+    The first sweep is ``experiments/sweep.py`` in its own process, its runs in the launcher's
+    worker; the sweep again and the report call the same entry point in this process
+    (``in_process``): what they prove (nothing left to run, the report) is not the process."""
     pytest.importorskip("lightning.pytorch")
     import mlflow
 
     folder = ROOT / "examples" / "lightning_task"
+    store = f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"
     grid = ["-m", "--config-dir", str(folder), "task=spirals", "precision=fp32,fp16",
             "precision.init_scale=1e9", "clip.enabled=false", "train.epochs=1",
             "tracking.experiment=spirals-e2e", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
@@ -230,12 +236,15 @@ def test_a_lightning_study_sweeps_resumes_reports_and_registers_its_winner(
     said = first.stdout + first.stderr
     assert "finished=4" in said
     [sweep_id] = re.findall(r"\[sweep\] sweep (\S+): parent run", said)
-    again = _example("sweep", folder, tmp_path, *grid)
-    assert again.returncode == 0
+    monkeypatch.chdir(folder)  # `stability` from the example's folder finds its task
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    again = in_process(["sweep", *grid, store], capsys)
+    assert again.code == 0, again.stderr[-3000:]
     assert "skipped 4 points already FINISHED" in again.stdout + again.stderr
-    report = _example("report", folder, tmp_path, "experiment=spirals-e2e", f"sweep_id={sweep_id}",
-                      "task_target=spirals.SpiralTask", f"output_dir={tmp_path / 'reports'}")
-    assert report.returncode == 0, report.stderr[-3000:]
+    report = in_process(["report", "experiment=spirals-e2e", f"sweep_id={sweep_id}",
+                         "task_target=spirals.SpiralTask", f"output_dir={tmp_path / 'reports'}",
+                         store], capsys)
+    assert report.code == 0, report.stderr[-3000:]
     text = next((tmp_path / "reports").glob("*/report.md")).read_text()
     [verdict] = [ln for ln in text.splitlines() if ln.startswith("- `fp16 noclip acc=1`:")]
     assert "scheduler advanced on up to" in verdict and "(2/2 seeds)" in verdict
