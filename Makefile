@@ -12,22 +12,26 @@ DEB_PACKAGES := postgresql slurm-wlm slurmdbd munge mariadb-server chromium
 
 # Installs happen once: a stamp file in the venv, redone only when pyproject.toml changes.
 STAMP   := $(VENV)/.installed
+UV      := $(BIN)/uv pip install -q --python $(BIN)/python
 .PHONY: setup setup-dev run test test-fast ui report lint benchmark
 
+# pip installs torch alone (it reads the machine's pip settings, which point at the local
+# wheel); uv installs the rest in parallel (~25 s where pip took ~2 min) and finds torch
+# satisfied. Neither compiles bytecode up front: Python writes it for the modules imported.
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e .
+$(BIN)/uv: | $(BIN)/python
+	$(BIN)/pip install -q --no-compile $(TORCH) uv
+
+$(STAMP): pyproject.toml | $(BIN)/uv
+	$(UV) -e .
 	@touch $@
 
 setup: $(STAMP)
 
-setup-dev: $(BIN)/python
-	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e ".[dev,lightning,hf]"  # the integrations' tests need both
+setup-dev: $(BIN)/uv
+	$(UV) -e ".[dev,lightning,hf]"  # the integrations' tests need both
 	@# the native team stack and SLURM tests (tests/test_team_stack.py, test_auth.py, test_slurm.py)
 	@# and the UI test need these Debian packages; installed only as root and only when missing
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -39,12 +43,18 @@ setup-dev: $(BIN)/python
 run: $(STAMP)
 	$(BIN)/python experiments/sweep.py -m
 
+# The suite's temp folders (SQLite stores, journals, checkpoints, PostgreSQL and SLURM state) on
+# tmpfs where the machine has one: each commit's fsync waits on the disk otherwise
+# (docs/performance.md, "The suite's temp folders").
+TEST_TMP := $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm/stability-tests)
+PYTEST   := $(if $(TEST_TMP),mkdir -p $(TEST_TMP) && TMPDIR=$(TEST_TMP)) $(BIN)/python -m pytest
+
 test: setup-dev
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n auto --dist loadgroup --durations=20
+	$(PYTEST) -n auto --dist loadgroup --durations=20
 
 test-fast: setup-dev
-	$(BIN)/python -m pytest -n auto --dist loadgroup -m "not slow" --durations=20
+	$(PYTEST) -n auto --dist loadgroup -m "not slow" --durations=20
 
 benchmark: $(STAMP)
 	$(BIN)/python experiments/benchmark.py

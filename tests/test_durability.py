@@ -27,6 +27,7 @@ from stability.tracking.server import free_port, start_server
 from stability.tracking.sync import sync_folder, sync_paths
 from tests.helpers.in_process import in_process
 from tests.helpers.processes import kill_group, rows, run, start, wait_for
+from tests.helpers.stores import sqlite_store
 
 pytestmark = pytest.mark.slow  # real processes; the ones with a real mlflow server: server
 TINY = ("data.num_samples=200", "device=cpu")
@@ -268,7 +269,7 @@ def test_sync_into_sqlite_rides_out_a_locked_database(
                        "tracking.retry_s=1", f"hydra.run.dir={out}"], capsys)
     assert done.code == 0 and (out / rundir.PENDING_NAME).exists(), done.stdout[-3000:]
     db = tmp_path / "store" / "mlflow.db"
-    uri = f"sqlite:///{db}"
+    uri = sqlite_store(db)
     # a sync sends only to the store its journal names: say the run was started on this one
     journal = out / rundir.JOURNAL_NAME
     lines = [json.loads(x) for x in journal.read_text().splitlines()]

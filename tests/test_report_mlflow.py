@@ -22,6 +22,7 @@ from stability.report import ReportConfig, build_report
 from stability.report.fetch import find_sweep
 from stability.report.select import SELECTION_RULE
 from tests.helpers.report_fixtures import Spec, log_run, make_sweep, run_config
+from tests.helpers.stores import sqlite_store
 
 # One xdist group: under ``make test`` (``-n auto --dist loadgroup``) the module's tests run on
 # one worker, so the ``reported`` fixture (a sweep reported twice) is built once, not per worker.
@@ -207,7 +208,7 @@ def test_latest_sweep_is_the_default(mlflow_server, tmp_path):
 
 
 def test_report_and_registry_work_on_the_sqlite_store(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     make_sweep(uri, "report-sqlite", "sq", [WINNER, BASELINE], tmp_path)
     out = build_report(ReportConfig(tracking_uri=uri, experiment="report-sqlite",
                                     output_dir=str(tmp_path / "reports"), model_name=MODEL,

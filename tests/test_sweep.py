@@ -51,6 +51,7 @@ from stability.sweep.sweeper import StabilitySweeper
 from stability.tracking.contract import STEP_METRICS
 from stability.tracking.server import free_port
 from tests.helpers.in_process import in_process
+from tests.helpers.stores import sqlite_store
 
 PROJECT = Path(__file__).resolve().parents[1]
 TINY = ["+sweep=smoke", "device=cpu"]  # 300 samples, 2 epochs
@@ -431,7 +432,7 @@ def test_a_strategy_adds_a_second_round_to_the_same_sweep(tmp_path: Path, capsys
 
     from stability import cli
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     AddOneSeed.ROUNDS.clear()
     monkeypatch.setattr(sys, "argv", [
         "stability-sweep", "-m", *TINY, "hydra/launcher=basic", "clip.enabled=false",

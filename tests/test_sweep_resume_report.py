@@ -16,6 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from stability.tracking.contract import Artifact
+from tests.helpers.stores import sqlite_store
 
 TINY = ["+sweep=smoke", "device=cpu"]  # 300 samples, 2 epochs
 
@@ -35,7 +36,7 @@ def test_the_report_of_a_resumed_sweep_covers_the_runs_it_skipped(tmp_path: Path
     from stability.report import ReportConfig, build_report
     from stability.report.fetch import fetch_runs, find_sweep
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
 
     def sweep(seeds: str) -> None:
         monkeypatch.setattr(sys, "argv", [

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers.stores import sqlite_store
+
 MARKER = "stability-issue31-pwned"
 
 
@@ -111,7 +113,7 @@ def _sweep(tmp: Path, exp: str) -> Any:
     from stability.core.config import TrackingConfig
     from stability.sweep.parent import open_sweep_run
 
-    run, _ = open_sweep_run(TrackingConfig(uri=f"sqlite:///{tmp / 'mlflow.db'}",
+    run, _ = open_sweep_run(TrackingConfig(uri=sqlite_store(tmp / "mlflow.db"),
                                            experiment=exp), "s31", 1, 1, [], {}, True,
                             tmp / "sweep")
     return run
@@ -179,7 +181,7 @@ def test_a_stale_run_tagged_with_a_victim_folder_uploads_nothing_from_it(
     from stability.tracking.orphans import end_stale_runs
     from stability.tracking.uri import client, ensure_experiment
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     exp_id = ensure_experiment(uri, "d31")
     c = client(uri)
     key = tmp_path / "id_ed25519"
@@ -299,7 +301,7 @@ def test_a_planted_finished_run_is_not_adopted_and_the_point_runs_again(
     from stability.sweep.parent import open_sweep_run
     from stability.tracking.uri import client, ensure_experiment
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     exp_id = ensure_experiment(uri, "g31")
     cfg = _trained(tmp_path, uri, "g31", seed=0)
     fp, c = fingerprint(cfg), client(uri)

@@ -25,6 +25,7 @@ from stability.tracking.server import MlflowServer, free_port
 from stability.tracking.uri import redact_uri
 from tests.helpers.in_process import Done, call, in_process
 from tests.helpers.processes import ENV, PROJECT, rows, start
+from tests.helpers.stores import sqlite_store
 
 TINY = ("data.num_samples=200", "device=cpu")
 ONE_CONFIG = ("clip.enabled=false", "clip.max_norm=1.0", "train.accum_steps=1", "precision=fp32")
@@ -241,7 +242,7 @@ def test_a_bad_steps_csv_cell_keeps_the_folder_pending(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
     out = tmp_path / "run"
     _pending_run(out, "badcell", capsys)
-    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "store" / "mlflow.db")
     _rewrite_journal(out, lambda lines: [
         json.dumps(json.loads(x) | {"uri": uri}) if json.loads(x)["k"] == "run" else x
         for x in lines])
@@ -361,7 +362,7 @@ def test_a_dead_sweeps_parent_is_ended_killed(tmp_path: Path) -> None:
     from stability.tracking.orphans import end_stale_runs
     from stability.tracking.uri import client, ensure_experiment
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     exp_id = ensure_experiment(uri, "parents")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
@@ -442,7 +443,7 @@ def test_sync_writes_only_into_the_folders_own_run_and_never_through_a_symlink(
     from stability.tracking.sync import SyncError, sync_folder
     from stability.tracking.uri import ensure_experiment
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     c = MlflowClient(uri)
     exp_id = ensure_experiment(uri, "l31")
     secret = tmp_path / "secret.txt"
