@@ -12,17 +12,18 @@ DEB_PACKAGES := postgresql slurm-wlm slurmdbd munge mariadb-server chromium
 
 # Installs happen once: a stamp file in the venv, redone only when pyproject.toml changes.
 STAMP   := $(VENV)/.installed
-UV      := $(BIN)/uv pip install -q --python $(BIN)/python
+UV      := $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python
 .PHONY: setup setup-dev run test test-fast ui report lint benchmark
 
 # pip installs torch alone (it reads the machine's pip settings, which point at the local
 # wheel); uv installs the rest in parallel (~25 s where pip took ~2 min) and finds torch
-# satisfied. Neither compiles bytecode up front: Python writes it for the modules imported.
+# satisfied. Both compile bytecode at install: where PYTHONDONTWRITEBYTECODE is set, no process
+# would ever write it, and each would compile what it imports again.
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 $(BIN)/uv: | $(BIN)/python
-	$(BIN)/pip install -q --no-compile $(TORCH) uv
+	$(BIN)/pip install -q $(TORCH) uv
 
 $(STAMP): pyproject.toml | $(BIN)/uv
 	$(UV) -e .
