@@ -178,6 +178,54 @@ def test_sigterm_marks_run_killed_and_keeps_every_step(mlflow_server, tmp_path: 
     assert "steps.csv" in {a.path for a in c.list_artifacts(run.info.run_id)}
 
 
+class _SignalledFinalizer:
+    """Receives SIGTERM while its ``__del__`` runs: Python prints what the handler raises there
+    ("Exception ignored in ...") and drops it, as for a generator the garbage collector closes."""
+
+    def __del__(self) -> None:
+        signal.raise_signal(signal.SIGTERM)
+
+
+def test_a_sigterm_a_finalizer_swallowed_is_raised_at_the_next_check() -> None:
+    from stability.core.signals import Terminated, raise_if_terminated, sigterm_as_exception
+
+    with pytest.raises(Terminated, match="signal 15"), sigterm_as_exception():
+        _SignalledFinalizer()  # freed at once; its Terminated is dropped
+        raise_if_terminated()
+    raise_if_terminated()  # outside the block, nothing is pending
+
+
+def test_a_sigterm_a_finalizer_swallowed_still_ends_the_run_killed(tmp_path: Path) -> None:
+    """The signal lands in a finalizer during step 5: the run ends KILLED at step 6, before
+    that step's record, with 5 rows in steps.csv and in MLflow."""
+    from stability.core.signals import Terminated
+    from stability.sweep.job import train_tracked
+
+    class AtStep5:
+        def on_step(self, log, epoch: int) -> None:  # noqa: ANN001
+            if log.step == 5:
+                _SignalledFinalizer()
+
+        def on_epoch(self, log) -> None:  # noqa: ANN001
+            pass
+
+        def state_dict(self) -> dict:
+            return {}
+
+        def load_state_dict(self, state: dict) -> None:
+            pass
+
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    with pytest.raises(Terminated):
+        train_tracked(to_run_config(_raw(uri, "swallowed", tmp_path / "run")), sinks=[AtStep5()])
+    rows = _csv_rows(tmp_path / "run" / "steps.csv")
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 5]
+    c = MlflowClient(uri)
+    (run,) = c.search_runs([c.get_experiment_by_name("swallowed").experiment_id])
+    assert run.info.status == "KILLED" and run.data.tags["stability.outcome"] == "killed"
+    assert sorted(m.step for m in c.get_metric_history(run.info.run_id, "loss")) == [1, 2, 3, 4, 5]
+
+
 def test_unreachable_server_fails_fast_with_a_clear_message() -> None:
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     from concurrent.futures import ThreadPoolExecutor

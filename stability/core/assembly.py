@@ -28,6 +28,7 @@ from stability.core import checkpoint
 from stability.core.cost import CostMeter, run_costs
 from stability.core.layers import LayerNormRecorder
 from stability.core.monitor import Diagnostics, SkipRateMonitor
+from stability.core.signals import raise_if_terminated
 from stability.core.sinks import StepSink, load_states, state_of
 from stability.core.steplog import CsvStepWriter, EpochLog, StepLog
 
@@ -166,6 +167,7 @@ class RunAssembly:
 
     def step(self, record: StepLog, epoch: int, seconds: float) -> None:
         """One optimizer step took ``seconds``: its record to every sink, in order."""
+        raise_if_terminated()  # a SIGTERM whose exception a finalizer swallowed ends it here
         self.cost.on_step(seconds)
         for sink in self._all:
             sink.on_step(record, epoch)  # the monitor raises DivergedError

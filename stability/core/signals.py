@@ -45,14 +45,24 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+_received = {"signum": 0}  # a SIGTERM that arrived inside sigterm_as_exception
+
+
 @contextmanager
 def sigterm_as_exception() -> Iterator[None]:
-    """Inside this block SIGTERM raises ``Terminated`` (main thread only)."""
+    """Inside this block SIGTERM raises ``Terminated`` (main thread only).
+
+    Python drops an exception raised while a finalizer runs (a generator closed by the garbage
+    collector, a ``__del__``: "Exception ignored in ..."), so a signal landing there would be
+    lost and the run would train on. The signal is also noted; ``raise_if_terminated``, called
+    at every optimizer step, raises it then.
+    """
     if not _main_thread():
         yield
         return
 
     def handler(signum: int, frame: Any) -> None:
+        _received["signum"] = signum
         raise Terminated(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, handler)
@@ -60,6 +70,14 @@ def sigterm_as_exception() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _received["signum"] = 0
+
+
+def raise_if_terminated() -> None:
+    """Raise ``Terminated`` if a SIGTERM arrived in ``sigterm_as_exception`` and its exception
+    did not end the block (see there); a no-op otherwise."""
+    if _received["signum"]:
+        raise Terminated(f"signal {_received['signum']}")
 
 
 @contextmanager
