@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,17 +45,6 @@ def _first_epoch_sent(uri: str, experiment: str) -> bool:
     exp = c.get_experiment_by_name(experiment)
     runs = [] if exp is None else c.search_runs([exp.experiment_id])
     return any(c.get_metric_history(r.info.run_id, "train_loss") for r in runs)
-
-
-def _poll(predicate: Callable[[], bool], proc: subprocess.Popen, every: float = 0.2) -> None:
-    """``wait_for`` with ``predicate`` asked at most every ``every`` s (it queries a server)."""
-    def slowed() -> bool:
-        if predicate():
-            return True
-        time.sleep(every)
-        return False
-
-    wait_for(slowed, proc)
 
 
 def assert_complete(uri: str, run_id: str, folder: Path) -> int:
@@ -100,7 +86,7 @@ def test_server_restart_mid_run_loses_nothing(tmp_path: Path) -> None:
     proc = start("sweep.py", *TINY, "train.epochs=100", f"tracking.uri={server.uri}",
                  f"tracking.experiment={exp}", f"hydra.run.dir={out}")
     try:
-        _poll(lambda: _first_epoch_sent(server.uri, exp), proc)
+        wait_for(lambda: _first_epoch_sent(server.uri, exp), proc, every=0.2)
         server.stop()  # the run has sent its first epoch; the rest must survive the gap
         log = out / "sweep.log"  # the job's log (hydra.job.name: sweep)
         wait_for(lambda: log.exists() and "tracking store not answering" in log.read_text(),

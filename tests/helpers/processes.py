@@ -31,15 +31,17 @@ def rows(path: Path) -> int:
     return max(0, len(path.read_text().splitlines()) - 1) if path.exists() else 0
 
 
-def wait_for(predicate, proc: subprocess.Popen, timeout: float = 120) -> None:  # noqa: ANN001
-    """Poll ``predicate()`` until true; fail if ``proc`` ends first or time runs out."""
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 120,  # noqa: ANN001
+             every: float = 0.05) -> None:
+    """Poll ``predicate()`` every ``every`` s until true; fail if ``proc`` ends first or time
+    runs out (a predicate that queries a server asks less often)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         if proc.poll() is not None:
             raise AssertionError(f"process ended early:\n{proc.communicate()[0][-3000:]}")
-        time.sleep(0.05)
+        time.sleep(every)
     raise AssertionError("timed out waiting")
 
 
