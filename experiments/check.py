@@ -22,5 +22,6 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     # No Hydra job folder or log files: the check writes only its JSON.
+    cli.check_groups(sys.argv[1:])
     sys.argv[1:] = cli.check_argv(sys.argv[1:])
     main()

@@ -8,6 +8,8 @@ value, unknown experiment or sweep, an experiment with no sweep, tracking server
 3 the sweep exists but no training run finished: nothing to recommend, nothing written.
 """
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -20,4 +22,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    cli.check_groups(sys.argv[1:])
     main()

@@ -53,13 +53,18 @@ def fail(line: str, status: int) -> NoReturn:
 
 @contextmanager
 def exits() -> Iterator[None]:
-    """Turn the library's user-facing exceptions into one ``error:`` line and an exit status."""
+    """Turn the library's user-facing exceptions into one ``error:`` line and an exit status;
+    a run or sweep stopped by Ctrl-C or SIGTERM exits with 128 + the signal (no traceback)."""
     try:
         yield
     except SweepError as err:
         fail(f"error: {err}", err.exit_code)
     except (ConfigError, TrackingError) as err:
         fail(f"error: {err}", 2)
+    except KeyboardInterrupt:
+        raise SystemExit(128 + signal.SIGINT) from None
+    except Terminated:
+        raise SystemExit(128 + signal.SIGTERM) from None
 
 
 def say_sweep(message: str) -> None:
@@ -77,13 +82,8 @@ class EdgeSweeper(StabilitySweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         """``StabilitySweeper.sweep``; a stopped sweep exits with 128 + the signal."""
-        try:
-            with exits():
-                return super().sweep(arguments)
-        except KeyboardInterrupt:
-            raise SystemExit(128 + signal.SIGINT) from None
-        except Terminated:
-            raise SystemExit(128 + signal.SIGTERM) from None
+        with exits():
+            return super().sweep(arguments)
 
 
 def verbose_argv(argv: Sequence[str]) -> list[str]:
@@ -213,7 +213,17 @@ def run_script(main: Callable[[], Any]) -> None:
     """Run an ``experiments/`` script's Hydra ``main`` (``-v`` understood, as by ``stability``)."""
     skip_exit_gc()
     sys.argv = verbose_argv(sys.argv)
+    check_groups(sys.argv[1:])
     main()
+
+
+def check_groups(argv: Sequence[str]) -> None:
+    """Exit 2 with one line when ``argv`` picks a config-group option that does not exist."""
+    from stability.groups import bad_group_choice
+
+    line = bad_group_choice(argv)
+    if line is not None:
+        fail(line, 2)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIGS, config_name="config")
@@ -321,6 +331,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.path.insert(0, os.getcwd())
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(),
                                                             os.environ.get("PYTHONPATH")]))
+    if command in ("sweep", "report", "check"):
+        check_groups(rest)
     if command in ("sweep", "report"):
         if command == "sweep":
             rest = verbose_argv(rest)

@@ -74,6 +74,7 @@ def markdown_tables(text: str) -> list[list[list[str]]]:
     return tables
 
 
+@pytest.mark.slow  # an end-to-end run over a few seconds (pyproject's marker)
 def test_overhead_precision_and_accum_parts_measure_every_figure(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture
                                                                  ) -> None:

@@ -32,6 +32,7 @@ def _run(cmd: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedP
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # an end-to-end run over a few seconds (pyproject's marker)
 @pytest.mark.server
 def test_ui_serves_the_store_of_the_folder_it_runs_in(tmp_path: Path) -> None:
     """``stability ui`` (``make ui`` runs the same server) answers /health on ./mlflow.db."""

@@ -123,7 +123,7 @@ def test_schema_check_rejects_a_misspelt_key(tmp_path):
     bad = tmp_path / "docker-compose.yml"
     bad.write_text(COMPOSE.read_text().replace("healthcheck:", "healthchek:", 1))
     done = validate(bad)
-    assert done.returncode != 0
+    assert done.returncode == 1, done.stdout + done.stderr  # check-jsonschema: invalid
     assert "healthchek" in done.stdout
 
 
@@ -367,12 +367,12 @@ def test_minio_init_creates_the_bucket_a_policy_limited_to_it_and_the_servers_ke
 
 def test_minio_init_stops_at_the_first_failure_and_on_a_missing_setting(tmp_path):
     done, calls = _minio_init(tmp_path, MINIO_ENV, fail="mb")
-    assert done.returncode != 0
+    assert done.returncode == 1, done.stderr  # the failed mc call's status (set -e)
     assert [c[0] for c in calls] == ["alias", "mb"]  # no key made for a bucket that is not
     missing = {k: v for k, v in MINIO_ENV.items() if k != "MLFLOW_S3_SECRET_KEY"}
     (tmp_path / "again").mkdir()
     done, calls = _minio_init(tmp_path / "again", missing)
-    assert done.returncode != 0 and calls == []
+    assert done.returncode == 2 and calls == [], done.stderr  # sh: ${VAR:?} unset
     assert "MLFLOW_S3_SECRET_KEY" in done.stderr
 
 

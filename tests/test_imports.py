@@ -80,6 +80,7 @@ def test_worker_tracking_to_a_server_imports_neither_pandas_nor_pyarrow(mlflow_s
     assert Path(copy).read_bytes() == (out / "steps.csv").read_bytes()
 
 
+@pytest.mark.slow  # an end-to-end run over a few seconds (pyproject's marker)
 def test_our_worker_and_the_integrations_package_load_no_trainer() -> None:
     """The sweep worker's modules and ``stability.integrations`` (with its neutral recorder)
     import neither Lightning nor transformers; the Lightning module does (the check can fail)."""
@@ -96,6 +97,7 @@ def test_our_worker_and_the_integrations_package_load_no_trainer() -> None:
     assert proc.stdout.split("\n")[:2] == ["[]", "True"]
 
 
+@pytest.mark.slow  # an end-to-end run over a few seconds (pyproject's marker)
 def test_after_a_lean_import_pandas_still_imports() -> None:
     """Only MLflow's own import runs without pandas: a task's later ``import pandas`` works."""
     code = ("import sys\n"

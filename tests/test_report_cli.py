@@ -56,6 +56,7 @@ def test_bad_arguments_fail_with_a_clear_message(server_with_sweep, tmp_path, ar
     assert not (tmp_path / "reports").exists()  # nothing written for a rejected request
 
 
+@pytest.mark.slow  # an end-to-end run over a few seconds (pyproject's marker)
 def test_a_sweep_whose_runs_all_diverged_gets_a_one_line_answer_and_exit_3(mlflow_server,
                                                                            tmp_path):
     make_sweep(mlflow_server.uri, "cli-all-diverged", "dead",

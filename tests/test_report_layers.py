@@ -95,6 +95,7 @@ def _report(uri: str, experiment: str, specs: list[Spec], root: Path):
     return out, (out.folder / "report.md").read_text(), (out.folder / "report.html").read_text()
 
 
+@pytest.mark.slow  # an end-to-end run over a few seconds (pyproject's marker)
 @pytest.mark.server
 def test_the_report_draws_the_representative_runs_and_names_the_first_non_finite(
     mlflow_server, tmp_path
@@ -120,6 +121,7 @@ def test_the_report_draws_the_representative_runs_and_names_the_first_non_finite
         a.path for a in c.list_artifacts(out.report_run_id, "plots")}
 
 
+@pytest.mark.slow  # an end-to-end run over a few seconds (pyproject's marker)
 @pytest.mark.server
 def test_without_any_table_the_report_says_so_in_one_line_and_draws_nothing(
     mlflow_server, tmp_path

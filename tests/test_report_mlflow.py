@@ -26,7 +26,7 @@ from tests.helpers.stores import sqlite_store
 
 # One xdist group: under ``make test`` (``-n auto --dist loadgroup``) the module's tests run on
 # one worker, so the ``reported`` fixture (a sweep reported twice) is built once, not per worker.
-pytestmark = [pytest.mark.server, pytest.mark.xdist_group("report_mlflow")]
+pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.xdist_group("report_mlflow")]
 
 EXPERIMENT = "report-known"
 SWEEP = "known-1"

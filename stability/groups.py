@@ -1,0 +1,53 @@
+"""A config-group choice on the command line (``precision=fp8``), checked at the edge.
+
+Hydra rejects an unknown group option with a multi-line "Could not find 'precision/fp8'"
+listing and exit status 1; every other bad value of ours is one ``error:`` line and exit 2.
+The options are the YAML files of each group folder of ``conf/``. Overrides Hydra's own
+grammar has to read (``choice(...)``, globs, interpolations, quoting) and command lines that
+add config folders (``hydra.searchpath``, ``--config-dir``) are left to Hydra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+CONF = Path(__file__).resolve().parent / "conf"  # stability/conf is conf/ (a link)
+# Groups that live elsewhere too: Hydra's own (launchers and sweepers come from its plugins).
+OTHER_SOURCES = ("hydra",)
+# Arguments that add config folders: a group may then have options we do not see.
+ADDS_CONFIGS = ("hydra.searchpath", "+hydra.searchpath", "--config-dir", "-cd",
+                "--config-path", "-cp")
+HYDRA_GRAMMAR = set("()[]{}*?$'\" ")
+
+
+def group_options(conf: Path = CONF) -> dict[str, list[str]]:
+    """Each config group of ``conf`` and its options (the YAML files' names, sorted)."""
+    return {d.name: sorted(p.stem for p in d.glob("*.yaml"))
+            for d in conf.iterdir() if d.is_dir() and d.name not in OTHER_SOURCES}
+
+
+def bad_group_choice(argv: Sequence[str], conf: Path = CONF) -> str | None:
+    """The ``error:`` line for the first unknown group option in ``argv``, else None.
+
+    Args:
+        argv: the command's overrides (``precision=fp16,bf16 clip.enabled=true ...``).
+        conf: the config folder whose groups are checked.
+
+    Returns:
+        ``error: precision=fp8 is invalid: allowed values are bf16 | fp16 | fp32``, or None
+        when every group choice names an option (or Hydra has to read the line itself).
+    """
+    if any(a.split("=", 1)[0] in ADDS_CONFIGS for a in argv):
+        return None
+    options = group_options(conf)
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        key = key.lstrip("+~")
+        if not sep or key not in options or not value or HYDRA_GRAMMAR & set(value):
+            continue
+        for choice in value.split(","):  # a sweep: one run per choice
+            if choice not in options[key]:
+                return (f"error: {key}={choice} is invalid: allowed values are "
+                        f"{' | '.join(options[key])}")
+    return None
