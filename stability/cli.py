@@ -27,7 +27,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, NoReturn
 
 import hydra
@@ -53,14 +53,24 @@ def fail(line: str, status: int) -> NoReturn:
 
 @contextmanager
 def exits() -> Iterator[None]:
-    """Turn the library's user-facing exceptions into one ``error:`` line and an exit status;
-    a run or sweep stopped by Ctrl-C or SIGTERM exits with 128 + the signal (no traceback)."""
+    """Turn the library's user-facing exceptions into one ``error:`` line and an exit status."""
     try:
         yield
     except SweepError as err:
         fail(f"error: {err}", err.exit_code)
     except (ConfigError, TrackingError) as err:
         fail(f"error: {err}", 2)
+
+
+@contextmanager
+def signal_exits() -> Iterator[None]:
+    """A command stopped by Ctrl-C or SIGTERM exits with 128 + the signal, without a traceback.
+
+    Only where the process is the command (the sweeper, a single run): a sweep's job must
+    hand the stop to the sweeper as its own exception, which ends the parent run KILLED.
+    """
+    try:
+        yield
     except KeyboardInterrupt:
         raise SystemExit(128 + signal.SIGINT) from None
     except Terminated:
@@ -82,7 +92,7 @@ class EdgeSweeper(StabilitySweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         """``StabilitySweeper.sweep``; a stopped sweep exits with 128 + the signal."""
-        with exits():
+        with signal_exits(), exits():
             return super().sweep(arguments)
 
 
@@ -97,9 +107,14 @@ def sweep_job(cfg: DictConfig) -> float:
     Returns:
         The best validation loss (inf if the run did not finish), for sweepers.
     """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     from stability.sweep.job import hydra_job
 
-    with exits():
+    # In a sweep (a launcher's worker, or the sweeper's process) a stop stays an exception.
+    alone = HydraConfig.get().mode != RunMode.MULTIRUN
+    with signal_exits() if alone else nullcontext(), exits():
         return hydra_job(cfg, say=print)
 
 
