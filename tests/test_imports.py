@@ -81,20 +81,32 @@ def test_worker_tracking_to_a_server_imports_neither_pandas_nor_pyarrow(mlflow_s
 
 
 @pytest.mark.slow  # an end-to-end run over a few seconds (pyproject's marker)
-def test_our_worker_and_the_integrations_package_load_no_trainer() -> None:
-    """The sweep worker's modules and ``stability.integrations`` (with its neutral recorder)
-    import neither Lightning nor transformers; the Lightning module does (the check can fail)."""
+def test_our_worker_the_reports_model_flavor_and_the_integrations_package_load_no_trainer(
+        ) -> None:
+    """The sweep worker's modules, the report's ``mlflow.pytorch`` and ``stability.integrations``
+    (with its neutral recorder) import neither Lightning nor transformers; the Lightning module
+    does (the check can fail), and MLflow's Lightning autolog still imports afterwards.
+    Validating the default optimizer builds none (torch's first build imports torch._dynamo)."""
+    watch = f"[m for m in {TRAINERS!r} if sys.modules.get(m) is not None]"
     code = ("import sys\n"
             "import stability.cli, stability.sweep.job, stability.core.loop\n"
             "import stability.tracking.run, stability.integrations.step_recorder\n"
-            f"print([m for m in {TRAINERS!r} if sys.modules.get(m) is not None])\n"
+            f"print({watch})\n"
+            "from stability.core.optim import OptimConfig\n"
+            "OptimConfig()\n"  # validating the default builds no optimizer: no torch._dynamo
+            "print('torch._dynamo' in sys.modules)\n"
+            "from stability.report.publish import _pytorch_flavor\n"
+            f"print(_pytorch_flavor().__name__, {watch})\n"
             "import stability.integrations.lightning\n"
-            "print('lightning' in sys.modules)\n")
+            "print('lightning' in sys.modules)\n"
+            "from mlflow.pytorch._lightning_autolog import patched_fit\n"
+            "print(patched_fit.__module__)\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env=os.environ | {"PYTHONPATH": str(ROOT)})
     # make test installs the extras (setup-dev): a missing lightning fails here, not skips
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split("\n")[:2] == ["[]", "True"]
+    assert proc.stdout.split("\n")[:5] == ["[]", "False", "mlflow.pytorch []", "True",
+                                           "mlflow.pytorch._lightning_autolog"]
 
 
 @pytest.mark.slow  # an end-to-end run over a few seconds (pyproject's marker)

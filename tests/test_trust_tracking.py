@@ -53,9 +53,13 @@ def test_a_planted_password_is_in_no_output(mlflow_server: MlflowServer, tmp_pat
     secret_uri = f"http://alice:{PASSWORD}@127.0.0.1:{port}"
     exp = "pw-planted"
     outputs = []
-    one = _run("sweep.py", *TINY, "train.epochs=1", f"tracking.uri={secret_uri}",
-               f"tracking.experiment={exp}", f"hydra.run.dir={tmp_path / 'one'}")
-    assert one.returncode == 0, one.stderr[-3000:]
+    # The single run, the sync and the two refusals run in this process (the same entry point
+    # as the shell's, ``tests/helpers/in_process.py``); the sweep and the report are processes.
+    monkeypatch.chdir(PROJECT)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    one = in_process(["sweep", *TINY, "train.epochs=1", f"tracking.uri={secret_uri}",
+                      f"tracking.experiment={exp}", f"hydra.run.dir={tmp_path / 'one'}"], capsys)
+    assert one.code == 0, one.stderr[-3000:]
     env = ENV | {"MLFLOW_TRACKING_URI": secret_uri}
     sweep = _run("sweep.py", "-m", *TINY, *ONE_CONFIG, "train.epochs=1", "seed=0,1",
                  "hydra/launcher=basic", f"tracking.experiment={exp}",
@@ -65,11 +69,8 @@ def test_a_planted_password_is_in_no_output(mlflow_server: MlflowServer, tmp_pat
                   f"output_dir={tmp_path / 'reports'}", "plots=false", "registry.enabled=false",
                   "device=cpu", f"hydra.run.dir={tmp_path / 'report-log'}")
     assert report.returncode == 0, report.stderr[-3000:]
-    sync = _run("sync.py", str(tmp_path), "--uri", secret_uri)
-    assert sync.returncode == 0, sync.stderr[-3000:]
-    # the two refusals, through the same entry point in this process
-    monkeypatch.chdir(PROJECT)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    sync = _sync(capsys, str(tmp_path), "--uri", secret_uri)
+    assert sync.code == 0, sync.stderr[-3000:]
     refused = in_process(["sweep", "-m", *TINY, "seed=0", f"tracking.uri={secret_uri}",
                           f"hydra.sweep.dir={tmp_path / 'refused'}"], capsys)
     assert refused.code == 2  # a -m sweep refuses it in tracking.uri (Hydra records it)
@@ -156,7 +157,7 @@ def _pending_run(folder: Path, experiment: str, capsys: pytest.CaptureFixture[st
 
 
 def _sync(capsys: pytest.CaptureFixture[str], *args: str) -> Done:
-    """``stability sync ARGS`` in this process (the password test runs experiments/sync.py)."""
+    """``stability sync ARGS`` in this process (test_durability runs experiments/sync.py)."""
     from stability.cli import sync
 
     return call(lambda: sync(list(args)), capsys)

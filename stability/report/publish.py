@@ -285,6 +285,27 @@ RNN_FLAT_WEIGHTS = (r"The tensor attributes? (self\.[\w.]*_flat_weights\[\d+\](,
                     r"(was|were) assigned during export")
 
 
+# mlflow.pytorch ends by importing its Lightning autolog module, only to export a checkpoint
+# callback the report never uses; where Lightning is installed that import is ~4 s of CPU in
+# each report that registers a model (docs/performance.md, "The report's model").
+_LIGHTNING_AUTOLOG = "mlflow.pytorch._lightning_autolog"
+
+
+def _pytorch_flavor() -> Any:
+    """``mlflow.pytorch`` without its Lightning autolog import (restored for later importers)."""
+    import importlib
+    import sys
+
+    if "mlflow.pytorch" in sys.modules or _LIGHTNING_AUTOLOG in sys.modules:
+        return importlib.import_module("mlflow.pytorch")
+    sys.modules[_LIGHTNING_AUTOLOG] = None  # its import raises ImportError, which MLflow expects
+    try:
+        return importlib.import_module("mlflow.pytorch")
+    finally:
+        # a later mlflow.pytorch.autolog() in this process imports the module as usual
+        del sys.modules[_LIGHTNING_AUTOLOG]
+
+
 def _log_model(uri: str, experiment_id: str, run_id: str, w: LoadableWinner) -> Any:
     import mlflow
     import torch
@@ -303,7 +324,7 @@ def _log_model(uri: str, experiment_id: str, run_id: str, w: LoadableWinner) -> 
         # still holds every weight (the pyfunc test predicts with it). Only when every
         # attribute it names is such a list: any other assigned tensor is still reported.
         warnings.filterwarnings("ignore", message=RNN_FLAT_WEIGHTS)
-        return mlflow.pytorch.log_model(
+        return _pytorch_flavor().log_model(
             w.model, name=Artifact.MODEL, run_id=run_id,
             signature=infer_signature(w.example, out), input_example=w.example,
             serialization_format="pt2",
