@@ -107,14 +107,10 @@ def sweep_job(cfg: DictConfig) -> float:
     Returns:
         The best validation loss (inf if the run did not finish), for sweepers.
     """
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from stability.sweep.job import hydra_job
+    from stability.sweep.job import hydra_job, in_multirun
 
     # In a sweep (a launcher's worker, or the sweeper's process) a stop stays an exception.
-    alone = HydraConfig.get().mode != RunMode.MULTIRUN
-    with signal_exits() if alone else nullcontext(), exits():
+    with nullcontext() if in_multirun() else signal_exits(), exits():
         return hydra_job(cfg, say=print)
 
 

@@ -286,8 +286,8 @@ RNN_FLAT_WEIGHTS = (r"The tensor attributes? (self\.[\w.]*_flat_weights\[\d+\](,
 
 
 # mlflow.pytorch ends by importing its Lightning autolog module, only to export a checkpoint
-# callback the report never uses; where Lightning is installed that import is ~4 s of CPU in
-# each report that registers a model (docs/performance.md, "The report's model").
+# callback the report never uses; where Lightning is installed that import is ~4-5 s of CPU in
+# each report that registers a model (docs/performance.md, "Where a process's CPU goes").
 _LIGHTNING_AUTOLOG = "mlflow.pytorch._lightning_autolog"
 
 

@@ -51,6 +51,14 @@ def quiet_console() -> None:
             handler.setLevel(max(handler.level, logging.WARNING))
 
 
+def in_multirun() -> bool:
+    """Whether the current Hydra job is one job of a ``-m`` sweep (not a single run)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def hydra_job(cfg: Any, say: Callable[[str], None] = log.info) -> float:
     """The body of a Hydra entry point (``experiments/sweep.py``, ``stability sweep``).
 
@@ -66,12 +74,11 @@ def hydra_job(cfg: Any, say: Callable[[str], None] = log.info) -> float:
         Those of ``run_job``.
     """
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
     from omegaconf import OmegaConf
 
     skip_exit_gc()  # a sweep's worker or a SLURM task is a process of ours
     hc = HydraConfig.get()
-    in_sweep = hc.mode == RunMode.MULTIRUN
+    in_sweep = in_multirun()
     if in_sweep and not hc.sweeper.get("verbose", False):
         quiet_console()
     raw = OmegaConf.to_container(cfg, resolve=True)
