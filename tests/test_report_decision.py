@@ -58,7 +58,7 @@ def test_every_factor_sentence_opens_its_verdict_with_one_of_four_words():
     assert "6.00× the training time of fp32" in text
 
 
-def _decide(runs: pd.DataFrame, margin: float, tolerance: float = 0.1) -> winner.Decision:
+def _decide(runs: pd.DataFrame, margin: float, tolerance: float = 0.0) -> winner.Decision:
     configs = aggregate(runs)
     return winner.decide(runs, configs, factors.analyse(runs, configs, margin), margin,
                          cost_tolerance=tolerance)
@@ -79,9 +79,11 @@ def test_the_cheaper_level_within_the_margin_is_chosen_over_the_lowest_mean():
     assert dec.fingerprint == "fp32-None"  # clip off: equally cheap, simpler
     _, an = analysed(runs, 0.005)
     lines = decision.choice_lines(dec, an)
-    assert lines[1].startswith("- **Precision → fp32** (shown within ±0.0050 of the best level)")
+    assert lines[1].startswith("- **Precision → fp32** (shown within 0.0050 of the best level: at "
+                               "most ")
     assert "6.00× the time" in lines[1]
-    assert "with probability ≥ 95%" in decision.guarantee(dec)
+    assert "Shown: with probability ≥ 95%" in decision.guarantee(dec)
+    assert "Best guess" not in decision.guarantee(dec)
 
 
 def test_a_level_shown_worse_than_the_best_is_never_chosen_however_cheap():
@@ -93,22 +95,43 @@ def test_a_level_shown_worse_than_the_best_is_never_chosen_however_cheap():
     assert c.status == ("worse", "within") and _chosen(dec, factors.PRECISION) == "fp16"
 
 
-def test_without_evidence_the_cheapest_not_shown_worse_is_chosen_and_the_guarantee_says_so():
-    """Seeds too noisy to show anything within the margin: fp32 (cheapest) is taken, and the
-    guarantee names no factor as within the margin."""
-    runs = study({}, {"fp32": 0.01, "fp16": 0.06}, noise=0.01)
+def test_without_evidence_the_level_estimated_near_the_best_is_a_named_best_guess():
+    """Seeds too noisy to show anything within the margin: the choice follows the estimates
+    (a level whose point gap to the best is within the margin), never merely "not shown worse",
+    and the guarantee calls it a best guess with its simultaneous bound."""
+    runs = study({"fp16-None": -0.004, "fp16-5.0": -0.004}, {"fp32": 0.01, "fp16": 0.011},
+                 noise=0.01)
     dec = _decide(runs, 0.0005)
-    assert all(set(c.status) == {"open"} for c in dec.choices)
-    assert _chosen(dec, factors.PRECISION) == "fp32" and not dec.guaranteed
-    assert "none of the 2 choices is shown within" in decision.guarantee(dec)
+    c = next(c for c in dec.choices if c.factors == (factors.PRECISION,))
+    assert set(c.status) == {"open"} and not dec.guaranteed
+    assert c.gap[c.chosen] <= 0.0005 and c.basis == winner.CHOSEN_NEAR
+    assert c.gap[c.chosen] == min(c.gap)
+    text = decision.guarantee(dec)
+    assert "Best guess, not shown" in text and f"{c.upper[c.chosen]:.4f}" in text
+    line = next(x for x in decision.choice_lines(dec, analysed(runs, 0.0005)[1])
+                if "Precision" in x)
+    assert "best guess: its estimate is within 0.0005" in line and "seeds" in line
 
 
-def test_costs_within_the_tolerance_are_equal_and_the_simplest_wins():
-    """Clip on is 5% dearer than off here and both are within the margin: off is simpler."""
+def test_cost_differences_inside_the_run_to_run_spread_do_not_decide():
+    """Clip on is 5% cheaper on average, but runs of one config vary by ~10%: the same cost, so
+    the simpler clip off wins. 50% cheaper is beyond the spread and decides. A floor
+    (``cost_tolerance``) makes even a spread-free difference count only past it."""
+    rng = np.random.default_rng(3)
     runs = study({}, {"fp32": 0.01, "fp16": 0.06}, noise=0.0002)
-    runs.loc[runs["clip.enabled"], "step_time_median_s"] *= 0.95  # clip on 5% cheaper
-    assert _chosen(_decide(runs, 0.005), factors.CLIP) == "off"
-    assert _chosen(_decide(runs, 0.005, tolerance=0.0), factors.CLIP) == "max_norm 5"
+    noisy = runs.assign(step_time_median_s=runs["step_time_median_s"]
+                        * np.exp(rng.normal(0, 0.1, len(runs))))
+    cheaper = noisy["clip.enabled"]
+    assert _chosen(_decide(noisy.assign(step_time_median_s=np.where(
+        cheaper, noisy["step_time_median_s"] * 0.95, noisy["step_time_median_s"])), 0.005),
+        factors.CLIP) == "off"
+    assert _chosen(_decide(noisy.assign(step_time_median_s=np.where(
+        cheaper, noisy["step_time_median_s"] * 0.5, noisy["step_time_median_s"])), 0.005),
+        factors.CLIP) == "max_norm 5"
+    exact = runs.assign(step_time_median_s=np.where(
+        runs["clip.enabled"], runs["step_time_median_s"] * 0.95, runs["step_time_median_s"]))
+    assert _chosen(_decide(exact, 0.005), factors.CLIP) == "max_norm 5"  # no spread: 5% counts
+    assert _chosen(_decide(exact, 0.005, tolerance=0.1), factors.CLIP) == "off"
 
 
 def test_a_config_with_an_unfinished_seed_is_never_the_winner():
@@ -148,3 +171,33 @@ def test_an_undecided_contrast_quotes_seeds_at_which_its_test_has_the_power():
     near = fx.seeds_to_decide(0.0005, 0.004, margin=0.004, alpha=alpha, power=0.8)
     assert fx.tost_power(0.0005, 0.004, int(near), 0.004, alpha) >= 0.8
     assert near < fx.seeds_to_decide(0.0005, 0.004, margin=1e-9, alpha=alpha, power=0.8)
+
+
+def test_the_reports_equivalence_verdict_is_tost_at_alpha_not_twice_it():
+    """A one-contrast family whose TOST p is 0.07: not equivalent at alpha = 0.05 (a TOST run
+    at 2 alpha would call it so); 0.03 is."""
+    base = factors.Effect(factor=factors.CLIP, level="max_norm 5", reference="off", mean=0.001,
+                          low=-0.002, high=0.004, p=0.5, p_equiv=0.07, df=4, sd_seed=0.002,
+                          cells=1, seeds=5)
+    [e] = factors._decide([base], 0.05, 0.8, 0.004)
+    assert e.verdict == fx.UNDECIDED and e.p_equiv_holm == pytest.approx(0.07)
+    [e] = factors._decide([factors.Effect(**{**base.__dict__, "p_equiv": 0.03})], 0.05, 0.8,
+                          0.004)
+    assert e.verdict == fx.EQUIVALENT
+
+
+def test_alpha_is_split_over_the_choices_decided_together():
+    """Each choice's MCB bounds spend alpha / (number of choices): one guarantee for all."""
+    from stability.stats import best as mcb
+
+    runs = study({"fp16-5.0": 0.003}, {"fp32": 0.01, "fp16": 0.06}, noise=0.003)
+    dec = _decide(runs, 0.005)
+    assert len(dec.choices) == 2
+    table, fs = factors.design(runs, aggregate(runs))
+    cube = factors.Cube.of(table, fs)
+    for axis, c in enumerate(dec.choices):
+        y = winner.joint(cube.loss, [axis], len(fs))
+        split = mcb.mcb(mcb.pairwise(y), 0.005, 0.05 / len(dec.choices))
+        whole = mcb.mcb(mcb.pairwise(y), 0.005, 0.05)
+        assert c.upper == pytest.approx(tuple(split.upper))
+        assert c.upper != pytest.approx(tuple(whole.upper))

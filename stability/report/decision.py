@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from stability.report import format as fm
 from stability.report.factors import ACCUM, CLIP, PRECISION, Effect, FactorAnalysis
-from stability.report.winner import CHOSEN_WITHIN, Choice, Decision
+from stability.report.winner import CHOSEN_NEAR, CHOSEN_WITHIN, Choice, Decision
 from stability.stats.effects import EQUIVALENT, HELPS, HURTS
 
 TITLES = {CLIP: "Clipping", ACCUM: "Accumulation", PRECISION: "Precision",
@@ -99,7 +99,7 @@ def _seeds(n: float) -> str:
 
 def phrase(e: Effect, margin: float, confidence: float) -> str:
     """``helps: −0.0098 (95% CI −0.017 to −0.003, Holm p 0.04)``, and the other three words."""
-    ci = f"{confidence:.0%} CI {_num(e.low)} to {_num(e.high)}"
+    ci = f"{confidence:.0%} t CI per contrast {_num(e.low)} to {_num(e.high)}"
     if e.verdict == EQUIVALENT:
         real = "" if e.p_holm >= 0.05 else f"; a real but negligible {_num(e.mean)}"
         return (f"**equivalent** within ±{_size(margin)} ({_num(e.mean)}, {ci}, TOST Holm p "
@@ -208,7 +208,8 @@ def factor_table(an: FactorAnalysis, seq: Sequential | None = None) -> list[list
     return rows
 
 
-FACTOR_HEADER = ["factor", "contrast", "effect", "CI", "p", "Holm p", "TOST Holm p", "verdict",
+FACTOR_HEADER = ["factor", "contrast", "effect", "95% t CI (per contrast)", "p", "Holm p",
+                 "TOST Holm p", "verdict (Holm)",
                  "cells × seeds", "df", "unfinished (level / ref)", "detectable",
                  "training time ×"]
 
@@ -230,10 +231,19 @@ def _level_word(choice: Choice, i: int) -> str:
 
 
 def _basis(choice: Choice, margin: float) -> str:
+    m = _size(margin)
+    bound = _size(choice.upper[choice.chosen])
     if choice.basis == CHOSEN_WITHIN:
-        return f"shown within ±{_size(margin)} of the best level"
-    return (f"not shown worse than the best; no level is shown within ±{_size(margin)} of it, "
-            "so the cheapest, then simplest")
+        return (f"shown within {m} of the best level: at most {bound} worse (MCB, "
+                "simultaneous)")
+    seeds = choice.seeds_needed
+    more = ("" if math.isnan(seeds) else
+            "; more seeds cannot show it within" if math.isinf(seeds) else
+            f"; about {int(seeds)} seeds would show it within")
+    if choice.basis == CHOSEN_NEAR:
+        return (f"best guess: its estimate is within {m} of the best level's; shown only to be "
+                f"at most {bound} worse (MCB, simultaneous){more}")
+    return f"the lowest estimate; shown only to be at most {bound} worse (MCB, simultaneous)"
 
 
 def _effects_of(an: FactorAnalysis, factor: str, seq: Sequential | None) -> str:
@@ -247,7 +257,8 @@ def _effects_of(an: FactorAnalysis, factor: str, seq: Sequential | None) -> str:
         parts.append(f"{level_name(factor, e.level)} {_num(e.mean)} [{_num(e.low)}, "
                      f"{_num(e.high)}] {word}{cost}")
     ref = next((f.reference for f in an.factors if f.name == factor), "")
-    return f"vs {level_name(factor, ref)}: " + "; ".join(parts) if parts else "no paired effect"
+    return (f"vs {level_name(factor, ref)} (effect [95% t CI per contrast], verdict Holm over "
+            "the main effects): " + "; ".join(parts) if parts else "no paired effect")
 
 
 def choice_lines(dec: Decision, an: FactorAnalysis, seq: Sequential | None = None) -> list[str]:
@@ -262,24 +273,32 @@ def choice_lines(dec: Decision, an: FactorAnalysis, seq: Sequential | None = Non
     return lines
 
 
+def _names(choices: list[Choice]) -> str:
+    return ", ".join(" × ".join(TITLES.get(f, f).lower() for f in c.factors) for c in choices)
+
+
 def guarantee(dec: Decision) -> str:
-    """The decision's guarantee in one sentence."""
+    """What the decision guarantees and what is a best guess, in plain words."""
     level = 1 - dec.alpha
-    within = [c for c in dec.choices if c.basis == CHOSEN_WITHIN]
-    groups = len(dec.choices)
     if not dec.choices:
         return "Guarantee: one config, nothing to choose."
-    named = ", ".join(" × ".join(TITLES.get(f, f) for f in c.factors) for c in within)
-    if not within:
-        return (f"Guarantee: none of the {groups} choices is shown within ±{_size(dec.margin)} "
-                f"of its best level; with probability ≥ {level:.0%} no chosen level is one the "
-                "data show worse than the best by more than the margin. More seeds would tell.")
-    rest = "" if len(within) == groups else (
-        "; the other choices only are not shown worse than their best by more than the margin")
-    return (f"Guarantee: with probability ≥ {level:.0%}, each chosen level of {named} is within "
-            f"±{_size(dec.margin)} of the best level of its factor (effects pooled over the other "
-            f"settings and seeds; multiple comparisons with the best, α split over {groups} "
-            f"choices){rest}.")
+    shown = [c for c in dec.choices if c.basis == CHOSEN_WITHIN]
+    guessed = [c for c in dec.choices if c.basis != CHOSEN_WITHIN]
+    m = _size(dec.margin)
+    out = []
+    if shown:
+        out.append(f"Shown: with probability ≥ {level:.0%}, the chosen {_names(shown)} "
+                   f"{'is' if len(shown) == 1 else 'are each'} within {m} of the best level "
+                   "of its factor (multiple comparisons with the best, seeds as blocks, one "
+                   f"guarantee for all {len(dec.choices)} choices together).")
+    if guessed:
+        bounds = ", ".join(f"{_size(c.upper[c.chosen])}" for c in guessed)
+        out.append(f"Best guess, not shown: the chosen {_names(guessed)} "
+                   f"{'has' if len(guessed) == 1 else 'each have'} an estimate within {m} of "
+                   f"the best level; the data show only that "
+                   f"{'it is' if len(guessed) == 1 else 'they are'} at most {bounds} worse "
+                   f"(same {level:.0%} simultaneous bounds). More seeds would tell.")
+    return "Guarantee: " + " ".join(out)
 
 
 def adaptive_line(seq: Sequential | None) -> list[str]:

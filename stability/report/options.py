@@ -46,8 +46,9 @@ class ReportConfig:
         margin: the equivalence margin: ``"5%"`` of the winner's mean best validation loss,
             or a number in loss units. Differences inside it are "equivalent" when TOST shows
             it.
-        cost_tolerance: training times within this share of the cheapest candidate level's
-            count as equally cheap (the decision then takes the simplest).
+        cost_tolerance: a share a training-time difference must exceed, beside the study's
+            measured run-to-run spread, before one candidate level counts as cheaper
+            (``stats.cost``; 0: the spread alone).
         register: register the winning checkpoint in the Model Registry.
         model_name: registered model name; None: ``<experiment>-winner``, one registered
             model per study (``registered_model``).
@@ -70,7 +71,7 @@ class ReportConfig:
     min_effect: float | None = None
     min_effect_sd: float = 1.0
     margin: str | float = "5%"
-    cost_tolerance: float = 0.1
+    cost_tolerance: float = 0.0
     register: bool = True
     model_name: str | None = None
     plots: bool = True

@@ -40,18 +40,21 @@ def effective_loss(runs: pd.DataFrame) -> pd.Series:
 
 
 def train_seconds(runs: pd.DataFrame) -> pd.Series:
-    """Training seconds of each run: median step time x optimizer steps, else its wall time.
+    """Training seconds of each run: median step CPU time x optimizer steps, else median step
+    wall time x optimizer steps, else its wall time.
 
-    The product leaves out what every config pays alike (imports, data, validation, a
-    worker's cold start); runs from before the cost metrics existed fall back to
-    ``wall_time_s``, and the report names them (``missing_costs``).
+    CPU time where the run measured it (CPU runs, ``core.cost``): it counts the work, not the
+    load of a shared machine. The product leaves out what every config pays alike (imports,
+    data, validation, a worker's cold start); runs from before the cost metrics existed fall
+    back to ``wall_time_s``, and the report names them (``missing_costs``).
     """
     def col(name: str) -> pd.Series:
         return pd.to_numeric(runs[name], errors="coerce") if name in runs \
             else pd.Series(math.nan, index=runs.index)
 
+    cpu = col("step_cpu_median_s") * col("optimizer_steps")
     steps = col("step_time_median_s") * col("optimizer_steps")
-    return steps.where(np.isfinite(steps), col("wall_time_s"))
+    return cpu.where(np.isfinite(cpu), steps.where(np.isfinite(steps), col("wall_time_s")))
 
 
 NAMED_AT_MOST = 5  # runs named in a missing-metric line; the rest are counted

@@ -2,12 +2,15 @@
 
 For each factor (factors whose interaction is detected are one group, decided on their joint
 levels) the levels are compared with the best one by multiple comparisons with the best
-(``stability.stats.best``), every run a paired piece of evidence with seeds as blocks. Among the
-levels shown within the margin of the best, the cheapest on the measured device is taken (costs
-within ``cost_tolerance`` count as equal), then the simplest, then the lowest mean. The
-winner is the config those choices make; a config with an unfinished seed is never the winner
-(the next choice in order is taken instead). It is the one config the sealed test is opened
-for. docs/report.md ("The decision") gives the method and why.
+(``stability.stats.best``), every run a paired piece of evidence with seeds as blocks. The
+candidates are the levels shown within the margin of the best (the guaranteed choice); if none
+is, the levels whose point estimate of the gap to the best is within the margin (a best guess,
+printed with its simultaneous upper bound and the seeds that would decide it). Among the
+candidates the cheapest on the measured device is taken (costs within the run-to-run spread
+of the study's own timings count as equal, ``stability.stats.cost``), then the simplest, then
+the lowest mean. The winner is the config those choices make; a config with an unfinished seed
+is never the winner (the next choice in order is taken instead). It is the one config the
+sealed test is opened for. docs/report.md ("The decision") gives the method and why.
 """
 
 from __future__ import annotations
@@ -22,30 +25,40 @@ import pandas as pd
 
 from stability.report.factors import ACCUM, CLIP, PRECISION, Cube, Factor, FactorAnalysis, design
 from stability.stats import best as mcb
+from stability.stats import cost as costs
 
-CHOSEN_WITHIN, CHOSEN_NOT_WORSE = "within", "not worse"
+# What a choice rests on: shown within the margin / point estimate within it / neither.
+CHOSEN_WITHIN, CHOSEN_NEAR, CHOSEN_LOWEST = mcb.WITHIN_BASIS, mcb.NEAR_BASIS, mcb.LOWEST_BASIS
 
 
 @dataclass(frozen=True)
 class Choice:
     """One decided group: a factor, or factors decided jointly because they interact.
 
-    Levels are tuples of one level name per factor of the group.
+    Levels are tuples of one level name per factor of the group; every per-level tuple is in
+    the order of ``levels``.
     """
 
     factors: tuple[str, ...]
     levels: tuple[tuple[str, ...], ...]
-    status: tuple[str, ...]  # mcb.WITHIN / WORSE / OPEN per level
+    status: tuple[str, ...]  # mcb.WITHIN / WORSE / OPEN / ABSENT per level
     upper: tuple[float, ...]  # simultaneous upper bound of (level - best level)
+    gap: tuple[float, ...]  # point estimate of (level - best level)
     mean: tuple[float, ...]  # mean loss of the level's runs (unfinished at the worst loss)
     seconds: tuple[float, ...]  # mean training seconds per run at the level
+    log_cost: tuple[float, ...]  # mean log training seconds (stats.cost.level_cost)
+    cost_spread: float  # run-to-run SD of log seconds within a config (NaN: unmeasured)
+    cost_runs: tuple[int, ...]  # runs with a measured cost at each level
     chosen: int  # index into ``levels`` of the winner's level
     preferred: int  # the rule's choice before the unfinished-seed check (usually ``chosen``)
+    basis: str  # CHOSEN_WITHIN / CHOSEN_NEAR / CHOSEN_LOWEST, of ``chosen``
+    seeds_needed: float = math.nan  # seeds that would show ``chosen`` within the margin
 
     @property
-    def basis(self) -> str:
-        """``within``: the chosen level is shown within the margin of the best."""
-        return CHOSEN_WITHIN if self.status[self.chosen] == mcb.WITHIN else CHOSEN_NOT_WORSE
+    def cost(self) -> costs.Cost:
+        """The levels' measured cost."""
+        return costs.Cost(np.array(self.log_cost), np.array(self.cost_spread),
+                          np.array(self.cost_runs))
 
 
 @dataclass(frozen=True)
@@ -113,8 +126,8 @@ def joint(y: np.ndarray, axes: list[int], k: int) -> np.ndarray:
 
 
 def level_choice(y: np.ndarray, k: int, axes: list[int], delta: float | np.ndarray,
-                 alpha: float, cost: np.ndarray, simple: np.ndarray,
-                 tolerance: float) -> tuple[mcb.Best, np.ndarray, np.ndarray]:
+                 alpha: float, seconds: np.ndarray, simple: np.ndarray,
+                 tolerance: float = 0.0) -> tuple[mcb.Best, np.ndarray, np.ndarray]:
     """MCB bounds, level means and the rule's pick for one group (any leading batch axes).
 
     Args:
@@ -123,9 +136,9 @@ def level_choice(y: np.ndarray, k: int, axes: list[int], delta: float | np.ndarr
         axes: the group's factor indices.
         delta: the margin (a scalar, or one per batch element).
         alpha: the error this group may spend.
-        cost: training seconds per run of each joint level (``[L]``, NaN unknown).
+        seconds: training seconds of every run, the shape of ``y`` (NaN: unknown).
         simple: simplicity rank of each joint level (``[L]``).
-        tolerance: the cost tie share.
+        tolerance: a share a cost difference must exceed beside the measured spread.
 
     Returns:
         ``(bounds, mean[..., L], pick[...])``.
@@ -135,11 +148,14 @@ def level_choice(y: np.ndarray, k: int, axes: list[int], delta: float | np.ndarr
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a level never run: NaN mean
         mean = np.nanmean(yj.reshape(yj.shape[:-2] + (-1,)), axis=-1)
-    return b, mean, mcb.pick_level(b.status, cost, simple, mean, tolerance)
+    cost = costs.level_cost(joint(np.broadcast_to(seconds, y.shape), axes, k))
+    pool = mcb.candidates(b.status, b.gap, delta)
+    cheap = costs.equally_cheap(cost, pool, tolerance)
+    return b, mean, mcb.choose(pool, cheap, simple, mean)
 
 
 def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
-           margin: float, alpha: float = 0.05, cost_tolerance: float = 0.1) -> Decision:
+           margin: float, alpha: float = 0.05, cost_tolerance: float = 0.0) -> Decision:
     """The winner of the study, factor by factor.
 
     Args:
@@ -148,13 +164,14 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
         an: the factor analysis (its interactions group the factors); None: no grouping.
         margin: the margin of "within the best" (loss units).
         alpha: the error the whole decision may spend (split over the groups).
-        cost_tolerance: costs within this share of the cheapest candidate's are equal.
+        cost_tolerance: a share a cost difference must exceed beside the measured spread.
     """
     table, factors = design(runs, configs)
     if not factors:  # one config: nothing to decide
         fp = _finished(configs)
         return Decision((), fp[0] if fp else None, margin, alpha, cost_tolerance)
     cube = Cube.of(table, factors)
+    timing = Cube.of(table.assign(loss=table["seconds"], finished=True), factors).loss
     # A grid that is not fully crossed (some combination never ran) cannot be read factor by
     # factor: its configs are compared with each other, all factors as one group.
     crossed = bool(np.isfinite(cube.loss).any(axis=-1).all())
@@ -165,32 +182,46 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
         names = tuple(factors[a].name for a in axes)
         levels = list(itertools.product(*(factors[a].levels for a in axes)))
         seconds = table.groupby(list(names))["seconds"].mean()
-        cost = np.array([seconds.get(lv if len(lv) > 1 else lv[0], math.nan) for lv in levels],
-                        dtype=float)
+        mean_s = [seconds.get(lv if len(lv) > 1 else lv[0], math.nan) for lv in levels]
         simple = np.array([sum(simplicity(factors[a].name, lv[i], factors[a].levels.index(lv[i]))
                                for i, a in enumerate(axes)) for lv in levels])
         b, mean, pick = level_choice(cube.loss, len(factors), axes, delta, alpha / len(parts),
-                                     cost, simple, cost_tolerance)
-        choices.append(Choice(names, tuple(levels), tuple(str(s) for s in b.status),
-                              tuple(float(u) for u in b.upper), tuple(float(m) for m in mean),
-                              tuple(float(c) for c in cost), int(pick), int(pick)))
+                                     timing, simple, cost_tolerance)
+        cost = costs.level_cost(joint(timing, axes, len(factors)))
+        choices.append(Choice(
+            factors=names, levels=tuple(levels), status=tuple(str(s) for s in b.status),
+            upper=tuple(float(u) for u in b.upper), gap=tuple(float(g) for g in b.gap),
+            mean=tuple(float(m) for m in mean), seconds=tuple(float(x) for x in mean_s),
+            log_cost=tuple(float(x) for x in cost.log_mean), cost_spread=float(cost.spread),
+            cost_runs=tuple(int(x) for x in cost.runs),
+            chosen=int(pick), preferred=int(pick), basis=_basis_of(b, int(pick), delta),
+            seeds_needed=_seeds(b, int(pick), delta)))
     return _settle(table, configs, choices, factors, margin, alpha, cost_tolerance)
 
 
-def _order(c: Choice, tolerance: float) -> list[int]:
-    """The group's levels from the rule's first choice down: candidates first, then the rest."""
+def _basis_of(b: mcb.Best, i: int, delta: float) -> str:
+    if b.status[i] == mcb.WITHIN:
+        return CHOSEN_WITHIN
+    return CHOSEN_NEAR if b.gap[i] <= delta else CHOSEN_LOWEST
+
+
+def _seeds(b: mcb.Best, i: int, delta: float) -> float:
+    """Seeds that would show level ``i`` within the margin (NaN: already shown, or no margin)."""
+    if b.status[i] == mcb.WITHIN or not math.isfinite(delta):
+        return math.nan
+    return mcb.seeds_to_within(b, i, delta)
+
+
+def _order(c: Choice, margin: float, tolerance: float) -> list[int]:
+    """The group's levels from the rule's first choice down: the same rule on what is left."""
     out = [c.chosen]
-    status = np.array(c.status)
-    left = np.ones(len(c.levels), dtype=bool)
-    left[c.chosen] = False
+    status, gap = np.array(c.status), np.array(c.gap)
+    delta = margin if math.isfinite(margin) else -math.inf
+    left = (status != mcb.ABSENT) & (np.arange(len(c.levels)) != c.chosen)
     while left.any():
-        masked = np.where(left, status, mcb.WORSE)
-        if np.isin(masked, [mcb.WORSE, mcb.ABSENT]).all():  # only levels shown worse remain
-            rest = [i for i in np.argsort(c.upper, kind="stable")
-                    if left[i] and status[i] != mcb.ABSENT]
-            return out + [int(i) for i in rest]
-        i = int(mcb.pick_level(masked, np.array(c.seconds), np.zeros(len(c.levels)),
-                               np.array(c.mean), tolerance))
+        pool = mcb.candidates(status, gap, delta, available=left)
+        cheap = costs.equally_cheap(c.cost, pool, tolerance)
+        i = int(mcb.choose(pool, cheap, np.zeros(len(c.levels)), np.array(c.mean)))
         out.append(i)
         left[i] = False
     return out
@@ -217,16 +248,17 @@ def _settle(table: pd.DataFrame, configs: pd.DataFrame, choices: list[Choice],
     for row in sorted(rows, key=lambda r: rank.get(r["fingerprint"], 0)):
         if row["fingerprint"] in ok:
             at.setdefault(tuple(row[n] for n in names), str(row["fingerprint"]))
-    orders = [_order(c, tolerance) for c in choices]
+    orders = [_order(c, margin, tolerance) for c in choices]
     combos = sorted(itertools.product(*(range(len(o)) for o in orders)),
                     key=lambda r: (sum(r), r))
+    delta = margin if math.isfinite(margin) else -math.inf
     for ranks in combos:
         picked = {n: c.levels[o[r]][i] for c, o, r in zip(choices, orders, ranks, strict=True)
                   for i, n in enumerate(c.factors)}
         fp = at.get(tuple(picked[n] for n in names))
         if fp is None:
             continue
-        final = [Choice(**{**c.__dict__, "chosen": o[r]})
+        final = [c if not r else _moved(c, o[r], delta)
                  for c, o, r in zip(choices, orders, ranks, strict=True)]
         note = "" if not any(ranks) else (
             "the rule's first choice is not a fully finished config of the grid (a config with "
@@ -234,3 +266,10 @@ def _settle(table: pd.DataFrame, configs: pd.DataFrame, choices: list[Choice],
         return Decision(tuple(final), str(fp), margin, alpha, tolerance, note)
     return Decision(tuple(choices), None, margin, alpha, tolerance,
                     "no config of the grid finished every seed: nothing is recommended")
+
+
+def _moved(c: Choice, i: int, delta: float) -> Choice:
+    """``c`` with level ``i`` chosen instead (its basis from its own status and gap)."""
+    basis = (CHOSEN_WITHIN if c.status[i] == mcb.WITHIN else
+             CHOSEN_NEAR if c.gap[i] <= delta else CHOSEN_LOWEST)
+    return Choice(**{**c.__dict__, "chosen": i, "basis": basis, "seeds_needed": math.nan})

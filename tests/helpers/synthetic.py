@@ -86,3 +86,43 @@ def rate_ci(hits: int, n: int) -> tuple[float, float, float]:
     """The rate and its two-sided 95% Clopper-Pearson interval."""
     ci = stats.binomtest(hits, n).proportion_ci(0.95, method="exact")
     return hits / n, ci.low, ci.high
+
+
+STUDY_CSV = "tests/data/default_study_runs.csv"  # the default study of 2026-12-01, 240 runs
+
+
+def default_study() -> tuple[np.ndarray, np.ndarray]:
+    """The measured default study as ``(loss, seconds)``, each ``[clip, accum, precision, seed]``."""
+    from pathlib import Path
+    frame = pd.read_csv(Path(__file__).resolve().parents[2] / STUDY_CSV)
+    loss, seconds = np.full(SHAPE, np.nan), np.full(SHAPE, np.nan)
+    clips = ["off", *(f"{c:g}" for c in CLIPS[1:])]
+    for r in frame.itertuples():
+        at = (clips.index(str(r.max_norm)), ACCUMS.index(int(r.accum)),
+              PRECISIONS.index(str(r.precision)), int(r.seed))
+        loss[at], seconds[at] = r.best_val_loss, r.wall_time_s
+    return loss, seconds
+
+
+def real_noise(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` noise draws ``[n, clip, accum, precision, seed]`` with the measured study's covariance.
+
+    The study's residuals around each config's mean (48 configs x 5 seeds) span 4 seed
+    directions ``Z`` (an orthonormal basis orthogonal to the mean); ``Z @ G / 2`` with ``G``
+    standard normal ``[4, 5]`` has, seed by seed, the covariance ``Z Z' / 4`` across the 48
+    configs: the seed effect, the configs that share a seed's initialisation and shuffling
+    moving together, and the run noise, as measured (a parametric bootstrap).
+    """
+    loss, _ = default_study()
+    flat = loss.reshape(-1, SEEDS)
+    basis = np.linalg.svd(np.eye(SEEDS) - 1 / SEEDS)[0][:, :SEEDS - 1]  # orthogonal to 1
+    z = (flat - flat.mean(axis=1, keepdims=True)) @ basis  # [48, 4]
+    g = rng.normal(0, 1, (n, SEEDS - 1, SEEDS))
+    return (z @ g / math.sqrt(SEEDS - 1)).reshape(n, *SHAPE)
+
+
+def run_seconds(rng: np.random.Generator, n: int, log_sd: float = 0.0) -> np.ndarray:
+    """Training seconds of every run ``[n, clip, accum, precision, seed]``: the precision's
+    cost (``SECONDS``) with log-normal run-to-run noise of SD ``log_sd``."""
+    base = np.array([SECONDS[p] for p in PRECISIONS])[None, None, None, :, None]
+    return base * np.exp(rng.normal(0, log_sd, (n, *SHAPE)))

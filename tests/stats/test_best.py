@@ -1,0 +1,106 @@
+"""Multiple comparisons with the best (``stats.best``) and the shown interval, against reference
+values: Student t quantiles from the published table (e.g. NIST/SEMATECH e-Handbook, table
+1.3.6.7.2: t(0.975, 4) = 2.776, t(0.9875, 4) = 3.495) and an independent loop implementation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from stability.stats import best as mcb
+from stability.stats import effects as fx
+
+T_975_4 = 2.776  # one-sided 0.025 (= 0.05 over k - 1 = 2 comparisons), 4 df, published table
+T_9875_4 = 3.495  # what a two-sided (conservative) quantile would use instead
+
+# Three levels, one cell, five seeds: y[level, cell, seed]. TIGHT: level 1 is 0.003 above
+# level 0 with little seed noise, level 2 0.011; LOOSE: the same means, five times the noise.
+BASE = np.array([0.100, 0.104, 0.098, 0.103, 0.101])
+E1 = np.array([0.002, -0.002, 0.0015, -0.0015, 0.0])
+E2 = np.array([-0.0015, 0.002, 0.0, 0.0015, -0.002])
+TIGHT = np.stack([BASE, BASE + 0.003 + E1, BASE + 0.011 + E2 / 4])[:, None, :]
+LOOSE = np.stack([BASE, BASE + 0.003 + 5 * E1, BASE + 0.011 + 5 * E2])[:, None, :]
+Y = LOOSE
+
+
+def _by_hand(y: np.ndarray, t: float) -> tuple[list[float], list[float]]:
+    """U_i = max(0, max_j mean(d_ij) + t se_ij) and L_i = max_j mean(d_ij) - t se_ij, in loops."""
+    k, upper, lower = y.shape[0], [], []
+    for i in range(k):
+        hi, lo = [], []
+        for j in range(k):
+            if i == j:
+                continue
+            d = y[i, 0] - y[j, 0]
+            se = d.std(ddof=1) / math.sqrt(len(d))
+            hi.append(d.mean() + t * se)
+            lo.append(d.mean() - t * se)
+        upper.append(max(0.0, max(hi)))
+        lower.append(max(lo))
+    return upper, lower
+
+
+@pytest.mark.parametrize("y", [TIGHT, LOOSE], ids=["tight", "loose"])
+def test_mcb_bounds_match_the_published_one_sided_quantile(y):
+    b = mcb.mcb(mcb.pairwise(y), delta=0.005, alpha=0.05)
+    upper, lower = _by_hand(y, T_975_4)
+    assert b.upper == pytest.approx(upper, abs=2e-5)
+    assert b.lower == pytest.approx(lower, abs=2e-5)
+    conservative, _ = _by_hand(y, T_9875_4)
+    assert not np.allclose(b.upper, conservative, atol=2e-5)
+    assert float(b.alpha_each) == pytest.approx(0.025)
+
+
+def test_shown_worse_means_worse_by_more_than_the_margin_not_merely_worse():
+    """Level 1 is shown worse than level 0 (its lower bound is above 0) but not by more than
+    the margin: it is open, not worse. Level 2's lower bound clears the margin."""
+    b = mcb.mcb(mcb.pairwise(TIGHT), delta=0.005, alpha=0.05)
+    assert 0 < b.lower[1] < 0.005 and b.status[1] == mcb.OPEN
+    assert b.lower[2] > 0.005 and b.status[2] == mcb.WORSE
+    assert b.status[0] == mcb.WITHIN
+
+
+def test_the_point_gap_is_what_the_upper_bound_bounds():
+    b = mcb.mcb(mcb.pairwise(Y), delta=0.005, alpha=0.05)
+    means = Y[:, 0].mean(axis=-1)
+    assert b.gap == pytest.approx(means - means.min(), abs=1e-12)
+    assert (b.upper >= b.gap).all()
+
+
+def test_the_fallback_takes_the_simplest_level_whose_estimate_is_within_the_margin():
+    b = mcb.mcb(mcb.pairwise(Y), delta=0.005, alpha=0.05)
+    assert not (b.status == mcb.WITHIN).any()
+    pool = mcb.candidates(b.status, b.gap, 0.005)
+    assert pool.tolist() == [True, True, False]  # gaps 0, 0.003, 0.011
+    assert mcb.basis(b.status, b.gap, 0.005) == mcb.NEAR_BASIS
+    assert mcb.choose(pool, pool, np.array([1, 0, 0]), b.gap) == 1  # level 1 simpler
+    assert mcb.choose(pool, pool, np.array([0, 0, 0]), b.gap) == 0  # then the lowest mean
+    assert mcb.choose(pool, np.array([True, False, False]), np.array([1, 0, 0]), b.gap) == 0
+
+
+def test_seeds_to_within_is_the_first_count_at_which_every_bound_clears_the_margin():
+    b = mcb.mcb(mcb.pairwise(Y), delta=0.005, alpha=0.05)
+    n = int(mcb.seeds_to_within(b, 1, 0.005))
+    m, sd = float(b.mean[1, 0]), float(b.sd[1, 0])
+
+    def bound(k: int) -> float:
+        return m + stats.t.ppf(0.975, k - 1) * sd / math.sqrt(k)
+    assert bound(n) <= 0.005 < bound(n - 1)
+    assert math.isinf(mcb.seeds_to_within(b, 2, 0.005))  # its estimate is past the margin
+
+
+def test_the_shown_interval_is_the_t_interval_over_seeds():
+    """The effect's 95% interval: mean of per-seed means ± t(0.975, seeds - 1) se, as the
+    published quantile and scipy's one-sample t interval give (not z = 1.96)."""
+    d = (Y[1] - Y[0])[None]  # [batch, cell, seed]
+    e = fx.estimate(d[0])
+    low, high = fx.interval(e, 0.95)
+    diff = Y[1, 0] - Y[0, 0]
+    se = diff.std(ddof=1) / math.sqrt(5)
+    assert (float(low), float(high)) == pytest.approx((diff.mean() - T_975_4 * se,
+                                                       diff.mean() + T_975_4 * se), abs=2e-6)
+    ci = stats.ttest_1samp(diff, 0).confidence_interval(0.95)
+    assert (float(low), float(high)) == pytest.approx((ci.low, ci.high), abs=1e-12)
