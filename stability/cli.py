@@ -144,6 +144,8 @@ def report_job(cfg: DictConfig) -> None:
         fail(f"error: the report failed: {type(err).__name__}: {err} (docs/TRACKING.md lists "
              "what a training run must record: contract.Rebuild)", 2)
     created = "new" if out.model_created else "existing"
+    if out.answer:
+        print(out.answer + "\n")
     print(f"winner {out.winner_label} ({out.winner}) of sweep {out.sweep_id}\n"
           f"report: {out.folder / 'report.md'}  MLflow report run: {out.report_run_id}"
           + (f"  model version: {out.model_version} ({created})" if out.model_version else ""))

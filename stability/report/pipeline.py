@@ -27,7 +27,7 @@ from stability.report.html import to_html
 from stability.report.options import ReportConfig, ReportError
 from stability.report.render import Header, render, write_sections, write_summary
 from stability.report.sections import spending
-from stability.report.sections.answer import answer_markdown
+from stability.report.sections.answer import answer_markdown, first_screen
 from stability.report.study import Study
 from stability.report.table import ConfigRow, ConfigTable, VersusWinner
 from stability.report.trust import allowed_tasks
@@ -66,6 +66,7 @@ class ReportOutcome:
     model_version: str
     model_created: bool
     elapsed_s: float
+    answer: str = ""  # the first screen as plain text (sections.answer.first_screen)
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                             datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit)
             write_summary(table, staging / Artifact.SUMMARY_CSV)
             markdown = render(study, written, header, [*notes, *written.notes, *replay_notes])
+            answer = "\n".join(first_screen(study, plain=True))
             (staging / Artifact.REPORT_MD).write_text(markdown)
             (staging / Artifact.REPORT_HTML).write_text(
                 to_html(markdown, staging, f"Training-stability report: sweep {sweep.sweep_id}"))
@@ -200,7 +202,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
         publish.fail_report_run(c, report_run, err)
         raise
     return ReportOutcome(folder, sweep.sweep_id, str(winner["fingerprint"]), str(winner["label"]),
-                         report_run, version, created, time.perf_counter() - t0)
+                         report_run, version, created, time.perf_counter() - t0, answer)
 
 
 def _model_uri(cfg: ReportConfig, version: str) -> str:

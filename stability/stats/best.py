@@ -203,7 +203,7 @@ def seeds_to_within(best: Best, i: int, delta: float, limit: int = 10_000) -> fl
             return float("nan")
         q = 1 - float(best.alpha_each)
 
-        def clears(k: int, m: float = m, sd: float = sd) -> bool:
+        def clears(k: int, m: float = m, sd: float = sd, q: float = q) -> bool:
             return m + stats.t.ppf(q, k - 1) * sd / np.sqrt(k) <= delta
         hi = 2
         while hi <= limit and not clears(hi):

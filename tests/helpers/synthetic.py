@@ -92,7 +92,7 @@ STUDY_CSV = "tests/data/default_study_runs.csv"  # the default study of 2026-12-
 
 
 def default_study() -> tuple[np.ndarray, np.ndarray]:
-    """The measured default study as ``(loss, seconds)``, each ``[clip, accum, precision, seed]``."""
+    """The measured default study: ``(loss, seconds)``, each ``[clip, accum, precision, seed]``."""
     from pathlib import Path
     frame = pd.read_csv(Path(__file__).resolve().parents[2] / STUDY_CSV)
     loss, seconds = np.full(SHAPE, np.nan), np.full(SHAPE, np.nan)
