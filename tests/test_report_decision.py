@@ -151,7 +151,7 @@ def test_old_runs_without_cost_metrics_fall_back_to_wall_time():
     assert configs["peak_memory_mb"].isna().all()
 
 
-def test_margin_is_a_share_of_the_winner_or_loss_units():
+def test_margin_is_a_share_of_the_lowest_config_mean_or_loss_units():
     assert decision.margin_of("5%", 0.08) == pytest.approx(0.004)
     assert decision.margin_of(0.002, 0.08) == 0.002
     assert math.isnan(decision.margin_of("5%", math.inf))  # no finite winner: no equivalence

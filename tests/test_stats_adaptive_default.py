@@ -76,7 +76,7 @@ def mean_ci(x: np.ndarray) -> tuple[float, float, float]:
 
 def test_the_model_is_the_measured_study() -> None:
     y, _ = measured()
-    margin = 0.05 * y.mean(axis=-1).min()  # report.margin 5% of the winner's mean
+    margin = 0.05 * y.mean(axis=-1).min()  # report.margin: 5% of the lowest config mean
     v = fx.study_verdicts(y, 3, margin, ALPHA)
     assert tuple(v.verdict) == FIXED_STUDY  # the report's factor verdicts, recomputed
     np.testing.assert_allclose(v.mean, [0.0065, -0.0069, -0.0056, 0.0074, 0.0291, 0.0820,

@@ -29,7 +29,7 @@ SHAPE = (len(CLIPS), len(ACCUMS), len(PRECISIONS), SEEDS)
 MAINS = 3 + 3 + 2  # contrasts in the main-effect family
 # Measured on the default study (240 runs, docs/report.md "Factor effects"): SD of a run's
 # best val loss around its config mean and seed (the seed x config interaction), SD of the
-# seed effect, and the typical loss (the winner's mean) that sets the 5% margin.
+# seed effect, and the typical loss (the lowest config mean) that sets the 5% margin.
 NOISE = {"run": 0.0105, "seed": 0.0013, "loss": 0.0777}
 MARGIN = 0.05 * NOISE["loss"]
 

@@ -319,11 +319,12 @@ def adaptive_line(seq: Sequential | None) -> list[str]:
             "interval at its deciding look.", ""]
 
 
-def margin_of(spec: str | float, winner_loss: float) -> float:
-    """``report.margin``: ``"5%"`` of the winner's mean loss, or an absolute loss difference."""
+def margin_of(spec: str | float, loss: float) -> float:
+    """``report.margin``: ``"5%"`` of ``loss`` (the report passes the lowest config mean, fixed
+    before anything is chosen), or an absolute loss difference."""
     if isinstance(spec, str) and spec.endswith("%"):
         # No finite winner (every config lost a seed): no margin, so nothing is "equivalent".
         share = float(spec[:-1]) / 100
-        return share * abs(winner_loss) if math.isfinite(winner_loss) else math.nan
+        return share * abs(loss) if math.isfinite(loss) else math.nan
     return float(spec)
 

@@ -43,7 +43,7 @@ class ReportConfig:
         min_effect: the difference (loss units) whose required seed count is reported; None
             means ``min_effect_sd`` times the winner's seed SD.
         min_effect_sd: see ``min_effect``.
-        margin: the equivalence margin: ``"5%"`` of the winner's mean best validation loss,
+        margin: the equivalence margin: ``"5%"`` of the lowest config mean best validation loss,
             or a number in loss units. Differences inside it are "equivalent" when TOST shows
             it.
         cost_tolerance: a share a training-time difference must exceed, beside the study's

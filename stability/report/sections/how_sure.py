@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from scipy import stats
+
 from stability.report.format import pval, seeds, signed, signed_ci, size, table
 from stability.report.sections.section import Part, lines
 from stability.report.study import Study
@@ -22,14 +24,26 @@ def _table(st: Study) -> str:
                   "other's unfinished seeds"], rows)
 
 
+def _power_words(st: Study, seeds: int) -> str:
+    """What the selection-adjusted test needs to say anything at these seeds."""
+    pairs = len(st.configs) * (len(st.configs) - 1) // 2
+    if pairs < 1 or seeds < 2:
+        return ""
+    need = stats.t.ppf(1 - st.options.alpha / (2 * pairs), seeds - 1)
+    return (f"These are descriptive, not evidence: the winner was chosen from the same runs, so "
+            f"a claim about it must be adjusted for that choice (Bonferroni over the {pairs} "
+            f"pairs of configs), and at {seeds} seeds that test needs |t| > {need:.1f}. The "
+            "answer's MCB bounds are the adjusted statement about the choice. ")
+
+
 def markdown(st: Study) -> str:
-    """The comparison table and how it decides."""
+    """The comparison table and what it can and cannot say."""
     n = len(st.runs["seed"].unique())
     return lines(
-        "## How sure (paired by seed)", "", _table(st), "",
+        "## How sure (paired by seed, descriptive)", "", _table(st), "",
+        _power_words(st, n) +
         f"Differences are `other − reference` in best validation loss over the seeds both "
-        f"finished ({st.options.confidence:.0%} t interval). The decision uses the paired t-test "
-        f"with Holm's correction over this table at α = {st.options.alpha}; the Wilcoxon "
+        f"finished ({st.options.confidence:.0%} t interval). The Wilcoxon "
         f"signed-rank test is a distribution-free check. With {n} seeds the exact two-sided "
         f"Wilcoxon p-value cannot go below {wilcoxon_min_p(n):.4g}, which is why it is not the "
         "decision. `detectable` is the minimum detectable difference: the mean difference the "
