@@ -16,6 +16,8 @@ import sysconfig
 from pathlib import Path
 
 import mlflow
+import numpy as np
+import pandas as pd
 import pytest
 
 from stability.tracking.contract import Kind, Tag
@@ -133,3 +135,39 @@ def test_a_non_editable_install_runs_a_sweep_from_any_folder(tmp_path: Path) -> 
     exp = mlflow.MlflowClient(f"sqlite:///{work / 'mlflow.db'}").get_experiment_by_name(
         "installed")
     assert exp is not None
+
+
+@pytest.mark.slow
+def test_the_own_task_examples_study_chooses_a_config_no_worse_than_the_median(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The README's three commands on examples/own_task as shipped (24 runs): the chosen config's
+    mean best validation loss is not worse than the median config's by more than the margin
+    (accum 4 makes fewer optimizer steps in the same epochs: cheaper by undertraining, never the
+    answer), and its clipping threshold clips."""
+    folder = tmp_path / "own_task"
+    shutil.copytree(EXAMPLE, folder)
+    monkeypatch.chdir(folder)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delitem(sys.modules, "my_task", raising=False)
+    sweep = _run([str(SCRIPT), "sweep", "-m", "--config-dir", ".", "task=my_task"], folder, 900)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    report = in_process(["report", "experiment=my_task", "task_target=my_task.MyTask"], capsys)
+    assert report.code == 0, report.stderr[-3000:]
+    assert "Train with `" in report.stdout and "at most (MCB 95%)" in report.stdout
+    summary = pd.read_csv(next(folder.glob("reports/*/summary.csv")))
+    c = mlflow.MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    exp = c.get_experiment_by_name("my_task")
+    runs = [r for r in c.search_runs([exp.experiment_id], f"tags.`{Tag.KIND}` = '{Kind.TRAIN}'")]
+    assert len(runs) == 24
+    by_config: dict[str, list[float]] = {}
+    for r in runs:
+        by_config.setdefault(r.data.tags[Tag.FINGERPRINT], []).append(
+            r.data.metrics["best_val_loss"])
+    means = {fp: float(np.mean(v)) for fp, v in by_config.items()}
+    chosen = str(summary.iloc[0]["fingerprint"])
+    margin = 0.05 * min(means.values())
+    assert means[chosen] <= float(np.median(list(means.values()))) + margin
+    clipped = [r.data.metrics["clip_fraction"] for r in runs
+               if r.data.params["clip.enabled"] == "True"]
+    assert min(clipped) > 0.01
