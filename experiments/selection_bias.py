@@ -13,7 +13,8 @@ factor.
 
 reads every job folder of a finished sweep of the default task (``config.yaml``,
 ``checkpoints/best.pt``) and prints the mean optimism per level of each factor with its
-seed-blocked 95% interval (docs/report.md, "The selection metric"). The sealed test split is not read.
+seed-blocked 95% interval (docs/report.md, "The selection metric"). The sealed test split is
+not read.
 """
 
 from __future__ import annotations
