@@ -174,13 +174,14 @@ def _healthy(rng: np.random.Generator, fp16: bool) -> pd.DataFrame:
 @pytest.mark.parametrize("fp16", [False, True])
 def test_healthy_training_is_called_marginal_or_unstable_in_at_most_5_percent_of_configs(fp16):
     """Synthetic healthy runs (batch noise; fp16 with a working GradScaler, growth probes and
-    all): the Clopper-Pearson upper bound of the false-alarm rate per config is <= 5%."""
+    all): the Clopper-Pearson upper bound of the false-alarm rate per config is <= 3%
+    (docs/report.md states it, and what it means for a 48-config study)."""
     rng = np.random.default_rng(21 + fp16)
     flagged = sum(_judge([_healthy(rng, fp16) for _ in range(SEEDS)]) != Verdict.STABLE
                   for _ in range(CONFIGS))
     rate, low, high = rate_ci(int(flagged), CONFIGS)
     print(f"healthy {'fp16' if fp16 else 'fp32'}: flagged {rate:.4f} (95% CI {low:.4f}-{high:.4f})")
-    assert high <= 0.05
+    assert high <= 0.03
 
 
 def _planted(kind: str, rng: np.random.Generator) -> tuple[list[pd.DataFrame], str]:
