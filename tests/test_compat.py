@@ -19,6 +19,7 @@ import torch
 from packaging.requirements import Requirement
 
 from stability.compat import gate as gate_module
+from stability.compat import hydra as compat_hydra
 from stability.compat import mlflow as compat_mlflow
 from stability.compat import torch as compat_torch
 from stability.compat import transformers as compat_transformers
@@ -26,7 +27,7 @@ from stability.compat.gate import VersionGate, release
 from stability.tracking.direct import DirectMetrics
 
 ROOT = Path(__file__).resolve().parents[1]
-GATES = [compat_torch.GATE, compat_mlflow.GATE, compat_transformers.GATE,
+GATES = [compat_torch.GATE, compat_mlflow.GATE, compat_hydra.GATE, compat_transformers.GATE,
          compat_transformers.ACCELERATE_GATE]
 
 

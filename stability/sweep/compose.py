@@ -16,11 +16,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
-from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from stability.compat.hydra import ConfigLoaderImpl, get_overrides_dirname
 
 
 class CachedComposer:

@@ -31,12 +31,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import OmegaConf
 
+from stability.compat.hydra import BASIC_LAUNCHER_LOGGER, BasicSweeper
 from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.signals import StopRequest, Terminated
 from stability.sweep import pool
@@ -55,7 +55,7 @@ from stability.tracking.uri import redact_uri, scrub_hydra_files
 log = logging.getLogger(__name__)
 
 # Launchers that log a line per job they launch (the status area says it; -v keeps them).
-LAUNCHER_LOGGERS = ("hydra._internal.core_plugins.basic_launcher",
+LAUNCHER_LOGGERS = (BASIC_LAUNCHER_LOGGER,
                     "hydra_plugins.hydra_joblib_launcher._core",
                     "hydra_plugins.hydra_submitit_launcher.submitit_launcher")
 
