@@ -137,11 +137,25 @@ def _typed(key: str, value: str) -> Any:
         raise ValueError(f"param {key}={value[:80]!r} is invalid ({err})") from None
 
 
+def outcome_of(tag: str | None, status: str) -> str:
+    """A run's outcome: its ``stability.outcome`` tag only where MLflow's status agrees.
+
+    The tag is data anyone can write: a KILLED run tagged ``finished`` is killed, and only a
+    FINISHED run (whose artifacts are then checked, ``adoption.unbacked``) is finished. A run
+    closed without its final tag, or with a tag that is no outcome, takes its status's.
+    """
+    try:
+        claimed = Outcome(tag) if tag else None
+    except ValueError:
+        claimed = None
+    if claimed is None or claimed.status != ("RUNNING" if status == "SCHEDULED" else status):
+        return str(Outcome.from_status(status))
+    return str(claimed)
+
+
 def _row(run: Any) -> dict[str, Any]:
     tags, params = run.data.tags, run.data.params
-    outcome = tags.get(Tag.OUTCOME) or Outcome.from_status(run.info.status)
-    if outcome == Outcome.RUNNING and run.info.status != "RUNNING":
-        outcome = Outcome.from_status(run.info.status)  # closed without its final tag
+    outcome = outcome_of(tags.get(Tag.OUTCOME), run.info.status)
     row: dict[str, Any] = {
         "run_id": run.info.run_id,
         "run_name": run.info.run_name,
