@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mlflow.entities import Metric
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from stability.core.identity import fingerprint
@@ -72,3 +72,92 @@ def test_a_killed_run_tagged_finished_is_killed_not_the_winner(tmp_path: Path) -
     assert outcome_of("finished", "FAILED") == "failed"
     assert outcome_of("nonsense", "FINISHED") == "finished"  # then its artifacts are checked
     assert outcome_of(None, "RUNNING") == "running"
+
+
+def recorded_sweep(tmp_path: Path, name: str) -> tuple[str, MlflowClient, str, str, dict]:
+    """``planted_sweep`` whose parent records its points and runs as a real sweep does."""
+    from stability.tracking import children
+
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    ids = make_sweep(uri, name, name, [WINNER, BASELINE], tmp_path / "runs")
+    c = MlflowClient(uri)
+    exp_id = c.get_experiment_by_name(name).experiment_id
+    parent = c.search_runs([exp_id], "tags.`stability.kind` = 'sweep'")[0].info.run_id
+    children.write(c, parent, ids.keys(), ids.values())
+    return uri, c, exp_id, parent, ids
+
+
+@pytest.mark.slow
+def test_a_failed_run_of_a_seed_the_sweep_never_planned_vetoes_nothing(tmp_path: Path) -> None:
+    """Item 5: one planted FAILED run with the winner's fingerprint and a new seed counted as
+    an infinite loss and vetoed the winner ("missing seeds 2"). Now it is set aside, named."""
+    uri, c, exp_id, parent, _ = recorded_sweep(tmp_path, "p5")
+    rid = plant(c, exp_id, parent, "p5", WINNER, 2, "FAILED", "failed", {})
+    result, text = report(uri, "p5", tmp_path / "out")
+    assert result.winner == fingerprint(run_config(WINNER, 0, tmp_path))
+    assert "missing seeds 2" not in text
+    fp = fingerprint(run_config(WINNER, 2, tmp_path))
+    assert (f"run {rid} (config {fp}, seed 2, created by mallory) set aside: "
+            "the sweep never planned this seed of this config") in text
+
+
+@pytest.mark.slow
+def test_a_forged_copy_of_real_runs_is_set_aside_and_its_creator_named(tmp_path: Path) -> None:
+    """Item 3: two real runs re-logged under new run ids with a lower best_val_loss (its
+    val_loss history to match, config.yaml and steps.csv copied, best.pt altered) became the
+    winner; the only trace was "2 superseded runs ignored". Now the sweep's record decides."""
+    import torch
+
+    uri, c, exp_id, parent, ids = recorded_sweep(tmp_path, "p3")
+    forged = []
+    for seed in (0, 1):
+        real = c.get_run(ids[(fingerprint(run_config(BASELINE, seed, tmp_path)), seed)])
+        files = Path(c.download_artifacts(real.info.run_id, "", str(tmp_path / f"dl{seed}")))
+        state = torch.load(files / "checkpoints" / "best.pt", weights_only=True)
+        torch.save({k: v + 0.01 for k, v in state.items()}, files / "checkpoints" / "best.pt")
+        rid = c.create_run(exp_id, tags={**real.data.tags, "mlflow.user": "mallory"},
+                           run_name=real.info.run_name).info.run_id
+        ts = int(time.time() * 1000)
+        metrics = {**real.data.metrics, "best_val_loss": 0.01}
+        c.log_batch(rid, metrics=[Metric(k, v, ts, 0) for k, v in metrics.items()]
+                    + [Metric("val_loss", v, ts, e) for e, v in ((1, 0.05), (2, 0.01))],
+                    params=[Param(k, v) for k, v in real.data.params.items()][:100])
+        c.log_batch(rid, params=[Param(k, v) for k, v in real.data.params.items()][100:])
+        for name in ("config.yaml", "steps.csv"):
+            c.log_artifact(rid, str(files / name))
+        c.log_artifact(rid, str(files / "checkpoints" / "best.pt"), "checkpoints")
+        c.set_terminated(rid)
+        forged.append(rid)
+    result, text = report(uri, "p3", tmp_path / "out")
+    assert result.winner == fingerprint(run_config(WINNER, 0, tmp_path))
+    assert "superseded" not in text
+    for seed, rid in enumerate(forged):
+        fp = fingerprint(run_config(BASELINE, seed, tmp_path))
+        assert (f"run {rid} (config {fp}, seed {seed}, created by mallory) "
+                "set aside: not a run the sweep's jobs created (its own run of this point "
+                "stands)") in text
+
+
+@pytest.mark.slow
+def test_a_sweep_records_the_points_it_planned_and_the_runs_its_jobs_created(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Items 3 and 5: the real ``stability sweep`` writes ``sweep_runs.json`` on its parent."""
+    from stability.tracking import children
+    from tests.helpers.in_process import in_process
+
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    done = in_process(["sweep", "-m", "data.num_samples=200", "device=cpu", "train.epochs=1",
+                       "clip.enabled=false", "precision=fp32", "train.accum_steps=1",
+                       "seed=0,1", "hydra/launcher=basic", f"tracking.uri={uri}",
+                       "tracking.experiment=rec", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                      capsys)
+    assert done.code == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    c = MlflowClient(uri)
+    exp_id = c.get_experiment_by_name("rec").experiment_id
+    parent = c.search_runs([exp_id], "tags.`stability.kind` = 'sweep'")[0].info.run_id
+    runs = c.search_runs([exp_id], "tags.`stability.kind` = 'train'")
+    record = children.read(c, parent)
+    assert record.launched == {r.info.run_id for r in runs}
+    assert record.planned == {(r.data.tags[Tag.FINGERPRINT], int(r.data.tags[Tag.SEED]))
+                              for r in runs}
+    assert len(record.planned) == 2

@@ -26,7 +26,7 @@ from stability.core.config import ClipConfig, TrainConfig
 from stability.core.steplog import TEXT_COLUMNS
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
-from stability.report import adoption
+from stability.report import adoption, membership
 from stability.report.html import one_line
 from stability.report.options import ReportError
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
@@ -284,21 +284,26 @@ def adopted_runs(c: Any, sweep: Sweep) -> list[Any]:
 
 
 def fetch_runs(c: Any, sweep: Sweep, allowed: Sequence[str] | None = None,
-               workers: int = 8) -> pd.DataFrame:
+               workers: int = 8, set_aside: list[str] | None = None) -> pd.DataFrame:
     """Every training run of the sweep, one row each: tags, typed params, summary metrics.
 
     The sweep's runs are those tagged with its id plus those it adopted (a resumed sweep
     skipped their points as already FINISHED: ``adopted_runs``). Given ``allowed`` (the task
     import paths a config may name), a FINISHED run whose artifacts do not back it is
     unreadable, with the reason (``adoption.unbacked``). A (config, seed) point logged more
-    than once keeps its finished run, else its newest one.
+    than once keeps its finished run, else its newest one. Runs the sweep's own record does
+    not vouch for (``membership.own_runs``) are left out, one line each into ``set_aside``.
 
     Raises:
         ReportError: the sweep has no training runs.
     """
     runs = search_all(c, sweep.experiment_id, search_filter(Kind.TRAIN, sweep.sweep_id))
     own = {r.info.run_id for r in runs}
-    runs += [r for r in adopted_runs(c, sweep) if r.info.run_id not in own]
+    adopted = [r for r in adopted_runs(c, sweep) if r.info.run_id not in own]
+    runs, lines = membership.own_runs(c, sweep.parent_run_id, runs + adopted,
+                                      [r.info.run_id for r in adopted])
+    if set_aside is not None:
+        set_aside += lines
     if not runs:
         known = _known_sweeps(c, sweep.experiment_id)
         raise ReportError(
