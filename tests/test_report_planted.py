@@ -14,7 +14,7 @@ import pytest
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from stability.core.identity import fingerprint
+from stability.core.identity import fingerprint, flatten
 from stability.report import ReportConfig, build_report
 from stability.tracking.contract import Tag
 from tests.helpers.report_fixtures import Spec, make_sweep, run_config
@@ -36,12 +36,16 @@ def planted_sweep(tmp_path: Path, name: str) -> tuple[str, MlflowClient, str, st
 
 def plant(c: MlflowClient, exp_id: str, parent: str, sweep: str, spec: Spec, seed: int,
           status: str, outcome: str, metrics: dict[str, float], user: str = "mallory") -> str:
-    """A run with the contract's tags and only ``metrics``, ended ``status``."""
-    fp = fingerprint(run_config(spec, seed, Path(".")))
+    """A run with the contract's tags and params and only ``metrics``, ended ``status``."""
+    cfg = run_config(spec, seed, Path("."))
+    fp = fingerprint(cfg)
     rid = c.create_run(exp_id, tags={
         Tag.KIND: "train", Tag.SWEEP_ID: sweep, Tag.FINGERPRINT: fp, Tag.SEED: str(seed),
         Tag.OUTCOME: outcome, Tag.PARENT_RUN_ID: parent, "mlflow.user": user}).info.run_id
     ts = int(time.time() * 1000)
+    params = [Param(k, str(v)) for k, v in flatten(cfg).items() if k != "output_dir"]
+    for i in range(0, len(params), 100):
+        c.log_batch(rid, params=params[i:i + 100])
     c.log_batch(rid, metrics=[Metric(k, v, ts, 0) for k, v in metrics.items()])
     c.set_terminated(rid, status=status)
     return rid
@@ -161,3 +165,21 @@ def test_a_sweep_records_the_points_it_planned_and_the_runs_its_jobs_created(
     assert record.planned == {(r.data.tags[Tag.FINGERPRINT], int(r.data.tags[Tag.SEED]))
                               for r in runs}
     assert len(record.planned) == 2
+
+
+@pytest.mark.slow
+def test_a_diverged_run_with_a_thin_steps_csv_is_one_unreadable_run(tmp_path: Path) -> None:
+    """Item 8: a diverged run's ``steps.csv`` of ``step,loss`` ended the report with
+    ``KeyError: 'scaler_scale'`` (health.run_signs). Now that run is one line in Problems."""
+    uri, c, exp_id, parent = planted_sweep(tmp_path, "p8")
+    other = Spec("fp16", 5.0, 1, {0: "diverged"})
+    rid = plant(c, exp_id, parent, "p8", other, 0, "FAILED", "diverged",
+                {"best_val_loss": 0.05, "diverged": 1.0})
+    thin = tmp_path / "thin" / "steps.csv"
+    thin.parent.mkdir()
+    thin.write_text("step,loss\n1,0.7\n")
+    c.log_artifact(rid, str(thin))
+    result, text = report(uri, "p8", tmp_path / "out")
+    assert result.winner == fingerprint(run_config(WINNER, 0, tmp_path))
+    assert (f"run {rid} is unreadable, left out of the stability verdicts: steps.csv has no "
+            "column skipped, skip_reason, scaler_scale, clipped, grad_l2_pre_clip") in text

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from stability.core.config import ClipConfig, TrainConfig
-from stability.core.steplog import TEXT_COLUMNS
+from stability.core.steplog import COLUMN, TEXT_COLUMNS
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
 from stability.report import adoption, membership
@@ -421,20 +421,31 @@ NAN_WORDS = {"", "nan", "none", "inf", "-inf", "+inf", "infinity", "-infinity"}
 
 
 class UnreadableTable(ValueError):
-    """A run's ``steps.csv`` holds a cell that is not what its column records."""
+    """A run's ``steps.csv`` holds a cell that is not what its column records, or lacks a
+    column the report reads."""
+
+
+# The columns the report reads a run's steps by (health, figures, advice): a table without one
+# is that run's problem, never a KeyError that ends the whole report.
+READ_COLUMNS = (COLUMN.step, COLUMN.loss, COLUMN.skipped, COLUMN.skip_reason,
+                COLUMN.scaler_scale, COLUMN.clipped, COLUMN.grad_l2_pre_clip)
 
 
 def read_steps(path: Path) -> pd.DataFrame:
     """``steps.csv`` as a DataFrame whose number columns are numbers.
 
     Raises:
-        UnreadableTable: names the line and column of the first cell that is not a number.
+        UnreadableTable: names the line and column of the first cell that is not a number, or
+            the columns of ``READ_COLUMNS`` it lacks.
     """
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False)
     except Exception as err:  # ParserError, UnicodeDecodeError, EmptyDataError
         raise UnreadableTable(f"steps.csv: {type(err).__name__}: "
                               f"{' '.join(str(err).split())[:200]}") from None
+    missing = [c for c in READ_COLUMNS if c not in df.columns]
+    if missing:
+        raise UnreadableTable(f"steps.csv has no column {', '.join(missing)}")
     for col in (c for c in df.columns if c not in TEXT_COLUMNS):
         numbers = pd.to_numeric(df[col], errors="coerce")
         bad = numbers.isna() & ~df[col].str.strip().str.lower().isin(NAN_WORDS)
