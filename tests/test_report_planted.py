@@ -183,3 +183,26 @@ def test_a_diverged_run_with_a_thin_steps_csv_is_one_unreadable_run(tmp_path: Pa
     assert result.winner == fingerprint(run_config(WINNER, 0, tmp_path))
     assert (f"run {rid} is unreadable, left out of the stability verdicts: steps.csv has no "
             "column skipped, skip_reason, scaler_scale, clipped, grad_l2_pre_clip") in text
+
+
+@pytest.mark.slow
+def test_forty_planted_params_are_no_factors_and_their_runs_are_outside_the_grid(
+        tmp_path: Path) -> None:
+    """Item 9: forty extra params varying across two planted FAILED runs made forty factors
+    (``ValueError: array is too big``, 2^40 cells). Now the factors are the sweep's own grid
+    (its parent's ``grid.*`` params) and a run off the grid is set aside, one line each."""
+    uri, c, exp_id, parent = planted_sweep(tmp_path, "p9")
+    c.log_batch(parent, params=[Param(f"grid.{k}", v) for k, v in {
+        "precision": "fp32,bf16", "clip.enabled": "false,true", "clip.max_norm": "1.0",
+        "train.accum_steps": "1,2", "seed": "0,1"}.items()])
+    planted = []
+    for seed in (0, 1):
+        rid = plant(c, exp_id, parent, "p9", BASELINE, seed + 2, "FAILED", "failed", {})
+        c.log_batch(rid, params=[Param(f"extra.k{i:02d}", str(seed + i)) for i in range(40)])
+        planted.append(rid)
+    result, text = report(uri, "p9", tmp_path / "out")
+    assert result.winner == fingerprint(run_config(WINNER, 0, tmp_path))
+    for seed, rid in enumerate(planted):
+        assert (f"run {rid} set aside: not a point of the sweep's grid: param extra.k00="
+                f"'{seed}' (and 39 more) is not swept and the sweep's runs have (absent)") in text
+    assert "extra.k" not in text.replace("param extra.k00", "")

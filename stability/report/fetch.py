@@ -26,7 +26,7 @@ from stability.core.config import ClipConfig, TrainConfig
 from stability.core.steplog import COLUMN, TEXT_COLUMNS
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
-from stability.report import adoption, membership
+from stability.report import adoption, grid, membership
 from stability.report.html import one_line
 from stability.report.options import ReportError
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
@@ -302,6 +302,10 @@ def fetch_runs(c: Any, sweep: Sweep, allowed: Sequence[str] | None = None,
     adopted = [r for r in adopted_runs(c, sweep) if r.info.run_id not in own]
     runs, lines = membership.own_runs(c, sweep.parent_run_id, runs + adopted,
                                       [r.info.run_id for r in adopted])
+    swept = _swept(c, sweep)
+    if swept is not None:  # a run that is no point of the sweep's own grid is set aside
+        runs, outside = grid.outside(runs, swept, runs)
+        lines += outside
     if set_aside is not None:
         set_aside += lines
     if not runs:
@@ -331,7 +335,21 @@ def fetch_runs(c: Any, sweep: Sweep, allowed: Sequence[str] | None = None,
     if dropped:
         log.warning("%d superseded runs of a repeated (config, seed) point ignored", dropped)
     df = _settle(df.drop_duplicates(["fingerprint", "seed"]).drop(columns="_finished"))
-    return df.sort_values(["fingerprint", "seed"]).reset_index(drop=True)
+    df = df.sort_values(["fingerprint", "seed"]).reset_index(drop=True)
+    df.attrs[SWEPT] = swept  # the factors are the sweep's swept keys (factors.design)
+    return df
+
+
+SWEPT = "swept"  # DataFrame.attrs key of fetch_runs: the sweep's swept keys (None: unknown)
+
+
+def _swept(c: Any, sweep: Sweep) -> tuple[str, ...] | None:
+    try:
+        return grid.swept_keys(c, sweep.parent_run_id)
+    except Exception as err:  # the parent cannot be read: the runs' params decide, as before
+        log.warning("sweep %s: its grid cannot be read (%s)", sweep.sweep_id,
+                    _one_line(str(err))[:200])
+        return None
 
 
 def loss_name(runs: pd.DataFrame) -> str:
