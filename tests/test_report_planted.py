@@ -206,3 +206,42 @@ def test_forty_planted_params_are_no_factors_and_their_runs_are_outside_the_grid
         assert (f"run {rid} set aside: not a point of the sweep's grid: param extra.k00="
                 f"'{seed}' (and 39 more) is not swept and the sweep's runs have (absent)") in text
     assert "extra.k" not in text.replace("param extra.k00", "")
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """A ~450-byte YAML document that a tree walk visits 10^levels times."""
+    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x","x"]']
+    lines += [f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.slow
+def test_a_yaml_alias_bomb_is_refused_before_any_walk(tmp_path: Path) -> None:
+    """Item 6: a 450-byte config.yaml of nine levels of ten aliases hung the report
+    (``trusted._interpolations`` walked it as a tree) and a resumed sweep (``Adoptable``).
+    Now a recorded config with an anchor or alias is refused when it is read."""
+    from stability.core.config import TrackingConfig
+    from stability.sweep.parent import open_sweep_run
+    from stability.tracking.trusted import Untrusted, read_recorded
+
+    bomb = tmp_path / "bomb" / "config.yaml"
+    bomb.parent.mkdir()
+    bomb.write_text(alias_bomb())
+    assert len(bomb.read_bytes()) < 500
+    with pytest.raises(Untrusted, match=r"YAML anchor or alias \(&/\*a0\) at line 1"):
+        read_recorded(bomb)
+    uri, c, exp_id, parent = planted_sweep(tmp_path, "p6")
+    rid = plant(c, exp_id, parent, "p6", Spec("fp16", 5.0, 1, {0: 0.01}), 0, "FINISHED",
+                "finished", {"best_val_loss": 0.01, "best_epoch": 2.0})
+    c.log_artifact(rid, str(bomb))
+    t0 = time.monotonic()
+    result, text = report(uri, "p6", tmp_path / "out")
+    assert result.winner == fingerprint(run_config(WINNER, 0, tmp_path))
+    assert (f"run {rid} is unreadable, counted as not finished: unreadable run: its config.yaml "
+            "is refused: config.yaml holds a YAML anchor or alias") in text
+    fp = c.get_run(rid).data.tags[Tag.FINGERPRINT]
+    run, done = open_sweep_run(TrackingConfig(uri=uri, experiment="p6"), "again", 1, 1, [], {},
+                               True, tmp_path / "sweep")
+    assert (fp, 0) not in done  # refused, not walked: the point runs again
+    run.close("FINISHED", {})
+    assert time.monotonic() - t0 < 60

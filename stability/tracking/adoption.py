@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from stability.tracking.contract import WORLD_SIZE_PARAM, Artifact
-from stability.tracking.trusted import trusted_config
+from stability.tracking.trusted import MAX_CONFIG_BYTES, read_recorded, trusted_config
 
-MAX_CONFIG_BYTES = 1_000_000  # a config.yaml of ours is ~1 kB
 REL_TOL = 1e-6  # float32 values written to a CSV and logged as float64 agree to this
 
 
@@ -52,14 +51,10 @@ def _download(c: Any, run_id: str, artifact_uri: str, name: str, dest: Path) -> 
 
 
 def _config(path: Path, fingerprint: str, world_size: int, allowed: Sequence[str]) -> None:
-    import yaml
-
-    with path.open("rb") as f:
-        data = f.read(MAX_CONFIG_BYTES + 1)
-    if len(data) > MAX_CONFIG_BYTES:
+    if path.stat().st_size > MAX_CONFIG_BYTES:
         raise NotBacked(f"its {Artifact.CONFIG} is over {MAX_CONFIG_BYTES:,} bytes")
-    try:
-        trusted_config(yaml.safe_load(data.decode("utf-8")), fingerprint, allowed, world_size)
+    try:  # plain data, no YAML anchors or aliases (read_recorded), before any walk
+        trusted_config(read_recorded(path), fingerprint, allowed, world_size)
     except Exception as err:  # Untrusted, ConfigError, a YAML or UTF-8 error: all data
         raise NotBacked(f"its {Artifact.CONFIG} is refused: "
                         f"{' '.join(str(err).split())[:300]}") from None

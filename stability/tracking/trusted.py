@@ -85,6 +85,44 @@ class Untrusted(ValueError):
     """A run's recorded config may not be rebuilt (the reason names the key)."""
 
 
+MAX_CONFIG_BYTES = 1_000_000  # a config.yaml of ours is ~1 kB
+
+
+def _no_aliases() -> type:
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        """PyYAML's safe loader, refusing an anchor or alias before it is composed: nine
+        levels of ten aliases are a 450-byte file that a tree walk visits 10^9 times."""
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise Untrusted(f"config.yaml holds a YAML anchor or alias (&/*{event.anchor}) "
+                                f"at line {event.start_mark.line + 1}: a recorded config is "
+                                "plain data, written without anchors or aliases")
+            return super().compose_node(parent, index)
+
+    return NoAliases
+
+
+def read_recorded(path: Any) -> Any:
+    """A recorded ``config.yaml`` as plain data: at most ``MAX_CONFIG_BYTES``, UTF-8, YAML
+    without anchors or aliases (what ``trusted_config`` then checks).
+
+    Raises:
+        Untrusted: the file is too large or holds an anchor or alias.
+        UnicodeDecodeError, yaml.YAMLError: not UTF-8 text or not YAML.
+    """
+    import yaml
+
+    with open(path, "rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise Untrusted(f"config.yaml is over {MAX_CONFIG_BYTES:,} bytes")
+    return yaml.load(data.decode("utf-8"), Loader=_no_aliases())  # noqa: S506 - a SafeLoader
+
+
 def allowed_tasks(user_task: str | None) -> tuple[str, ...]:
     """The built-in tasks plus the user's own (``task_target=`` of the report), if given."""
     return BUILTIN_TASKS + ((user_task,) if user_task and user_task not in BUILTIN_TASKS
