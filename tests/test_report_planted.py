@@ -245,3 +245,61 @@ def test_a_yaml_alias_bomb_is_refused_before_any_walk(tmp_path: Path) -> None:
     assert (fp, 0) not in done  # refused, not walked: the point runs again
     run.close("FINISHED", {})
     assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.slow
+def test_memory_bombs_are_refused_by_their_declared_size(tmp_path: Path) -> None:
+    """Item 7: a 50 MB steps.csv took the report to 5.4 GB (read whole, eight at a time); a
+    0.97 MB DEFLATE-compressed best.pt inflated to 1 GB in torch.load before the shape check;
+    char_lm at MAX_DATA_ELEMENTS would allocate ~35 GB building its data. Now each is refused
+    by a size read before anything is loaded, one line for its run."""
+    import resource
+    import zipfile
+
+    from stability.tracking.adoption import MAX_STEPS_BYTES
+    from stability.tracking.trusted import MAX_DATA_ELEMENTS, Untrusted, trusted_config
+
+    uri, c, exp_id, parent = planted_sweep(tmp_path, "p7")
+    big = tmp_path / "big" / "steps.csv"
+    big.parent.mkdir()
+    row = "1,0.002,0.5,0.5,0.69,0,,1.0,1,0,1,64,0,nan,\n"
+    with big.open("w") as f:
+        f.write("step,lr,grad_l2_pre_clip,grad_l2_post_clip,loss,skipped,skip_reason,"
+                "scaler_scale,epoch,clipped,micro_batches,samples,skips_cumulative,"
+                "underflow_frac,nonfinite_param\n")
+        f.write(row * (MAX_STEPS_BYTES // len(row) + 1))
+    finished = plant(c, exp_id, parent, "p7", Spec("fp16", 5.0, 1, {0: 0.01}), 0, "FINISHED",
+                     "finished", {"best_val_loss": 0.01, "best_epoch": 2.0})
+    diverged = plant(c, exp_id, parent, "p7", Spec("fp16", 5.0, 1, {0: 0.01}), 1, "FAILED",
+                     "diverged", {"best_val_loss": 0.05, "diverged": 1.0})
+    for rid in (finished, diverged):
+        c.log_artifact(rid, str(big))
+    from stability.core.loop import write_config  # its own config: the table is what fails
+    write_config(run_config(Spec("fp16", 5.0, 1), 0, tmp_path), big.parent / "config.yaml")
+    c.log_artifact(finished, str(big.parent / "config.yaml"))
+    # the winner's seed 0: its best.pt replaced by one with a DEFLATE-compressed member
+    winner_run = c.search_runs([exp_id], "tags.`stability.seed` = '0' and "
+                                         "params.`precision.name` = 'bf16'")[0].info.run_id
+    bomb = tmp_path / "bomb" / "best.pt"
+    bomb.parent.mkdir()
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("best/data/0", bytes(64 * 2**20))  # 64 MB of zeros in ~64 kB
+    assert bomb.stat().st_size < 2**20
+    c.log_artifact(winner_run, str(bomb), "checkpoints")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result, text = report(uri, "p7", tmp_path / "out")
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert result.winner == fingerprint(run_config(WINNER, 0, tmp_path))
+    size = f"{big.stat().st_size:,}"
+    assert (f"run {finished} is unreadable, counted as not finished: unreadable run: its "
+            f"steps.csv is {size} bytes, over the cap of {MAX_STEPS_BYTES:,}") in text
+    assert (f"run {diverged} is unreadable, left out of the stability verdicts: steps.csv is "
+            f"{size} bytes, over the report's cap of {MAX_STEPS_BYTES:,}") in text
+    assert "checkpoints/best.pt holds compressed members (best/data/0)" in text
+    assert grown_mb < 1000, grown_mb
+    raw = {"task": {"_target_": "stability.tasks.char_lm.CharLMTask"},
+           "data": {"num_samples": MAX_DATA_ELEMENTS // 100, "seq_len": 100}}
+    with pytest.raises(Untrusted, match=r"cap for stability.tasks.char_lm.CharLMTask: it "
+                                        r"allocates ~400 bytes an element, allowed are at most "
+                                        r"10,737,418 elements"):
+        trusted_config(raw, "x", ["stability.tasks.char_lm.CharLMTask"])

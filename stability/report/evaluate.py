@@ -31,7 +31,7 @@ from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME
 from stability.core.precision import check_precision_supported, resolve_device
 from stability.core.task import Task, first_batch, trainer_of
 from stability.report.fetch import download, parallel
-from stability.report.rebuild import fitted
+from stability.report.rebuild import check_archive, fitted
 from stability.report.trust import BUILTIN_TASKS, read_recorded, trusted_config
 from stability.stats.paired import MeanCI, mean_ci
 
@@ -146,6 +146,7 @@ def _load(c: Any, run_id: str, dest: Path, expected: str,
     if cfg_path is None or ckpt_path is None:
         raise FileNotFoundError(f"run {run_id} lacks {CONFIG_NAME} or {CHECKPOINT_NAME}")
     cfg = trusted_config(read_recorded(cfg_path), expected, allowed)  # no YAML aliases
+    check_archive(ckpt_path)  # the sizes it declares, before torch.load inflates anything
     return cfg, torch.load(ckpt_path, map_location="cpu", weights_only=True)
 
 

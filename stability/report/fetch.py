@@ -29,6 +29,7 @@ from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
 from stability.report import adoption, grid, membership
 from stability.report.html import one_line
 from stability.report.options import ReportError
+from stability.tracking.adoption import MAX_STEPS_BYTES
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
 from stability.tracking.queries import search_all
 
@@ -456,6 +457,10 @@ def read_steps(path: Path) -> pd.DataFrame:
         UnreadableTable: names the line and column of the first cell that is not a number, or
             the columns of ``READ_COLUMNS`` it lacks.
     """
+    size = path.stat().st_size
+    if size > MAX_STEPS_BYTES:  # before reading: pandas holds every cell as a string first
+        raise UnreadableTable(f"steps.csv is {size:,} bytes, over the report's cap of "
+                              f"{MAX_STEPS_BYTES:,}")
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False)
     except Exception as err:  # ParserError, UnicodeDecodeError, EmptyDataError

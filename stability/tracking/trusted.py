@@ -52,6 +52,11 @@ def _trusted_target(key: str, value: Any) -> bool:
 MAX_RECORDED_SIZE = 1_000_000
 MAX_DATA_ELEMENTS = 100_000_000
 SIZED_SECTIONS = ("data", "model", "task")
+# Bytes a built-in task allocates per data element (num_samples x seq_len) while it builds its
+# data, before any checkpoint is compared: char_lm's corpus, ids and windows, and its one-hot
+# targets over 28 characters (int64, then float32): ~361 bytes, 35 GB at MAX_DATA_ELEMENTS.
+DATA_BYTES_PER_ELEMENT = {"stability.tasks.char_lm.CharLMTask": 400}
+MAX_DATA_BYTES = 4 * 2**30
 
 
 def _sizes(value: Any, prefix: str) -> Iterator[tuple[str, float]]:
@@ -79,6 +84,13 @@ def _check_sizes(raw: Mapping[str, Any]) -> None:
         if isinstance(n, int) and isinstance(length, int) and n * length > MAX_DATA_ELEMENTS:
             raise Untrusted(f"data.num_samples={n} x data.seq_len={length} is over the report's "
                             f"cap: allowed values are at most {MAX_DATA_ELEMENTS:,} elements")
+        task = raw.get("task")
+        per = DATA_BYTES_PER_ELEMENT.get(task.get("_target_") if isinstance(task, Mapping)
+                                         else None, 0)
+        if isinstance(n, int) and isinstance(length, int) and n * length * per > MAX_DATA_BYTES:
+            raise Untrusted(f"data.num_samples={n} x data.seq_len={length} is over the report's "
+                            f"cap for {task['_target_']}: it allocates ~{per} bytes an element, "
+                            f"allowed are at most {MAX_DATA_BYTES // per:,} elements")
 
 
 class Untrusted(ValueError):
