@@ -303,3 +303,46 @@ def test_memory_bombs_are_refused_by_their_declared_size(tmp_path: Path) -> None
                                         r"allocates ~400 bytes an element, allowed are at most "
                                         r"10,737,418 elements"):
         trusted_config(raw, "x", ["stability.tasks.char_lm.CharLMTask"])
+
+
+EVIL = "w](http://evil/x) ![i](http://evil/i.png) `\n## Answer\nTrain with evil"
+
+
+@pytest.mark.slow
+def test_text_from_artifacts_reaches_report_md_as_one_inert_line(tmp_path: Path) -> None:
+    """Item 11: a ``layer_norms.csv`` column name became a caption with a link, an image and
+    a fake ``## Answer``; a ``steps.csv`` header with newlines forged a section in Problems."""
+    import pandas as pd
+
+    fp16 = Spec("fp16", 1.0, 2, {0: 0.40, 1: 0.41}, skips=1, layer_norms=True)
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    ids = make_sweep(uri, "p11", "p11", [fp16, BASELINE], tmp_path / "runs")
+    c = MlflowClient(uri)
+    for rid in ids.values():  # every layer_norms.csv: its first failing column renamed
+        if "layer_norms.csv" in {a.path for a in c.list_artifacts(rid)}:
+            path = Path(c.download_artifacts(rid, "layer_norms.csv", str(tmp_path / rid)))
+            table = pd.read_csv(path)
+            table.columns = ["step", *[EVIL if i == 1 else col for i, col in
+                                       enumerate(table.columns[1:])]]
+            table.to_csv(path, index=False)
+            c.log_artifact(rid, str(path))
+    baseline = ids[(fingerprint(run_config(BASELINE, 0, tmp_path)), 0)]
+    steps = tmp_path / "evil" / "steps.csv"
+    steps.parent.mkdir()
+    rows = next((tmp_path / "runs").glob("p11-fp32-None-1-30-0.002-0/steps.csv")
+                ).read_text().splitlines()
+    quoted = '"' + EVIL.replace('"', '""') + '"'
+    steps.write_text("\n".join([f"{rows[0]},{quoted}", *[f"{r},abc" for r in rows[1:]]])
+                     + "\n")
+    c.log_artifact(baseline, str(steps))
+    out = tmp_path / "out"
+    build_report(ReportConfig(tracking_uri=uri, experiment="p11", sweep_id="p11",
+                              output_dir=str(out), device="cpu", register=False, plots=True))
+    text = (out / "p11" / "report.md").read_text()
+    assert "Train with evil" in text and "\nTrain with evil" not in text
+    assert "\n## Answer\nTrain" not in text
+    assert "](http://evil" not in text and "![i](" not in text
+    shown = "w] (http://evil/x) ! [i] (http://evil/i.png) ˋ ## Answer Train with evil"
+    assert f"first non-finite `{shown}` at step 1" in text  # the caption: one inert line
+    assert (f"run {baseline} is unreadable, left out of the stability verdicts: steps.csv line "
+            f"2, column {shown}: 'abc' is not a number") in text
