@@ -346,3 +346,27 @@ def test_text_from_artifacts_reaches_report_md_as_one_inert_line(tmp_path: Path)
     assert f"first non-finite `{shown}` at step 1" in text  # the caption: one inert line
     assert (f"run {baseline} is unreadable, left out of the stability verdicts: steps.csv line "
             f"2, column {shown}: 'abc' is not a number") in text
+
+
+@pytest.mark.slow
+def test_summary_csv_cells_never_start_a_formula(tmp_path: Path) -> None:
+    """Item 12: a ``summary.csv`` text cell read from runs could start with ``=``, ``+``,
+    ``-`` or ``@`` (spreadsheet formula injection). Now such a cell starts with ``'``."""
+    import csv
+
+    formula = '=HYPERLINK("http://evil/x","open me")'
+    hostile = Spec("fp32", None, 1, {0: 0.60, 1: 0.61},
+                   planted=((0, "precision.name", formula), (1, "precision.name", formula)))
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    make_sweep(uri, "p12", "p12", [WINNER, BASELINE, hostile], tmp_path / "runs")
+    out = tmp_path / "out"
+    build_report(ReportConfig(tracking_uri=uri, experiment="p12", sweep_id="p12",
+                              output_dir=str(out), device="cpu", register=False, plots=False))
+    with (out / "p12" / "summary.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    cells = [v for r in rows for v in r.values()]
+    assert any(formula.replace("`", "ˋ") in v for v in cells)  # the value is there, as text
+    bad = [v for v in cells if v[:1] in ("=", "+", "@") or
+           (v[:1] == "-" and not v.replace(".", "", 1).lstrip("-").replace("e-", "").isdigit())]
+    assert bad == [], bad
+    assert [v for v in cells if v.startswith("'=")]

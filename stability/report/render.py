@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from stability.report.html import one_line
 from stability.report.plots import Figure
 from stability.report.sections import SECTIONS, Section
@@ -119,6 +121,26 @@ def render(study: Study, written: Written, header: Header, notes: Sequence[str])
     return "\n".join(parts)
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet cell formula's first character
+
+
+def _cell(value: object) -> object:
+    """A text cell a spreadsheet would run as a formula, prefixed with ``'`` (OWASP's CSV
+    injection advice); numbers, and text that is a plain number (``-1``), stay as they are."""
+    if not isinstance(value, str) or not value.startswith(FORMULA_STARTS):
+        return value
+    try:
+        float(value)
+        return value
+    except ValueError:
+        return "'" + value
+
+
 def write_summary(configs: ConfigTable, path: Path) -> None:
-    """One row per config with every aggregate the report uses (``table.SUMMARY_COLUMNS``)."""
-    configs.summary().to_csv(path, index=False)
+    """One row per config with every aggregate the report uses (``table.SUMMARY_COLUMNS``);
+    a text cell read from runs that starts like a formula is prefixed with ``'``."""
+    table = configs.summary()
+    for col in table.columns:
+        if not pd.api.types.is_numeric_dtype(table[col]):  # numbers stay numbers
+            table[col] = table[col].map(_cell)
+    table.to_csv(path, index=False)
