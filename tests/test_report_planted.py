@@ -370,3 +370,34 @@ def test_summary_csv_cells_never_start_a_formula(tmp_path: Path) -> None:
            (v[:1] == "-" and not v.replace(".", "", 1).lstrip("-").replace("e-", "").isdigit())]
     assert bad == [], bad
     assert [v for v in cells if v.startswith("'=")]
+
+
+@pytest.mark.slow
+def test_a_planted_pass_or_a_flood_of_checks_hides_no_failed_check(tmp_path: Path) -> None:
+    """Item 13: the newest check run of a task spoke for it: a planted passing check hid a
+    real failure, and a flood of check runs pushed it out of the 200 searched. Now only the
+    sweep's own user's check runs count, its failures are searched on their own, and the
+    newest failure within a week of the task's newest check wins over a pass."""
+    uri, c, exp_id, parent = planted_sweep(tmp_path, "p13")
+    train = c.search_runs([exp_id], "tags.`stability.kind` = 'train'")[0]
+    task = [Param(k, v) for k, v in train.data.params.items() if k.startswith("task.")]
+    now = int(time.time() * 1000)
+
+    def check(outcome: str, start: int, user: str | None = None) -> str:
+        tags = {Tag.KIND: "check", "stability.check_outcome": outcome}
+        rid = c.create_run(exp_id, start_time=start, tags=tags | (
+            {"mlflow.user": user} if user else {})).info.run_id
+        c.log_batch(rid, params=[*task, Param("check.accumulation.full", outcome)],
+                    metrics=[Metric("check.accumulation.full", 0.5, start, 0)])
+        return rid
+
+    real = check("fail", now - 3_600_000)  # the sweep's user (MLflow records 'unknown')
+    check("pass", now - 60_000, user="mallory")  # another user's pass: not the sweep's
+    check("pass", now - 30_000)  # a pass right after the failure does not hide it
+    for i in range(201):  # a flood of the sweep's user's passes
+        rid = c.create_run(exp_id, start_time=now - 20_000 + i, tags={
+            Tag.KIND: "check", "stability.check_outcome": "pass"}).info.run_id
+        c.log_batch(rid, params=task)
+    _, text = report(uri, "p13", tmp_path / "out")
+    assert (f"- `stability check` failed on this task (accumulation.full: 0.5): check run "
+            f"`{real}`.") in text
