@@ -20,7 +20,18 @@ from typing import Any
 
 import pandas as pd
 
-from stability.report import adoption, advice, compare, factors, fetch, health, lr, publish, select
+from stability.report import (
+    adoption,
+    advice,
+    compare,
+    factors,
+    fetch,
+    health,
+    lr,
+    publish,
+    select,
+    steps_csv,
+)
 from stability.report.decision import margin_of
 from stability.report.evaluate import evaluate_winner, load_winner
 from stability.report.html import to_html
@@ -113,7 +124,7 @@ def _steps(c: Any, cfg: ReportConfig, runs: pd.DataFrame, dest: Path,
     """The judged runs' ``steps.csv``; a run that cannot be read is a line in ``notes``."""
     judged = runs[runs["outcome"].isin(["finished", "diverged"])]
     unreadable: dict[str, str] = {}
-    steps = fetch.steps_tables(c, judged["run_id"], dest, cfg.history_workers,
+    steps = steps_csv.steps_tables(c, judged["run_id"], dest, cfg.history_workers,
                                dict(zip(judged["run_id"], judged["artifact_uri"], strict=True)),
                                unreadable)
     notes += [f"run {rid} is unreadable, left out of the stability verdicts: {why}"
