@@ -253,7 +253,12 @@ def test_the_report_cites_the_newest_failed_check_of_the_same_task_only():
         "- `stability check` failed on this task (accumulation.short_window: 0.5; "
         "clip.unscaled: not measured): check run `b2`. The study measured a trainer whose "
         "mechanics fail that probe (docs/check.md)."]
-    fixed = CheckRun("d4", task, (), 4)  # a newer check passed: nothing to cite
+    from stability.report.check_runs import WINDOW_MS
+    still = CheckRun("d4", task, (), 4)  # a pass soon after a failure does not hide it
+    assert cited(_runs(**task), [old_fail, new_fail, still])[0].endswith(
+        "check run `b2`. The study measured a trainer whose mechanics fail that probe "
+        "(docs/check.md).")
+    fixed = CheckRun("d4", task, (), 2 + WINDOW_MS + 1)  # a pass long after: nothing to cite
     assert cited(_runs(**task), [old_fail, new_fail, fixed]) == []
     assert cited(_runs(**{**task, "task.seq_len": "30"}), [new_fail, other]) == []
 

@@ -2,9 +2,15 @@
 
 A check run (kind ``check``, docs/TRACKING.md) carries the task's own params (``task._target_``,
 ``task.<key>``), as every training run does. A study's task is each distinct set of those params
-among its runs; the newest check run with the same set speaks for that task. When it failed,
-the stability section says so, with the failed probes' measured numbers and the run id: a study
-of a trainer whose mechanics are broken measured the bug.
+among its runs. When a check of that task failed, the stability section says so, with the
+failed probes' measured numbers and the run id: a study of a trainer whose mechanics are broken
+measured the bug.
+
+Which check speaks (issue 46, item 13): anyone can log a check run, so only those the sweep's
+own MLflow user created count (``user_id``, searched by the store: another user's flood cannot
+push them out of the ``NEWEST`` read), the user's failed ones are searched on their own too
+(a flood of passes cannot push a failure out), and the newest failure within ``WINDOW_MS`` of
+the task's newest check wins over a pass: a pass planted after a real failure does not hide it.
 
 Everything read from the check runs is data: strings are kept to one inert line (``html.inert``),
 numbers must parse, and a run that does not read is left out (it never stops the report).
@@ -21,12 +27,13 @@ from typing import Any
 import pandas as pd
 
 from stability.report.html import inert
-from stability.tracking.contract import CHECK_PREFIX, Kind, search_filter
+from stability.tracking.contract import CHECK_PREFIX, Kind, Tag, search_filter
 from stability.tracking.queries import search_all
 
 log = logging.getLogger(__name__)
 
 FAIL = "fail"  # a probe's status, and stability.check_outcome
+WINDOW_MS = 7 * 24 * 3600 * 1000  # a failure this much older than the task's newest check is over
 NEWEST = 200  # check runs read, newest first: enough for every task of an experiment
 SHOWN = 4  # failed probes named in the line (the run has them all)
 
@@ -70,16 +77,30 @@ def read(run: Any) -> CheckRun:
                     int(run.info.start_time or 0))
 
 
-def fetch(c: Any, experiment_id: str) -> list[CheckRun]:
-    """The experiment's check runs (newest first); none when the store cannot say."""
+def _quotable(user: str) -> bool:
+    return bool(user) and all(ch.isprintable() and ch not in "'\"\\`" for ch in user)
+
+
+def fetch(c: Any, experiment_id: str, user: str | None = None) -> list[CheckRun]:
+    """The experiment's check runs (newest first), ``user``'s only when given (their
+    ``NEWEST`` newest and ``NEWEST`` newest failed); none when the store cannot say."""
+    base = search_filter(Kind.CHECK)
+    if user is not None:
+        if not _quotable(user):  # a user name a filter cannot quote: nobody's runs
+            log.warning("check runs not read: the sweep's user %r is not a plain name",
+                        _clean(user))
+            return []
+        base += f" and attributes.user_id = '{user}'"
     try:
-        found = search_all(c, experiment_id, search_filter(Kind.CHECK),
-                           ["attributes.start_time DESC"], NEWEST)
+        found = {r.info.run_id: r for query in (base, f"{base} and tags.`{Tag.CHECK_OUTCOME}` "
+                                                      f"= '{FAIL}'")
+                 for r in search_all(c, experiment_id, query, ["attributes.start_time DESC"],
+                                     NEWEST)}
     except Exception as err:  # the report stands without the check runs
         log.warning("check runs not read: %s", type(err).__name__)
         return []
     out = []
-    for run in found:
+    for run in sorted(found.values(), key=lambda r: -(r.info.start_time or 0)):
         try:
             out.append(read(run))
         except (TypeError, ValueError, OverflowError, AttributeError) as err:
@@ -102,9 +123,11 @@ def cited(runs: pd.DataFrame, checks: Sequence[CheckRun]) -> list[str]:
         same = [c for c in checks if tuple(sorted(c.task.items())) == task]
         if not same:
             continue
-        newest = max(same, key=lambda c: c.start_time)
-        if not newest.failed:
+        last = max(c.start_time for c in same)
+        failed = [c for c in same if c.failed and c.start_time >= last - WINDOW_MS]
+        if not failed:
             continue
+        newest = max(failed, key=lambda c: c.start_time)
         probes = "; ".join(f"{name}: {_number(value)}" for name, value in newest.failed[:SHOWN])
         more = len(newest.failed) - SHOWN
         lines.append(f"- `stability check` failed on this task ({probes}"
@@ -118,7 +141,16 @@ def _number(value: float) -> str:
     return "not measured" if math.isnan(value) else f"{value:.3g}"
 
 
-def lines(c: Any, experiment_id: str, runs: pd.DataFrame) -> list[str]:
-    """``cited`` over the experiment's check runs (what the report's stability section adds)."""
-    return cited(runs, fetch(c, experiment_id))
+def lines(c: Any, experiment_id: str, runs: pd.DataFrame,
+          parent_run_id: str | None = None) -> list[str]:
+    """``cited`` over the experiment's check runs (what the report's stability section adds):
+    those the sweep's own user created, given its parent run (a sweep without one: all)."""
+    user = None
+    if parent_run_id:
+        try:
+            user = str(c.get_run(parent_run_id).info.user_id or "")
+        except Exception as err:  # the report stands without the check runs
+            log.warning("check runs not read: %s", type(err).__name__)
+            return []
+    return cited(runs, fetch(c, experiment_id, user))
 

@@ -24,7 +24,6 @@ from typing import Any
 
 import pandas as pd
 import torch
-import yaml
 
 from stability.core.batches import evaluate_task, task_of
 from stability.core.config import RunConfig
@@ -32,8 +31,8 @@ from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME
 from stability.core.precision import check_precision_supported, resolve_device
 from stability.core.task import Task, first_batch, trainer_of
 from stability.report.fetch import download, parallel
-from stability.report.rebuild import fitted
-from stability.report.trust import BUILTIN_TASKS, trusted_config
+from stability.report.rebuild import check_archive, fitted
+from stability.report.trust import BUILTIN_TASKS, read_recorded, trusted_config
 from stability.stats.paired import MeanCI, mean_ci
 
 log = logging.getLogger(__name__)
@@ -146,7 +145,8 @@ def _load(c: Any, run_id: str, dest: Path, expected: str,
     ckpt_path = download(c, run_id, CHECKPOINT_NAME, dest)
     if cfg_path is None or ckpt_path is None:
         raise FileNotFoundError(f"run {run_id} lacks {CONFIG_NAME} or {CHECKPOINT_NAME}")
-    cfg = trusted_config(yaml.safe_load(cfg_path.read_text()), expected, allowed)
+    cfg = trusted_config(read_recorded(cfg_path), expected, allowed)  # no YAML aliases
+    check_archive(ckpt_path)  # the sizes it declares, before torch.load inflates anything
     return cfg, torch.load(ckpt_path, map_location="cpu", weights_only=True)
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from stability.report.fetch import SWEPT
+from stability.report.grid import in_grid
 from stability.report.select import PRECISION_ORDER, effective_loss, train_seconds
 from stability.stats import effects as fx
 from stability.stats.paired import min_detectable
@@ -112,6 +114,10 @@ def _sort_key(name: str, level: str) -> tuple:
 def design(runs: pd.DataFrame, configs: pd.DataFrame) -> tuple[pd.DataFrame, list[Factor]]:
     """One row per run with its factor levels (strings), seed, loss and training seconds.
 
+    The factors besides clipping, accumulation and precision are the params that vary and
+    that the sweep swept (``runs.attrs["swept"]``, set by ``fetch.fetch_runs``), never a param
+    that only a planted run varies.
+
     Returns:
         ``(table, factors)``; factors with a single level are not factors and are left out.
     """
@@ -122,8 +128,9 @@ def design(runs: pd.DataFrame, configs: pd.DataFrame) -> tuple[pd.DataFrame, lis
         cols[CLIP][fp] = _clip_level(pd.concat([c, first.loc[fp]]))
         cols[ACCUM][fp] = str(int(c["accum_steps"]))
         cols[PRECISION][fp] = str(c["precision"])
+    swept = runs.attrs.get(SWEPT)  # the sweep's own grid (report/grid.py); None: unknown
     other = [k for k in first.columns if "." in k and not k.startswith(_NAMED + _NEVER)
-             and first[k].astype(str).nunique() > 1]
+             and (swept is None or in_grid(k, swept)) and first[k].astype(str).nunique() > 1]
     for key in other:
         cols[key] = {fp: str(first.loc[fp, key]) for fp in first.index}
     loss = effective_loss(runs)

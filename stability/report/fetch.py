@@ -14,7 +14,7 @@ import logging
 import math
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +23,9 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from stability.core.config import ClipConfig, TrainConfig
-from stability.core.steplog import TEXT_COLUMNS
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
-from stability.report import adoption
+from stability.report import adoption, grid, membership
 from stability.report.html import one_line
 from stability.report.options import ReportError
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
@@ -137,11 +136,25 @@ def _typed(key: str, value: str) -> Any:
         raise ValueError(f"param {key}={value[:80]!r} is invalid ({err})") from None
 
 
+def outcome_of(tag: str | None, status: str) -> str:
+    """A run's outcome: its ``stability.outcome`` tag only where MLflow's status agrees.
+
+    The tag is data anyone can write: a KILLED run tagged ``finished`` is killed, and only a
+    FINISHED run (whose artifacts are then checked, ``adoption.unbacked``) is finished. A run
+    closed without its final tag, or with a tag that is no outcome, takes its status's.
+    """
+    try:
+        claimed = Outcome(tag) if tag else None
+    except ValueError:
+        claimed = None
+    if claimed is None or claimed.status != ("RUNNING" if status == "SCHEDULED" else status):
+        return str(Outcome.from_status(status))
+    return str(claimed)
+
+
 def _row(run: Any) -> dict[str, Any]:
     tags, params = run.data.tags, run.data.params
-    outcome = tags.get(Tag.OUTCOME) or Outcome.from_status(run.info.status)
-    if outcome == Outcome.RUNNING and run.info.status != "RUNNING":
-        outcome = Outcome.from_status(run.info.status)  # closed without its final tag
+    outcome = outcome_of(tags.get(Tag.OUTCOME), run.info.status)
     row: dict[str, Any] = {
         "run_id": run.info.run_id,
         "run_name": run.info.run_name,
@@ -270,21 +283,30 @@ def adopted_runs(c: Any, sweep: Sweep) -> list[Any]:
 
 
 def fetch_runs(c: Any, sweep: Sweep, allowed: Sequence[str] | None = None,
-               workers: int = 8) -> pd.DataFrame:
+               workers: int = 8, set_aside: list[str] | None = None) -> pd.DataFrame:
     """Every training run of the sweep, one row each: tags, typed params, summary metrics.
 
     The sweep's runs are those tagged with its id plus those it adopted (a resumed sweep
     skipped their points as already FINISHED: ``adopted_runs``). Given ``allowed`` (the task
     import paths a config may name), a FINISHED run whose artifacts do not back it is
     unreadable, with the reason (``adoption.unbacked``). A (config, seed) point logged more
-    than once keeps its finished run, else its newest one.
+    than once keeps its finished run, else its newest one. Runs the sweep's own record does
+    not vouch for (``membership.own_runs``) are left out, one line each into ``set_aside``.
 
     Raises:
         ReportError: the sweep has no training runs.
     """
     runs = search_all(c, sweep.experiment_id, search_filter(Kind.TRAIN, sweep.sweep_id))
     own = {r.info.run_id for r in runs}
-    runs += [r for r in adopted_runs(c, sweep) if r.info.run_id not in own]
+    adopted = [r for r in adopted_runs(c, sweep) if r.info.run_id not in own]
+    runs, lines = membership.own_runs(c, sweep.parent_run_id, runs + adopted,
+                                      [r.info.run_id for r in adopted])
+    swept = _swept(c, sweep)
+    if swept is not None:  # a run that is no point of the sweep's own grid is set aside
+        runs, outside = grid.outside(runs, swept, runs)
+        lines += outside
+    if set_aside is not None:
+        set_aside += lines
     if not runs:
         known = _known_sweeps(c, sweep.experiment_id)
         raise ReportError(
@@ -312,7 +334,21 @@ def fetch_runs(c: Any, sweep: Sweep, allowed: Sequence[str] | None = None,
     if dropped:
         log.warning("%d superseded runs of a repeated (config, seed) point ignored", dropped)
     df = _settle(df.drop_duplicates(["fingerprint", "seed"]).drop(columns="_finished"))
-    return df.sort_values(["fingerprint", "seed"]).reset_index(drop=True)
+    df = df.sort_values(["fingerprint", "seed"]).reset_index(drop=True)
+    df.attrs[SWEPT] = swept  # the factors are the sweep's swept keys (factors.design)
+    return df
+
+
+SWEPT = "swept"  # DataFrame.attrs key of fetch_runs: the sweep's swept keys (None: unknown)
+
+
+def _swept(c: Any, sweep: Sweep) -> tuple[str, ...] | None:
+    try:
+        return grid.swept_keys(c, sweep.parent_run_id)
+    except Exception as err:  # the parent cannot be read: the runs' params decide, as before
+        log.warning("sweep %s: its grid cannot be read (%s)", sweep.sweep_id,
+                    _one_line(str(err))[:200])
+        return None
 
 
 def loss_name(runs: pd.DataFrame) -> str:
@@ -395,60 +431,3 @@ def download(c: Any, run_id: str, path: str, dest: Path,
     except Exception as err:  # a missing artifact must not end the report
         log.warning("run %s has no artifact %s (%s)", run_id, path, err)
         return None
-
-
-# TEXT_COLUMNS, StepLog's str fields: every other steps.csv column is a number.
-NAN_WORDS = {"", "nan", "none", "inf", "-inf", "+inf", "infinity", "-infinity"}
-
-
-class UnreadableTable(ValueError):
-    """A run's ``steps.csv`` holds a cell that is not what its column records."""
-
-
-def read_steps(path: Path) -> pd.DataFrame:
-    """``steps.csv`` as a DataFrame whose number columns are numbers.
-
-    Raises:
-        UnreadableTable: names the line and column of the first cell that is not a number.
-    """
-    try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except Exception as err:  # ParserError, UnicodeDecodeError, EmptyDataError
-        raise UnreadableTable(f"steps.csv: {type(err).__name__}: "
-                              f"{' '.join(str(err).split())[:200]}") from None
-    for col in (c for c in df.columns if c not in TEXT_COLUMNS):
-        numbers = pd.to_numeric(df[col], errors="coerce")
-        bad = numbers.isna() & ~df[col].str.strip().str.lower().isin(NAN_WORDS)
-        if bad.any():
-            i = int(bad.to_numpy().nonzero()[0][0])
-            raise UnreadableTable(f"steps.csv line {i + 2}, column {col}: "
-                                  f"{df[col].iloc[i][:40]!r} is not a number")
-        df[col] = numbers
-    for col in (c for c in TEXT_COLUMNS if c in df.columns):
-        df[col] = df[col].replace("", math.nan)  # as pandas reads an empty cell
-    return df
-
-
-def steps_tables(c: Any, run_ids: Iterable[str], dest: Path, workers: int = 8,
-                 artifact_uris: Mapping[str, str] | None = None,
-                 unreadable: dict[str, str] | None = None) -> dict[str, pd.DataFrame]:
-    """``steps.csv`` of each run as a DataFrame (runs without one are left out).
-
-    ``artifact_uris`` (run id -> the run's ``artifact_uri``) saves the run look-ups. A table
-    that cannot be read is left out too, its reason put into ``unreadable`` (run id ->
-    reason): one bad run must not end the report.
-    """
-    uris = artifact_uris or {}
-
-    def one(run_id: str) -> pd.DataFrame | str | None:
-        path = download(c, run_id, "steps.csv", dest / run_id, uris.get(run_id))
-        try:
-            return read_steps(path) if path is not None else None
-        except UnreadableTable as err:
-            log.warning("run %s: %s", run_id, err)
-            return str(err)
-
-    got = parallel(one, run_ids, workers)
-    if unreadable is not None:
-        unreadable.update({k: v for k, v in got.items() if isinstance(v, str)})
-    return {k: v for k, v in got.items() if isinstance(v, pd.DataFrame)}

@@ -20,7 +20,18 @@ from typing import Any
 
 import pandas as pd
 
-from stability.report import adoption, advice, compare, factors, fetch, health, lr, publish, select
+from stability.report import (
+    adoption,
+    advice,
+    compare,
+    factors,
+    fetch,
+    health,
+    lr,
+    publish,
+    select,
+    steps_csv,
+)
 from stability.report.decision import margin_of
 from stability.report.evaluate import evaluate_winner, load_winner
 from stability.report.html import to_html
@@ -81,10 +92,12 @@ class _Selected:
     comparisons: list[compare.Comparison]
 
 
-def _fetch(c: Any, cfg: ReportConfig) -> tuple[fetch.Sweep, pd.DataFrame, pd.DataFrame]:
-    """The sweep, its runs and their config table (ranked on validation)."""
+def _fetch(c: Any, cfg: ReportConfig,
+           set_aside: list[str]) -> tuple[fetch.Sweep, pd.DataFrame, pd.DataFrame]:
+    """The sweep, its runs and their config table (ranked on validation); a line into
+    ``set_aside`` per run tagged with the sweep's id that is not the sweep's own."""
     sweep = fetch.find_sweep(c, cfg.experiment, cfg.sweep_id)
-    runs = fetch.fetch_runs(c, sweep, allowed_tasks(cfg.task), cfg.history_workers)
+    runs = fetch.fetch_runs(c, sweep, allowed_tasks(cfg.task), cfg.history_workers, set_aside)
     runs["val_acc_at_best"] = fetch.val_acc_at_best(c, runs, cfg.history_workers)
     configs = select.aggregate(runs, cfg.confidence)
     if not (runs["outcome"] == "finished").any():
@@ -112,7 +125,7 @@ def _steps(c: Any, cfg: ReportConfig, runs: pd.DataFrame, dest: Path,
     """The judged runs' ``steps.csv``; a run that cannot be read is a line in ``notes``."""
     judged = runs[runs["outcome"].isin(["finished", "diverged"])]
     unreadable: dict[str, str] = {}
-    steps = fetch.steps_tables(c, judged["run_id"], dest, cfg.history_workers,
+    steps = steps_csv.steps_tables(c, judged["run_id"], dest, cfg.history_workers,
                                dict(zip(judged["run_id"], judged["artifact_uri"], strict=True)),
                                unreadable)
     notes += [f"run {rid} is unreadable, left out of the stability verdicts: {why}"
@@ -134,7 +147,8 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     uri = resolve_tracking_uri(cfg.tracking_uri)
     check_reachable(uri)
     c = client(uri)
-    sweep, runs, configs = _fetch(c, cfg)
+    set_aside: list[str] = []
+    sweep, runs, configs = _fetch(c, cfg, set_aside)
     chosen = _select(runs, configs, cfg)
     winner = chosen.configs.iloc[0]
     log.info("winner %s (%s) of %d configs", winner["label"], winner["fingerprint"],
@@ -143,7 +157,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     folder = publish.report_folder(Path(cfg.output_dir), sweep.sweep_id)
     commit = git_commit()
     report_run = publish.start_report_run(c, sweep, winner, commit)
-    notes: list[str] = []
+    notes: list[str] = list(set_aside)
     try:
         # The report's files are made in a staging folder and moved into ``folder`` (never
         # written through whatever already sits there); only these files are uploaded.

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from stability.report.html import inert
+import pandas as pd
+
+from stability.report.html import one_line
 from stability.report.plots import Figure
 from stability.report.sections import SECTIONS, Section
 from stability.report.study import Study
@@ -82,6 +84,11 @@ def write_sections(study: Study, plots: Path | None,
     return Written(tuple(body), tuple(figures), tuple(remarks), tuple(notes))
 
 
+def _flat(text: str) -> str:
+    """Our own line of Markdown with any control character (a newline) as a space."""
+    return "".join(ch if ch.isprintable() else " " for ch in text)
+
+
 def render(study: Study, written: Written, header: Header, notes: Sequence[str]) -> str:
     """The whole report.md; ``notes`` are its Problems (every one made inert: they hold data)."""
     s, runs = study.sweep, study.runs
@@ -96,20 +103,44 @@ def render(study: Study, written: Written, header: Header, notes: Sequence[str])
            else "."), "",
         *written.body,
     ]
+    # Problems, remarks and captions quote run data (a column name, a reason): each is one
+    # line (the data in a remark or caption made inert where it was read), so a newline in it
+    # can never start a section of its own
     if notes:
         parts += ["## Problems while writing this report", "",
-                  *[f"- {inert(note)}" for note in notes], ""]
+                  *[f"- {one_line(note)}" for note in notes], ""]
     parts += ["## Figures", ""]
     for remark in written.remarks:
-        parts += [remark, ""]
+        parts += [_flat(remark), ""]
     for f in written.figures:
-        parts += [f"### {f.title}", "", f"![{f.title}](plots/{f.file})", "", f.caption, ""]
+        parts += [f"### {f.title}", "", f"![{f.title}](plots/{f.file})", "",
+                  _flat(f.caption), ""]
     parts += ["## Reproduce", "", "```bash",
               f"python experiments/report.py experiment={s.experiment} sweep_id={s.sweep_id}",
               "```", "", "`summary.csv` holds the ranked table with every aggregate above.", ""]
     return "\n".join(parts)
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet cell formula's first character
+
+
+def _cell(value: object) -> object:
+    """A text cell a spreadsheet would run as a formula, prefixed with ``'`` (OWASP's CSV
+    injection advice); numbers, and text that is a plain number (``-1``), stay as they are."""
+    if not isinstance(value, str) or not value.startswith(FORMULA_STARTS):
+        return value
+    try:
+        float(value)
+        return value
+    except ValueError:
+        return "'" + value
+
+
 def write_summary(configs: ConfigTable, path: Path) -> None:
-    """One row per config with every aggregate the report uses (``table.SUMMARY_COLUMNS``)."""
-    configs.summary().to_csv(path, index=False)
+    """One row per config with every aggregate the report uses (``table.SUMMARY_COLUMNS``);
+    a text cell read from runs that starts like a formula is prefixed with ``'``."""
+    table = configs.summary()
+    for col in table.columns:
+        if not pd.api.types.is_numeric_dtype(table[col]):  # numbers stay numbers
+            table[col] = table[col].map(_cell)
+    table.to_csv(path, index=False)

@@ -17,9 +17,10 @@ from stability.tracking.trusted import (
     TRUSTED_SCHEDULES,
     Untrusted,
     allowed_tasks,
+    read_recorded,
     trusted_config,
 )
 
 __all__ = ["BUILTIN_TASKS", "HYDRA_KEYS", "MAX_DATA_ELEMENTS", "MAX_RECORDED_SIZE",
            "SIZED_SECTIONS", "TRUSTED_OPTIM", "TRUSTED_SCHEDULES", "TRUSTED_SCHEDULE_PREFIX",
-           "Untrusted", "allowed_tasks", "trusted_config"]
+           "Untrusted", "allowed_tasks", "read_recorded", "trusted_config"]

@@ -12,14 +12,14 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence, Set
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stability.core.config import TrackingConfig
 from stability.sweep.schedule import CostKey, observed_costs
-from stability.tracking import adoption
+from stability.tracking import adoption, children
 from stability.tracking.artifacts import upload_artifacts
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
 from stability.tracking.folders import journal_names, tagged_folder, under
@@ -75,6 +75,8 @@ class SweepRun:
     # seconds per epoch the experiment's finished runs took, per kind of job (schedule.order)
     costs: dict[CostKey, float] = field(default_factory=dict)
     adopted: set[str] = field(default_factory=set)  # run ids of the points it skipped
+    planned: set[tuple[str, int]] = field(default_factory=set)  # points it planned
+    launched: set[str] = field(default_factory=set)  # run ids its jobs created
     # hydra.sweep.dir: the only folders its resume and orphan handling act on (folders.py)
     root: Path | None = None
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -106,6 +108,22 @@ class SweepRun:
             client(self.uri).log_text(self.run_id, json.dumps(sorted(self.adopted | new)),
                                       Artifact.ADOPTED_RUNS)
             self.adopted |= new
+
+    def record(self, planned: Iterable[tuple[str, int]] = (),
+               folders: Iterable[Path] = ()) -> None:
+        """Record on the parent run the points planned and the runs its jobs created.
+
+        ``planned`` before a round is launched; ``folders`` (the round's job folders, under
+        the sweep's own folder) after it: each one's journal names its run. The whole record
+        is rewritten when it grew (``tracking/children.py``); the report decides from it.
+        """
+        planned, launched = set(planned) - self.planned, children.run_ids_of(folders)
+        launched -= self.launched
+        if planned or launched:  # kept only once written: a failed write is retried next time
+            children.write(client(self.uri), self.run_id, self.planned | planned,
+                           self.launched | launched)
+            self.planned |= planned
+            self.launched |= launched
 
     def job_overrides(self) -> list[str]:
         """What every job of the sweep gets: the same store, sweep id and parent."""

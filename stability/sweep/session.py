@@ -78,6 +78,17 @@ class Session:
             log.error("could not record the adopted runs on the parent run %s: %s",
                       self.run.run_id, err)
 
+    def record(self, planned: Sequence[Key] = (), folders: Sequence[Path] = ()) -> None:
+        """Record the sweep's planned points and its jobs' runs on the parent run
+        (``SweepRun.record``); an outage is logged, the next round writes the whole record."""
+        if self.run is None:
+            return
+        try:
+            self.run.record(planned, folders)
+        except Exception as err:
+            log.error("could not record the sweep's runs on the parent run %s: %s",
+                      self.run.run_id, err)
+
     def resumable(self, todo: Sequence[SweepPoint]) -> dict[Key, Path]:
         """The folder each point of ``todo`` resumes in (its last KILLED run's checkpoint)."""
         return resumable_folders(self.run, todo) if self.run is not None else {}
@@ -104,6 +115,7 @@ class Session:
             say(f"synced {synced} pending runs of this sweep")
             orphans = run.close_orphans(job_dirs, killed=status == "KILLED",
                                         scheduler_killed=scheduler_killed)
+            self.record(folders=list(job_dirs.values()))  # runs a sync created too
             if orphans:
                 say(f"closed {orphans} runs their jobs left open (worker killed or crashed)")
             return run.close(status, summary) | {"runs_orphaned": orphans}

@@ -257,8 +257,10 @@ class StabilitySweeper(BasicSweeper):
                     else:
                         self.say(f"round {len(rounds) + 1}: {len(todo)} more points to run")
                     rounds.append(RoundOutcome())
+                    session.record(planned=[p.key for p in batch])
                     run_round(how, todo, len(batch) - len(todo), session, resume, offset, stop,
                               rounds[-1])
+                    session.record(folders=list(rounds[-1].job_dirs.values()))
                     if stop.requested:
                         raise stop.exception()
                     results = self._results(strategy, session, rounds[-1], batch)

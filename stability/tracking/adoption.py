@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from stability.tracking.contract import WORLD_SIZE_PARAM, Artifact
-from stability.tracking.trusted import trusted_config
+from stability.tracking.trusted import MAX_CONFIG_BYTES, read_recorded, trusted_config
 
-MAX_CONFIG_BYTES = 1_000_000  # a config.yaml of ours is ~1 kB
+# steps.csv: ~100 bytes a step, so ~160,000 steps (the default study's runs are ~1,500); the
+# report reads such a table whole, up to 8 at a time
+MAX_STEPS_BYTES = 16_000_000
 REL_TOL = 1e-6  # float32 values written to a CSV and logged as float64 agree to this
 
 
@@ -52,14 +54,10 @@ def _download(c: Any, run_id: str, artifact_uri: str, name: str, dest: Path) -> 
 
 
 def _config(path: Path, fingerprint: str, world_size: int, allowed: Sequence[str]) -> None:
-    import yaml
-
-    with path.open("rb") as f:
-        data = f.read(MAX_CONFIG_BYTES + 1)
-    if len(data) > MAX_CONFIG_BYTES:
+    if path.stat().st_size > MAX_CONFIG_BYTES:
         raise NotBacked(f"its {Artifact.CONFIG} is over {MAX_CONFIG_BYTES:,} bytes")
-    try:
-        trusted_config(yaml.safe_load(data.decode("utf-8")), fingerprint, allowed, world_size)
+    try:  # plain data, no YAML anchors or aliases (read_recorded), before any walk
+        trusted_config(read_recorded(path), fingerprint, allowed, world_size)
     except Exception as err:  # Untrusted, ConfigError, a YAML or UTF-8 error: all data
         raise NotBacked(f"its {Artifact.CONFIG} is refused: "
                         f"{' '.join(str(err).split())[:300]}") from None
@@ -87,22 +85,27 @@ def _close(a: float, b: float) -> bool:
 
 
 def _steps(path: Path, metrics: Mapping[str, Any]) -> None:
-    try:
+    size = path.stat().st_size
+    if size > MAX_STEPS_BYTES:  # before reading: a table is data, its size too
+        raise NotBacked(f"its {Artifact.STEPS_CSV} is {size:,} bytes, over the cap of "
+                        f"{MAX_STEPS_BYTES:,}")
+    rows, last = 0, None
+    try:  # streamed: only the last row is kept
         with path.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
+            for rows, last in enumerate(csv.DictReader(f), 1):  # noqa: B007 - the last one
+                pass
     except (UnicodeDecodeError, csv.Error) as err:
         raise NotBacked(f"its {Artifact.STEPS_CSV} cannot be read ({err})") from None
-    if not rows or "step" not in rows[0]:
+    if last is None or "step" not in last:
         raise NotBacked(f"its {Artifact.STEPS_CSV} holds no step")
-    last = rows[-1]
-    step = _number(last.get("step") or "", f"line {len(rows) + 1}, column step")
+    step = _number(last.get("step") or "", f"line {rows + 1}, column step")
     steps = _recorded(metrics, "optimizer_steps")
     if steps is not None and step != steps:
         raise NotBacked(f"its {Artifact.STEPS_CSV} ends at step {step:g}, its optimizer_steps "
                         f"metric says {steps:g}")
     loss = _recorded(metrics, "loss")
     if loss is not None and "loss" in last:
-        value = _number(last["loss"] or "", f"line {len(rows) + 1}, column loss")
+        value = _number(last["loss"] or "", f"line {rows + 1}, column loss")
         if not _close(value, loss):
             raise NotBacked(f"its {Artifact.STEPS_CSV} ends with loss {value:.6g}, its loss "
                             f"metric says {loss:.6g}")

@@ -128,6 +128,9 @@ class Artifact:
     # sweep parent: JSON list of the run ids of training runs FINISHED before the sweep whose
     # points it skipped (a resumed sweep); its report reads them with its own runs
     ADOPTED_RUNS = "adopted_runs.json"
+    # sweep parent: JSON {"planned": [[fingerprint, seed], ...], "launched": [run id, ...]},
+    # the points it planned and the runs its own jobs created (tracking/children.py)
+    SWEEP_RUNS = "sweep_runs.json"
     CHECK_JSON = "check.json"  # check run: every probe's status, number, tolerance and meaning
 
 

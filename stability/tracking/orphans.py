@@ -31,18 +31,23 @@ from stability.tracking.uri import client
 
 log = logging.getLogger(__name__)
 STALE_AFTER_S = 600.0  # default bound (tracking.stale_after_s): 20 missed heartbeats
+MAX_PID = 4_194_304  # Linux's PID_MAX_LIMIT: a larger pid in a tag is no process
+MAX_MS = 253_402_300_799_999  # 9999-12-31 23:59:59.999 UTC: a later heartbeat is no time
 
 
 def process_gone(tag: str) -> bool:
     """The ``<host>:<pid>`` process ran on this host and has exited (or is a zombie)."""
     host, _, pid = tag.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
+    # a tag is data: only a plain pid of this host is looked up (0 or one over the kernel's
+    # limit would be another process group or an OverflowError)
+    if host != socket.gethostname() or not (pid.isascii() and pid.isdigit()) \
+            or len(pid) > len(str(MAX_PID)) or not 0 < int(pid) <= MAX_PID:
         return False
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
         return True
-    except PermissionError:  # alive, another user's
+    except OSError:  # PermissionError: alive, another user's
         return False
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -70,6 +75,20 @@ def closing_outcome(status: str, scheduler_killed: bool, interrupted: bool) -> O
     return Outcome.KILLED if scheduler_killed or interrupted else Outcome.FAILED
 
 
+def heartbeat_of(run: Any) -> int:
+    """A run's last heartbeat (ms since the epoch); its start time when its
+    ``stability.heartbeat`` tag is not a time (absent, not an integer, before the epoch or
+    after ``MAX_MS``): a tag is data, one bad run must not stop a sweep."""
+    for value in (run.data.tags.get(Tag.HEARTBEAT), run.info.start_time):
+        try:
+            ms = int(str(value))
+        except (TypeError, ValueError):
+            continue
+        if 0 <= ms <= MAX_MS:
+            return ms
+    return 0
+
+
 def _when(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
 
@@ -77,7 +96,7 @@ def _when(ms: int) -> str:
 def stale_reason(run: Any, stale_after_s: float, now: int | None = None) -> str:
     """Why ``run`` (RUNNING) counts as dead, or "" while it looks alive."""
     tags = run.data.tags
-    beat = int(tags.get(Tag.HEARTBEAT) or run.info.start_time or 0)
+    beat = heartbeat_of(run)
     since = f"no heartbeat since {_when(beat)}"
     if process_gone(tags.get(Tag.PROCESS, "")):
         return f"{since} (process {tags[Tag.PROCESS]} has exited)"

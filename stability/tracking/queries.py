@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 from stability.tracking.contract import Kind, Tag, search_filter
 from stability.tracking.uri import client
+
+log = logging.getLogger(__name__)
 
 PAGE = 1000  # search_runs' maximum page size
 
@@ -35,10 +38,18 @@ def search_all(c: Any, experiment_ids: str | Iterable[str], filter_string: str =
 
 
 def point_of(run: Any) -> tuple[str, int] | None:
-    """``(fingerprint, seed)`` of a training run (None if it lacks the tags)."""
+    """``(fingerprint, seed)`` of a training run (None if it lacks the tags, or its seed tag
+    is not a plain integer: a tag is data, one bad run must not stop a sweep)."""
     tags = run.data.tags
     fp, seed = tags.get(Tag.FINGERPRINT), tags.get(Tag.SEED)
-    return (fp, int(seed)) if fp and seed is not None else None
+    if not fp or seed is None:
+        return None
+    text = str(seed).strip()
+    if not (text.lstrip("-").isascii() and text.lstrip("-").isdigit() and len(text) <= 20):
+        log.warning("run %s: its %s tag %r is not an integer: not a point of any sweep",
+                    run.info.run_id, Tag.SEED, text[:40])
+        return None
+    return fp, int(text)
 
 
 def finished_runs(uri: str, experiment: str) -> list[Any]:

@@ -52,6 +52,11 @@ def _trusted_target(key: str, value: Any) -> bool:
 MAX_RECORDED_SIZE = 1_000_000
 MAX_DATA_ELEMENTS = 100_000_000
 SIZED_SECTIONS = ("data", "model", "task")
+# Bytes a built-in task allocates per data element (num_samples x seq_len) while it builds its
+# data, before any checkpoint is compared: char_lm's corpus, ids and windows, and its one-hot
+# targets over 28 characters (int64, then float32): ~361 bytes, 35 GB at MAX_DATA_ELEMENTS.
+DATA_BYTES_PER_ELEMENT = {"stability.tasks.char_lm.CharLMTask": 400}
+MAX_DATA_BYTES = 4 * 2**30
 
 
 def _sizes(value: Any, prefix: str) -> Iterator[tuple[str, float]]:
@@ -79,10 +84,55 @@ def _check_sizes(raw: Mapping[str, Any]) -> None:
         if isinstance(n, int) and isinstance(length, int) and n * length > MAX_DATA_ELEMENTS:
             raise Untrusted(f"data.num_samples={n} x data.seq_len={length} is over the report's "
                             f"cap: allowed values are at most {MAX_DATA_ELEMENTS:,} elements")
+        task = raw.get("task")
+        per = DATA_BYTES_PER_ELEMENT.get(task.get("_target_") if isinstance(task, Mapping)
+                                         else None, 0)
+        if isinstance(n, int) and isinstance(length, int) and n * length * per > MAX_DATA_BYTES:
+            raise Untrusted(f"data.num_samples={n} x data.seq_len={length} is over the report's "
+                            f"cap for {task['_target_']}: it allocates ~{per} bytes an element, "
+                            f"allowed are at most {MAX_DATA_BYTES // per:,} elements")
 
 
 class Untrusted(ValueError):
     """A run's recorded config may not be rebuilt (the reason names the key)."""
+
+
+MAX_CONFIG_BYTES = 1_000_000  # a config.yaml of ours is ~1 kB
+
+
+def _no_aliases() -> type:
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        """PyYAML's safe loader, refusing an anchor or alias before it is composed: nine
+        levels of ten aliases are a 450-byte file that a tree walk visits 10^9 times."""
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise Untrusted(f"config.yaml holds a YAML anchor or alias (&/*{event.anchor}) "
+                                f"at line {event.start_mark.line + 1}: a recorded config is "
+                                "plain data, written without anchors or aliases")
+            return super().compose_node(parent, index)
+
+    return NoAliases
+
+
+def read_recorded(path: Any) -> Any:
+    """A recorded ``config.yaml`` as plain data: at most ``MAX_CONFIG_BYTES``, UTF-8, YAML
+    without anchors or aliases (what ``trusted_config`` then checks).
+
+    Raises:
+        Untrusted: the file is too large or holds an anchor or alias.
+        UnicodeDecodeError, yaml.YAMLError: not UTF-8 text or not YAML.
+    """
+    import yaml
+
+    with open(path, "rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise Untrusted(f"config.yaml is over {MAX_CONFIG_BYTES:,} bytes")
+    return yaml.load(data.decode("utf-8"), Loader=_no_aliases())  # noqa: S506 - a SafeLoader
 
 
 def allowed_tasks(user_task: str | None) -> tuple[str, ...]:

@@ -26,10 +26,12 @@ from matplotlib.ticker import MaxNLocator
 from stability.core.steplog import COLUMN
 from stability.report import fetch
 from stability.report.format import save
+from stability.report.html import one_line
 from stability.report.plots import Figure, Series, plt  # plt: with the Agg backend chosen
 from stability.report.sections.plotted import plotted
 from stability.report.sections.section import Drawn, Part
 from stability.report.study import Study
+from stability.tracking.adoption import MAX_STEPS_BYTES
 from stability.tracking.contract import Artifact
 
 log = logging.getLogger(__name__)
@@ -59,8 +61,18 @@ class Panel:
 
 
 def read_table(path: Path) -> pd.DataFrame:
-    """``layer_norms.csv`` as floats (``inf``/``nan`` as written), sorted by step."""
+    """``layer_norms.csv`` as floats (``inf``/``nan`` as written), sorted by step.
+
+    Its column names are run data that reach the caption and the figure: each becomes one
+    inert line (``html.one_line``: no newline, no link, no image, no closing backtick). A
+    file over ``MAX_STEPS_BYTES`` is refused before it is read.
+    """
+    size = path.stat().st_size
+    if size > MAX_STEPS_BYTES:
+        raise ValueError(f"{path.name} is {size:,} bytes, over the report's cap of "
+                         f"{MAX_STEPS_BYTES:,}")
     table = pd.read_csv(path)
+    table.columns = [c if c == "step" else one_line(str(c)) for c in table.columns]
     norms = table.drop(columns="step").astype(float)
     return pd.concat([table[["step"]].astype(int), norms], axis=1).sort_values(
         "step", kind="stable").reset_index(drop=True)

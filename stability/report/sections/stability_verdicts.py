@@ -13,7 +13,8 @@ def markdown(st: Study) -> str:
     named = [f"- `{r.label}`: **{r.stability}**: {r.stability_reason}"
              for r in st.configs if r.stability != "stable"]
     return lines("## Stability verdicts", "", named or ["- every config is stable."],
-                 check_runs.lines(st.client, st.sweep.experiment_id, st.runs), "",
+                 check_runs.lines(st.client, st.sweep.experiment_id, st.runs,
+                                  st.sweep.parent_run_id), "",
                  "Judged per seed from `steps.csv` and the run's outcome, worst seed wins; "
                  "thresholds are `verdict.*` in `conf/report.yaml` (docs/report.md).", "")
 
