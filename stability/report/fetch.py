@@ -96,7 +96,8 @@ def find_sweep(c: Any, experiment: str, sweep_id: str | None) -> Sweep:
     """Resolve the experiment and the sweep (the latest one when ``sweep_id`` is None).
 
     Raises:
-        ReportError: the experiment does not exist, holds no sweep, or has no such sweep id.
+        ReportError: the experiment does not exist, holds no sweep, or has no such sweep id,
+            or it keeps its artifacts outside the configured store (``origins``).
     """
     exp = c.get_experiment_by_name(experiment)
     if exp is None or exp.lifecycle_stage == "deleted":
@@ -105,6 +106,10 @@ def find_sweep(c: Any, experiment: str, sweep_id: str | None) -> Sweep:
             f"experiment={experiment!r} is invalid: no such experiment at this tracking URI; "
             f"allowed values are the existing experiments: {', '.join(names) or '(none)'}"
         )
+    try:  # every run of it keeps its artifacts there: MLflow would send credentials there
+        origins.check(c.tracking_uri, exp.artifact_location, f"experiment {experiment!r}")
+    except origins.ForeignArtifacts as err:
+        raise ReportError(str(err)) from None
     exp_id = exp.experiment_id
     known = _known_sweeps(c, exp_id)
     if sweep_id is None:
