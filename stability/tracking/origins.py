@@ -98,8 +98,10 @@ def refusal(tracking_uri: str, location: str, root: str | None = None) -> str:
     if local is not None and not server:
         if not track.scheme.startswith("sqlite"):
             return ""
-        store = Path(urllib.parse.unquote(track.path.removeprefix("/"))).resolve().parent
-        return "" if _under(local, store) else f"a local folder outside the store's {store}"
+        db = Path(urllib.parse.unquote(track.path.removeprefix("/")))  # sqlite:///<path>
+        stores = (db.absolute().parent, db.resolve().parent)  # as given, links resolved
+        return "" if any(_under(local, s) for s in stores) else (
+            f"a local folder outside the store's {stores[1]}")
     return "a location this store does not use"
 
 
