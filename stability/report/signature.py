@@ -35,7 +35,7 @@ def _model_location(c: Any, v: Any) -> str:
     A version is data anyone with write access to the registry makes: its source may name any
     host, and MLflow sends the user's credentials to it. Only a version whose source is a
     logged model (``models:/<model_id>``) logged into a report run, whose run is a training
-    run of that report's sweep, and whose location is on the configured store
+    run of that report's experiment, and whose location is on the configured store
     (``origins``) is read.
     """
     source = LOGGED_MODEL.fullmatch(str(v.source or ""))
@@ -43,10 +43,10 @@ def _model_location(c: Any, v: Any) -> str:
         return ""
     logged = c.get_logged_model(source.group(1))
     report, trained = c.get_run(logged.source_run_id), c.get_run(str(v.run_id or ""))
-    sweep = report.data.tags.get(Tag.SWEEP_ID)
     if (report.data.tags.get(Tag.KIND) != Kind.REPORT.value
             or trained.data.tags.get(Tag.KIND) != Kind.TRAIN.value
-            or not sweep or trained.data.tags.get(Tag.SWEEP_ID) != sweep):
+            or not (logged.experiment_id == report.info.experiment_id
+                    == trained.info.experiment_id)):
         return ""
     root = c.get_experiment(logged.experiment_id).artifact_location
     origins.check(c.tracking_uri, root, f"experiment {logged.experiment_id}")
@@ -60,31 +60,36 @@ def signature_warning(c: Any, name: str, signature: Any) -> str:
     One registered model per study (``registry.model_name`` defaults to
     ``<experiment>-winner``) keeps ``@champion`` meaning one kind of model; a name shared by
     two studies gets versions a caller cannot feed the same input. Empty when they match, or
-    when there is no earlier version (or its signature cannot be read). Only a version a
-    report of ours registered is read (``_model_location``): a version anyone else made is
-    passed over with one line.
+    when there is no earlier version (or its signature cannot be read). Only the newest
+    version a report of ours registered is read (``_model_location``): a newer version anyone
+    else made is passed over with one line.
     """
     import tempfile
 
     from mlflow.models import Model
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-    found = versions(c, name)
-    if not found:
+    previous, location = None, ""
+    for v in sorted(versions(c, name), key=lambda v: int(v.version), reverse=True):
+        try:
+            location = _model_location(c, v)
+        except origins.ForeignArtifacts as err:
+            log.warning("%s", err)
+            continue
+        except Exception as err:  # its logged model or run is gone: not one of ours to read
+            log.debug("version %s of %s is not read: %s", v.version, name, err)
+            continue
+        if location:
+            previous = v
+            break
+        log.warning("registered model '%s' version %s was not registered by a report of this "
+                    "project: its signature is not read", name, v.version)
+    if previous is None:
         return ""
-    previous = max(found, key=lambda v: int(v.version))
     try:
-        location = _model_location(c, previous)
-        if not location:
-            log.warning("registered model '%s' version %s was not registered by a report of "
-                        "this project: its signature is not read", name, previous.version)
-            return ""
         repo = get_artifact_repository(location, tracking_uri=c.tracking_uri)
         with tempfile.TemporaryDirectory(prefix="stability-mlmodel-") as tmp:
             old = Model.load(repo.download_artifacts("MLmodel", tmp)).signature
-    except origins.ForeignArtifacts as err:
-        log.warning("%s", err)
-        return ""
     except Exception as err:  # an older version without a readable MLmodel: nothing to compare
         log.debug("no signature of %s version %s: %s", name, previous.version, err)
         return ""
