@@ -10,6 +10,7 @@ listener must receive nothing.
 from __future__ import annotations
 
 import http.server
+import json
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -151,6 +152,37 @@ def test_a_report_reads_nothing_a_teammate_pointed_elsewhere(
     versions = c.search_model_versions("name='study-winner'")
     assert len(versions) == 2  # the planted one and the report's own
     assert PASSWORD not in done.stdout + done.stderr
+    assert "version 1 was not registered by a report of this project" in done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_sync_into_a_planted_experiment_sends_nothing_there(
+        tmp_path: Path, listener: Listener, signed_in: None,
+        capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """A run kept locally syncs into the experiment its journal names, which a teammate
+    pre-created with the attacker's location: the folder stays pending, nothing is sent."""
+    from stability.cli import sync
+    from stability.tracking import journal
+    from stability.tracking.server import free_port
+    from tests.helpers.in_process import call
+
+    uri = sqlite_store(tmp_path / "store" / "mlflow.db")
+    folder = tmp_path / "run"
+    done = in_process(["sweep", "data.num_samples=200", "device=cpu", "train.epochs=1",
+                       f"tracking.uri=http://127.0.0.1:{free_port()}", "tracking.retry_s=1",
+                       "tracking.experiment=shared", f"hydra.run.dir={folder}"], capsys)
+    assert done.code == 0 and journal.is_pending(folder), done.stderr[-3000:]
+    path = folder / "tracking.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(x | {"uri": uri} if x["k"] == "run" else x) + "\n"
+                            for x in lines))  # kept while its store was away: now it is back
+    MlflowClient(uri).create_experiment("shared", artifact_location=f"{listener.url}/loot")
+    done = call(lambda: sync([str(folder), "--uri", uri]), capsys)
+    assert done.code == 1, done.stdout + done.stderr
+    (line,) = [r.getMessage() for r in caplog.records if "stays pending" in r.getMessage()]
+    assert f"experiment 'shared' keeps its artifacts at '{listener.url}/loot'" in line
+    assert journal.is_pending(folder)
+    assert listener.seen == []
 
 
 @pytest.mark.slow
