@@ -18,6 +18,7 @@ from pathlib import Path
 
 from stability.check.result import ProbeResult, exit_status
 from stability.core.config import RunConfig
+from stability.tracking import origins
 from stability.tracking.contract import CHECK_PREFIX, Artifact, Kind, Tag
 from stability.tracking.record import run_params
 from stability.tracking.uri import client, ensure_experiment, git_commit, resolve_tracking_uri
@@ -58,7 +59,7 @@ def record_check(cfg: RunConfig, loop: str, accum_steps: int, results: Sequence[
     with tempfile.TemporaryDirectory() as tmp:  # the artifact's name is the contract's
         named = Path(tmp) / Artifact.CHECK_JSON
         shutil.copyfile(json_path, named)
-        c.log_artifact(run_id, str(named))
+        origins.repo(c, run).log_artifact(str(named))  # to its checked location only
     c.set_terminated(run_id, "FINISHED")
     return run_id
 

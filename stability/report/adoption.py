@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from stability.report.html import one_line
-from stability.tracking import adoption
+from stability.tracking import adoption, origins
 from stability.tracking.contract import Tag
 
 MLFLOW_USER = "mlflow.user"  # the tag MLflow's own clients set to the login name
@@ -28,6 +28,19 @@ NAMED_USERS = 10  # runs of another user listed by id; the rest counted
 def user_of(run: Any) -> str:
     """Who created an MLflow run, as it recorded it (``mlflow.user``, else ``user_id``)."""
     return str(run.data.tags.get(MLFLOW_USER) or run.info.user_id or "")
+
+
+def foreign(c: Any, runs: Sequence[Any]) -> dict[str, str]:
+    """``{run id: why}`` of the runs whose artifact location is not on the configured store
+    (``origins``): MLflow would send the user's credentials there, so nothing of theirs is
+    read; each is one unreadable run, never the whole report."""
+    out = {}
+    for r in runs:
+        try:
+            origins.run_uri(c, r)
+        except origins.ForeignArtifacts as err:
+            out[r.info.run_id] = str(err)
+    return out
 
 
 def unbacked(c: Any, runs: Sequence[Any], allowed: Sequence[str],

@@ -28,6 +28,7 @@ from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
 from stability.report import adoption, grid, membership
 from stability.report.html import one_line
 from stability.report.options import ReportError
+from stability.tracking import origins
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
 from stability.tracking.queries import search_all
 
@@ -94,7 +95,8 @@ def find_sweep(c: Any, experiment: str, sweep_id: str | None) -> Sweep:
     """Resolve the experiment and the sweep (the latest one when ``sweep_id`` is None).
 
     Raises:
-        ReportError: the experiment does not exist, holds no sweep, or has no such sweep id.
+        ReportError: the experiment does not exist, holds no sweep, or has no such sweep id,
+            or it keeps its artifacts outside the configured store (``origins``).
     """
     exp = c.get_experiment_by_name(experiment)
     if exp is None or exp.lifecycle_stage == "deleted":
@@ -103,6 +105,10 @@ def find_sweep(c: Any, experiment: str, sweep_id: str | None) -> Sweep:
             f"experiment={experiment!r} is invalid: no such experiment at this tracking URI; "
             f"allowed values are the existing experiments: {', '.join(names) or '(none)'}"
         )
+    try:  # every run of it keeps its artifacts there: MLflow would send credentials there
+        origins.check(c.tracking_uri, exp.artifact_location, f"experiment {experiment!r}")
+    except origins.ForeignArtifacts as err:
+        raise ReportError(str(err)) from None
     exp_id = exp.experiment_id
     known = _known_sweeps(c, exp_id)
     if sweep_id is None:
@@ -242,14 +248,15 @@ def adopted_ids(c: Any, sweep: Sweep) -> list[str]:
     if sweep.parent_run_id is None:
         return []
     try:
-        info = {f.path: f for f in c.list_artifacts(sweep.parent_run_id)}
+        repo = origins.repo(c, sweep.parent_run_id)
+        info = {f.path: f for f in repo.list_artifacts()}
         entry = info.get(Artifact.ADOPTED_RUNS)
         if entry is None:
             return []  # a sweep that skipped nothing
         if entry.is_dir or (entry.file_size or 0) > MAX_ADOPTED_BYTES:
             raise ValueError(f"not a file of at most {MAX_ADOPTED_BYTES} bytes")
         with tempfile.TemporaryDirectory() as tmp:
-            path = c.download_artifacts(sweep.parent_run_id, Artifact.ADOPTED_RUNS, tmp)
+            path = repo.download_artifacts(Artifact.ADOPTED_RUNS, tmp)
             ids = json.loads(Path(path).read_text(encoding="utf-8")[:MAX_ADOPTED_BYTES])
         if not isinstance(ids, list) or len(ids) > MAX_ADOPTED:
             raise ValueError(f"not a list of at most {MAX_ADOPTED} run ids")
@@ -318,7 +325,10 @@ def fetch_runs(c: Any, sweep: Sweep, allowed: Sequence[str] | None = None,
     if bad:  # run ids become folder names of the downloads
         log.warning("runs with invalid ids left out: %s", ", ".join(map(repr, bad[:5])))
     runs = [r for r in runs if is_safe_name(r.info.run_id)]
-    unbacked = adoption.unbacked(c, runs, allowed, workers) if allowed is not None else {}
+    foreign = adoption.foreign(c, runs)  # nothing of theirs is read: one bad run each
+    ours = [r for r in runs if r.info.run_id not in foreign]
+    unbacked = foreign | (adoption.unbacked(c, ours, allowed, workers) if allowed is not None
+                          else {})
     df = pd.DataFrame([_row(r) for r in runs])
     for key in (k for k in TYPED_PARAMS if k in df.columns):  # absent: as one that does not parse
         for i in df.index[df[key].isna()]:
@@ -413,7 +423,8 @@ def val_acc_at_best(c: Any, runs: pd.DataFrame, workers: int = 8) -> pd.Series:
 
 def download(c: Any, run_id: str, path: str, dest: Path,
              artifact_uri: str | None = None) -> Path | None:
-    """Download one artifact of a run into ``dest``; ``None`` (with a warning) if it is absent.
+    """Download one artifact of a run into ``dest``; ``None`` (with a warning) if it is absent
+    or the run keeps its artifacts outside the configured store (``origins``).
 
     Given the run's ``artifact_uri`` (every fetched run row has it), the file is read from there:
     2 requests to a tracking server instead of the 6 of ``MlflowClient.download_artifacts``
@@ -422,12 +433,8 @@ def download(c: Any, run_id: str, path: str, dest: Path,
     """
     dest.mkdir(parents=True, exist_ok=True)
     try:
-        if isinstance(artifact_uri, str) and artifact_uri:
-            from mlflow.artifacts import download_artifacts
-
-            return Path(download_artifacts(artifact_uri=f"{artifact_uri.rstrip('/')}/{path}",
-                                           dst_path=str(dest), tracking_uri=c.tracking_uri))
-        return Path(c.download_artifacts(run_id, path, str(dest)))
+        repo = origins.repo(c, run_id, artifact_uri if isinstance(artifact_uri, str) else "")
+        return Path(repo.download_artifacts(path, str(dest)))
     except Exception as err:  # a missing artifact must not end the report
-        log.warning("run %s has no artifact %s (%s)", run_id, path, err)
+        log.warning("run %s has no artifact %s (%s)", run_id, path, one_line(str(err))[:300])
         return None

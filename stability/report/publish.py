@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -23,7 +22,9 @@ from stability.report.fetch import Sweep
 from stability.report.html import note_markdown
 from stability.report.options import ReportError
 from stability.report.select import SELECTION_RULE
-from stability.tracking.contract import Artifact, Kind, Tag, quote
+from stability.report.signature import LOGGED_MODEL, signature_warning, versions
+from stability.tracking import origins
+from stability.tracking.contract import Artifact, Kind, Tag
 
 if TYPE_CHECKING:
     from stability.report.table import ConfigRow
@@ -32,8 +33,6 @@ log = logging.getLogger(__name__)
 
 MAX_TAG = 5000  # MLflow's tag value limit
 CHAMPION = "champion"  # registry alias of the newest winner
-# The source of a version the report registers: the model it logged (``log_model``'s URI)
-LOGGED_MODEL = re.compile(r"models:/(m-[0-9a-f]{32})")
 
 
 def start_report_run(c: Any, sweep: Sweep, winner: Mapping[str, Any], git_commit: str) -> str:
@@ -131,9 +130,10 @@ def finish_report_run(c: Any, run_id: str, folder: Path, metrics: Mapping[str, f
     ts = int(time.time() * 1000)
     c.log_batch(run_id, metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items()],
                 synchronous=True)
+    repo = origins.repo(c, run_id)  # the report run's own location, checked
     for rel in files:
         parent = str(PurePosixPath(rel).parent)
-        c.log_artifact(run_id, str(folder / rel), None if parent == "." else parent)
+        repo.log_artifact(str(folder / rel), None if parent == "." else parent)
     c.set_terminated(run_id, status="FINISHED")
 
 
@@ -144,10 +144,6 @@ def fail_report_run(c: Any, run_id: str, err: BaseException) -> None:
         c.set_terminated(run_id, status="FAILED")
     except Exception:  # the tracking server may be the reason; keep the first error
         log.exception("could not close report run %s", run_id)
-
-
-def _versions(c: Any, name: str) -> list[Any]:
-    return list(c.search_model_versions(f"name='{quote(name, 'registry.model_name')}'"))
 
 
 def _own_version(c: Any, v: Any, sweep: Sweep, fp: str, training_run_id: str) -> bool:
@@ -206,7 +202,7 @@ def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: ConfigRow
     from mlflow.exceptions import MlflowException
 
     fp = winner.fingerprint
-    for v in _versions(c, name):
+    for v in versions(c, name):
         if _own_version(c, v, sweep, fp, str(run["run_id"])):
             log.info("model %s version %s already holds this winner; not registering again",
                      name, v.version)
@@ -247,38 +243,6 @@ def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: ConfigRow
     c.set_registered_model_alias(name, CHAMPION, mv.version)
     c.set_tag(report_run_id, Tag.MODEL_URI, f"models:/{name}@{CHAMPION}")
     return str(mv.version), True
-
-
-def _inputs(signature: Any) -> str:
-    return "none" if signature is None or signature.inputs is None else str(
-        signature.inputs.to_json())
-
-
-def signature_warning(c: Any, name: str, signature: Any) -> str:
-    """A warning line when ``signature``'s inputs differ from the newest version's of ``name``.
-
-    One registered model per study (``registry.model_name`` defaults to
-    ``<experiment>-winner``) keeps ``@champion`` meaning one kind of model; a name shared by
-    two studies gets versions a caller cannot feed the same input. Empty when they match, or
-    when there is no earlier version (or its signature cannot be read).
-    """
-    import mlflow
-
-    versions = _versions(c, name)
-    if not versions:
-        return ""
-    previous = max(versions, key=lambda v: int(v.version))
-    try:
-        old = mlflow.models.get_model_info(f"models:/{name}/{previous.version}").signature
-    except Exception as err:  # an older version without a readable MLmodel: nothing to compare
-        log.debug("no signature of %s version %s: %s", name, previous.version, err)
-        return ""
-    if _inputs(old) == _inputs(signature):
-        return ""
-    return (f"warning: registered model '{name}': this version's input signature "
-            f"{_inputs(signature)} differs from version {previous.version}'s {_inputs(old)}; "
-            "callers of @champion get a model that takes other input. Is registry.model_name "
-            "shared by two studies? (default: <experiment>-winner)")
 
 
 RNN_FLAT_WEIGHTS = (r"The tensor attributes? (self\.[\w.]*_flat_weights\[\d+\](, )?)+ "

@@ -22,6 +22,7 @@ from stability.sweep.schedule import CostKey, observed_costs
 from stability.tracking import adoption, children
 from stability.tracking.artifacts import upload_artifacts
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
+from stability.tracking.credentials import has_password
 from stability.tracking.folders import journal_names, tagged_folder, under
 from stability.tracking.journal import now_ms
 from stability.tracking.orphans import closing_outcome, end_stale_runs, process_gone
@@ -126,8 +127,15 @@ class SweepRun:
             self.launched |= launched
 
     def job_overrides(self) -> list[str]:
-        """What every job of the sweep gets: the same store, sweep id and parent."""
-        return [f"tracking.uri={_quote(self.uri)}", f"tracking.sweep_id={self.sweep_id}",
+        """What every job of the sweep gets: the same store, sweep id and parent.
+
+        A URI that still holds a password (a database whose driver reads none from the
+        environment; it can only have come from ``$MLFLOW_TRACKING_URI``: ``tracking.uri`` with
+        one is refused) is not handed on: the jobs, which inherit the environment, resolve it
+        there, so no launcher writes it into a job's overrides.
+        """
+        uri = "null" if has_password(self.uri) else _quote(self.uri)
+        return [f"tracking.uri={uri}", f"tracking.sweep_id={self.sweep_id}",
                 f"tracking.parent_run_id={self.run_id}"]
 
     def view_hint(self) -> str:

@@ -28,6 +28,7 @@ from stability.sweep.parent import (
     resumable_folders,
 )
 from stability.tracking.auth import AuthError, check_credentials, check_no_userinfo
+from stability.tracking.origins import ForeignArtifacts
 from stability.tracking.queries import finished_runs
 from stability.tracking.sync import sync_paths
 from stability.tracking.uri import TrackingError, redact_uri, resolve_tracking_uri
@@ -163,7 +164,7 @@ def open_session(points: Sequence[SweepPoint], grid_size: int, sweep_id: str,
     try:
         run, done = open_sweep_run(tracking, sweep_id, grid_size, len(points), arguments, grid,
                                    resume, sweep_dir, [p.cfg.task.target for p in points])
-    except (TrackingError, ConfigError) as err:
+    except (TrackingError, ConfigError, ForeignArtifacts) as err:
         raise SweepError(str(err), 1) from None
     except Exception as err:  # e.g. MlflowException: a store that refuses the sweep
         raise SweepError(redact_uri(f"cannot prepare the sweep in tracking store "

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from stability.tracking import origins
 from stability.tracking.contract import WORLD_SIZE_PARAM, Artifact
 from stability.tracking.trusted import MAX_CONFIG_BYTES, read_recorded, trusted_config
 
@@ -42,13 +43,13 @@ class NotBacked(ValueError):
 
 
 def _download(c: Any, run_id: str, artifact_uri: str, name: str, dest: Path) -> Path:
-    from mlflow.artifacts import download_artifacts
-
     try:
-        if artifact_uri:
-            return Path(download_artifacts(artifact_uri=f"{artifact_uri.rstrip('/')}/{name}",
-                                           dst_path=str(dest), tracking_uri=c.tracking_uri))
-        return Path(c.download_artifacts(run_id, name, str(dest)))
+        repo = origins.repo(c, run_id, artifact_uri)
+    except origins.ForeignArtifacts as err:
+        raise NotBacked(str(err)) from None
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        return Path(repo.download_artifacts(name, str(dest)))
     except Exception:
         raise NotBacked(f"it has no {name}") from None
 

@@ -5,7 +5,8 @@ that differs (a CSV uploaded before the run resumed) is replaced at the same pat
 Nothing is read through a symlink (``folders.open_regular``): a symlinked artifact is skipped
 with a warning, and what is sent is a copy of the file opened without following one (MLflow
 is handed that copy's path, never the folder's, so a file swapped for a link after the check
-is not read either).
+is not read either). Every listing and upload goes to the run's checked ``artifact_uri``
+(``origins.repo``): a run whose location is not on the configured store gets nothing.
 """
 
 from __future__ import annotations
@@ -17,17 +18,23 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from stability.tracking import origins
 from stability.tracking.contract import Artifact
 from stability.tracking.folders import NotRegular, open_regular
 
 log = logging.getLogger(__name__)
 
 
-def uploaded(c: Any, run_id: str) -> dict[str, int]:
-    """``{artifact path: size}`` of the run's files (one folder level deep, as ``Artifact``)."""
+def uploaded(c: Any, run_id: str, repo: Any = None) -> dict[str, int]:
+    """``{artifact path: size}`` of the run's files (one folder level deep, as ``Artifact``).
+
+    Raises:
+        origins.ForeignArtifacts: the run's artifact location is not on the store.
+    """
+    repo = repo or origins.repo(c, run_id)
     out: dict[str, int] = {}
-    for a in c.list_artifacts(run_id):
-        for f in c.list_artifacts(run_id, a.path) if a.is_dir else [a]:
+    for a in repo.list_artifacts():
+        for f in repo.list_artifacts(a.path) if a.is_dir else [a]:
             if not f.is_dir:
                 out[f.path] = int(f.file_size or 0)
     return out
@@ -74,7 +81,8 @@ def upload_artifacts(c: Any, run_id: str, folder: str | Path) -> list[str]:
     files = _open_present(Path(folder))
     done = []
     try:
-        have = uploaded(c, run_id) if files else {}
+        repo = origins.repo(c, run_id) if files else None
+        have = uploaded(c, run_id, repo) if files else {}
         with tempfile.TemporaryDirectory(prefix="stability-upload-") as tmp:
             for name, fd in files.items():
                 if have.get(name) == os.fstat(fd).st_size:
@@ -84,7 +92,7 @@ def upload_artifacts(c: Any, run_id: str, folder: str | Path) -> list[str]:
                 with os.fdopen(os.dup(fd), "rb") as src, copy.open("wb") as dst:
                     shutil.copyfileobj(src, dst)
                 parent = str(Path(name).parent) if "/" in name else None
-                c.log_artifact(run_id, str(copy), artifact_path=parent)
+                repo.log_artifact(str(copy), artifact_path=parent)
                 done.append(name)
     finally:
         for fd in files.values():

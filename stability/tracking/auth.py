@@ -15,6 +15,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from stability.tracking.credentials import LIBPQ_SCHEMES, has_password
 from stability.tracking.lean import import_mlflow
 from stability.tracking.uri import REACH_TIMEOUT_S
 
@@ -40,17 +41,24 @@ def tracking_credentials() -> tuple[str | None, str | None]:
 
 
 def check_no_userinfo(uri: str) -> None:
-    """Refuse ``http://user:password@host`` URIs: the URI is recorded and printed, a password
-    in it would land in logs, tags and every job's overrides.
+    """Refuse ``http://user:password@host`` URIs, and a database URI with a password: the URI
+    is recorded and printed, a password in it would land in logs, tags, Hydra's
+    ``multirun.yaml`` and every job's overrides (a launcher's pickles, a SLURM script).
 
     Raises:
         AuthError: the URI carries credentials.
     """
     parts = urllib.parse.urlsplit(uri)
+    host = parts.netloc.rpartition("@")[2]
     if parts.scheme in ("http", "https") and "@" in parts.netloc:
-        host = parts.netloc.rpartition("@")[2]
         raise AuthError(f"tracking.uri must not carry credentials ({parts.scheme}://<...>@{host}):"
                         f" remove them from the URI and {CREDENTIALS_HINT}")
+    if has_password(uri):
+        hint = ("export PGPASSWORD (or use ~/.pgpass), which the PostgreSQL driver reads"
+                if parts.scheme in LIBPQ_SCHEMES else
+                "pass the whole URI in $MLFLOW_TRACKING_URI instead")
+        raise AuthError(f"tracking.uri must not carry a password ({parts.scheme}://<...>@{host}):"
+                        f" remove it from the URI and {hint} (docs/TRACKING.md)")
 
 
 def check_credentials(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> None:

@@ -56,16 +56,16 @@ class MlflowServer:
 SERVER_PYTHON_VAR = "STABILITY_SERVER_PYTHON"
 
 
-def server_command(store_uri: str, port: int, extra: list[str] | None = None,
-                   workers: int = 1) -> list[str]:
-    """``mlflow server`` on 127.0.0.1 with one worker (``workers``: a benchmark's other count),
-    for ``store_uri`` (the UI and the tests).
+def server_command(port: int, extra: list[str] | None = None, workers: int = 1) -> list[str]:
+    """``mlflow server`` on 127.0.0.1 with one worker (``workers``: a benchmark's other count).
 
-    Run by this interpreter, or by ``$STABILITY_SERVER_PYTHON`` when set.
+    Run by this interpreter, or by ``$STABILITY_SERVER_PYTHON`` when set. The store is not on
+    the command line (anyone on the machine reads a command line: ``ps``): ``server_env``
+    passes it as ``MLFLOW_BACKEND_STORE_URI``, which ``mlflow server`` reads.
     """
     python = os.environ.get(SERVER_PYTHON_VAR) or sys.executable
     return [python, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-            "--backend-store-uri", store_uri, "--workers", str(workers), *(extra or [])]
+            "--workers", str(workers), *(extra or [])]
 
 
 # MLflow's SQL store takes a second pooled connection inside most requests (a nested session:
@@ -78,13 +78,16 @@ def server_command(store_uri: str, port: int, extra: list[str] | None = None,
 POOL_ENV = {"MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW": "40"}
 
 
-def server_env() -> dict[str, str]:
-    """The server's environment: no client URI, MLflow's job runner off, a pool that cannot
-    deadlock (``POOL_ENV``).
+STORE_VAR = "MLFLOW_BACKEND_STORE_URI"  # ``mlflow server --backend-store-uri``'s variable
+
+
+def server_env(store_uri: str) -> dict[str, str]:
+    """The server's environment: its store (``STORE_VAR``, never the command line), no client
+    URI, MLflow's job runner off, a pool that cannot deadlock (``POOL_ENV``).
 
     The job runner (huey consumers for GenAI jobs) starts ~10 busy processes we never use.
     """
-    return POOL_ENV | dict(os.environ) | {"MLFLOW_TRACKING_URI": "",
+    return POOL_ENV | dict(os.environ) | {"MLFLOW_TRACKING_URI": "", STORE_VAR: store_uri,
                                            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
@@ -116,8 +119,8 @@ def serve_ui(store_uri: str, port: int = 5000) -> None:
     no artifact flags are needed. The caller says ``ui_banner`` first.
     """
     prepare_store(store_uri)
-    cmd = server_command(store_uri, port)
-    os.execvpe(cmd[0], cmd, server_env())
+    cmd = server_command(port)
+    os.execvpe(cmd[0], cmd, server_env(store_uri))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -161,12 +164,12 @@ def start_server(
     root.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log_path = root / "server.log"
-    prepare_store(store_uri or f"sqlite:///{root / 'mlflow.db'}")
-    cmd = server_command(store_uri or f"sqlite:///{root / 'mlflow.db'}", port,
-                         ["--artifacts-destination", str(root / "artifacts"), "--serve-artifacts"],
-                         workers)
+    store_uri = store_uri or f"sqlite:///{root / 'mlflow.db'}"
+    prepare_store(store_uri)
+    cmd = server_command(port, ["--artifacts-destination", str(root / "artifacts"),
+                                "--serve-artifacts"], workers)
     proc = subprocess.Popen(cmd, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
-                            env=server_env(), start_new_session=True)
+                            env=server_env(store_uri), start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -24,6 +24,7 @@ from typing import Any
 
 from stability.core.config import ConfigError, RunConfig
 from stability.core.identity import config_label, flatten
+from stability.tracking import origins
 from stability.tracking.credentials import (  # noqa: F401 - part of the URI policy
     has_userinfo,
     redact_uri,
@@ -219,7 +220,12 @@ def ensure_experiment(uri: str, name: str, check: bool = True) -> str:
 
     Safe from several processes at once: on SQLite the whole check-and-create holds
     ``store_lock``; a server that reports the experiment as just created is asked again.
-    ``check=False`` skips the ``/health`` probe (a caller that retries on its own).
+    ``check=False`` skips the ``/health`` probe (a caller that retries on its own). An
+    existing experiment whose artifact location is not on this store is refused
+    (``origins``: MLflow would send the credentials there).
+
+    Raises:
+        ForeignArtifacts: the experiment keeps its artifacts elsewhere (one line naming it).
     """
     import_mlflow(server=is_http(uri))
     from mlflow.exceptions import MlflowException
@@ -229,15 +235,15 @@ def ensure_experiment(uri: str, name: str, check: bool = True) -> str:
     with store_lock(uri):
         c = client(uri)
         exp = c.get_experiment_by_name(name)
-        if exp is not None:
-            return exp.experiment_id
-        try:
-            return c.create_experiment(name, local_artifact_root(uri, name))
-        except MlflowException:  # another process (another machine) created it meanwhile
-            exp = c.get_experiment_by_name(name)
-            if exp is None:
-                raise
-            return exp.experiment_id
+        if exp is None:
+            try:
+                return c.create_experiment(name, local_artifact_root(uri, name))
+            except MlflowException:  # another process (another machine) created it meanwhile
+                exp = c.get_experiment_by_name(name)
+                if exp is None:
+                    raise
+        origins.check(uri, exp.artifact_location, f"experiment '{name}'")
+        return exp.experiment_id
 
 
 def local_artifact_root(uri: str, experiment: str) -> str | None:

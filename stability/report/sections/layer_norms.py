@@ -31,6 +31,7 @@ from stability.report.plots import Figure, Series, plt  # plt: with the Agg back
 from stability.report.sections.plotted import plotted
 from stability.report.sections.section import Drawn, Part
 from stability.report.study import Study
+from stability.tracking import origins
 from stability.tracking.adoption import MAX_STEPS_BYTES
 from stability.tracking.contract import Artifact
 
@@ -89,10 +90,12 @@ def fetch_tables(c: Any, run_ids: Sequence[str], dest: Path,
 
     def one(run_id: str) -> pd.DataFrame | None:
         try:
-            if Artifact.LAYER_NORMS not in {a.path for a in c.list_artifacts(run_id)}:
+            repo = origins.repo(c, run_id)  # a run whose artifacts are elsewhere: not read
+            if Artifact.LAYER_NORMS not in {a.path for a in repo.list_artifacts()}:
                 return None
-            path = fetch.download(c, run_id, Artifact.LAYER_NORMS, dest / run_id)
-            return read_table(path) if path is not None else None
+            (dest / run_id).mkdir(parents=True, exist_ok=True)
+            return read_table(Path(repo.download_artifacts(Artifact.LAYER_NORMS,
+                                                           str(dest / run_id))))
         except Exception as err:  # an unreadable table must not end the report
             log.warning("run %s: %s not read (%s)", run_id, Artifact.LAYER_NORMS, err)
             return None
