@@ -532,3 +532,26 @@ def test_the_checks_find_planted_mistakes() -> None:
                        "python experiments/report.py --no-such-flag"}
     assert "clip.max_nrom" in verdicts["python experiments/sweep.py -m clip.max_nrom=1,5"]
     assert len(doc.commands) == 11  # the console block's output line is not a command
+
+
+def test_the_readme_answer_is_the_reports_terminal_answer() -> None:
+    """README's "The answer on the default study" block is what ``stability report`` prints
+    (``sections.answer.first_screen(plain=True)``): its table has the answer table's columns
+    in its layout, then the guarantee, the sealed test and the stability line."""
+    import re
+
+    from stability.report import answer_table
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## The answer on the default study", 1)[1]
+    block = section.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
+    assert block[0].startswith("Train with `") and "chosen factor by factor from all" in block[0]
+    header = next(i for i, line in enumerate(block) if line.startswith("factor "))
+    assert re.split(r"\s{2,}", block[header].strip()) == answer_table.HEADER
+    assert set(block[header + 1].replace(" ", "")) == {"-"}
+    rows = block[header + 2:block.index("", header)]
+    assert any(r.startswith("Clipping ") for r in rows) and any("→ " in r for r in rows)
+    rest = block[block.index("", header) + 1:]
+    assert rest[0].startswith("Guarantee: ")
+    assert any(r.startswith("Sealed test (split of ") for r in rest)
+    assert any(r.startswith("Stability: ") for r in rest)

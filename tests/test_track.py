@@ -80,7 +80,7 @@ def test_the_docs_plain_loop_is_tracked_and_reported(
     task = SignSumTask(data={"num_samples": 600})
     test_set = task.sealed_test(winner="the test's own check")
     report = (tmp_path / "reports" / "my-loop" / "report.md").read_text()
-    line = next(x for x in report.splitlines() if x.startswith("- Sealed test"))
+    line = next(x for x in report.splitlines() if x.startswith("Sealed test"))
     assert f"split of {len(test_set)} sequences" in line and "over 2 seeds" in line, line
     model = task.model()
     model.load_state_dict(torch.load(tmp_path / "runs" / "s0" / "checkpoints" / "best.pt",
