@@ -2,12 +2,20 @@
 
 The order is the one AMP requires and every test pins:
 
-    per micro-batch:  autocast forward -> isfinite(loss) -> scaler.scale(loss / n).backward()
-    after the window: scaler.unscale_(opt) -> finiteness check -> clip -> scaler.step(opt)
+    per micro-batch:  autocast forward -> scaler.scale(loss / n).backward()
+    after the window: scaler.unscale_(opt) -> norms, clip, one host read of
+                      [norms, every micro-batch loss, scale] -> skip or opt.step()
     always:           scaler.update()  (skipped or not; a no-op unless fp16)
 
-The finiteness check, the norms and the clip are ``core.measure.measure``, which any other
-loop can call the same way; ``StepMeter`` owns the step index and the cumulative skip count.
+The norms, the clip and the one host read are ``core.measure.measure``, which any other loop
+can call the same way; ``StepMeter`` owns the step index and the cumulative skip count. The
+read is the step's only one (a device sync on CUDA): the host must know the skip before the
+optimizer and the LR scheduler step, and everything logged rides along. Every micro-batch's
+loss stays on the device until then, so a window with a non-finite loss runs all its
+backwards before it is skipped (its gradients are discarded; parameters, optimizer state and
+schedule are untouched; fp16 backs off once). With the decision made, the optimizer is
+stepped directly: ``scaler.step`` would read its ``found_inf`` again (a second sync), and on
+finite gradients it is 0.
 
 The step never logs anything itself: it returns a ``StepLog`` and the run loop decides
 where records go. Data-parallel training changes only the forward/backward phase (every rank
@@ -56,6 +64,8 @@ class _Forward:
     ok: bool  # every micro-batch loss was finite (on every rank): the gradients exist
     loss: torch.Tensor | float  # mean over the window; a float when it was agreed over ranks
     samples: int  # samples in the window (over all ranks once they agreed)
+    # each micro-batch's loss, unread (local path: ``measure`` decides on them)
+    losses: torch.Tensor | None = None
 
 
 def _is_ddp(model: nn.Module) -> bool:
@@ -166,8 +176,8 @@ class TrainStep:
         lr = float(self.optimizer.param_groups[0]["lr"])
         self.optimizer.zero_grad(set_to_none=True)
 
-        # 1. Forward/backward per micro-batch. A non-finite loss skips the step before any
-        #    backward: its gradients would poison the whole window.
+        # 1. Forward/backward per micro-batch, no host read (local); under DDP a non-finite
+        #    loss skips the step before the backward that all-reduces.
         if self._distributed:
             fwd = self._backward_distributed(micro_batches, step)
         else:
@@ -182,15 +192,22 @@ class TrainStep:
             hook.on_gradients(step, self.params)
 
         # 2. Unscale once, then measure and clip (core.measure): the pre-clip norm is computed
-        #    on every run (clip on or off); clipping runs once, on finite gradients only.
+        #    on every run (clip on or off); clipping runs once, on finite gradients only. The
+        #    one host read decides on the norms and on every micro-batch loss.
         self.scaler.unscale_(self.optimizer)
         m = measure(self.params, self.clip, self.scaler, loss=fwd.loss, model=self.model,
-                    sample_underflow=self.meter.samples_underflow(step))
+                    sample_underflow=self.meter.samples_underflow(step), losses=fwd.losses)
+        if not m.loss_finite:  # the window's gradients are discarded, as if never made
+            self._skip_without_backward()
+            return self.meter.log(step=step, lr=lr, skip=SkipReason.NONFINITE_LOSS,
+                                  micro_batches=n, samples=fwd.samples,
+                                  measured=unmeasured(m.loss, m.scaler_scale))
 
-        # 3. Step only on finite gradients; with fp16, scaler.step re-checks the same
-        #    found_inf that unscale_ recorded. update() always runs: it halves on overflow.
+        # 3. Step only on finite gradients: the optimizer directly (scaler.step would read the
+        #    found_inf that unscale_ recorded, a second sync; it is 0 on finite gradients).
+        #    update() always runs: it halves on overflow.
         if m.finite:
-            self.scaler.step(self.optimizer)
+            self.optimizer.step()
             if self.scheduler is not None:
                 self.scheduler.step()
         self.scaler.update()
@@ -209,18 +226,18 @@ class TrainStep:
         n = len(window)
         samples = sum(int(y.shape[0]) for _, y in window)
         loss_sum = torch.zeros((), device=self.device)
+        losses = []
         for x, y in window:
             loss = self._forward(step, x, y)
-            # One host read of the scalar (a sync on CUDA either way): ~0.5 us on CPU against
-            # ~10 us for bool(torch.isfinite(...)), which dispatches an op and a conversion.
-            value = loss.item()
-            if not math.isfinite(value):
-                return _Forward(False, value, samples)
-            loss_sum += loss.detach().float()
+            # No host read here: the losses stay on the device and ``measure`` reads them with
+            # the norms (a non-finite one skips the step there).
+            value = loss.detach().float()
+            loss_sum += value
+            losses.append(value)
             # Divided by the number of micro-batches actually in this window, so a short last
             # window is a true mean too.
             self.scaler.scale(loss / n).backward()
-        return _Forward(True, loss_sum / n, samples)
+        return _Forward(True, loss_sum / n, samples, torch.stack(losses))
 
     def _backward_distributed(self, window: Sequence[MicroBatch], step: int) -> _Forward:
         """The forward/backward phase under DDP: every rank takes the same skip decision.
@@ -284,9 +301,10 @@ class TrainStep:
         self.grad_syncs += 1
 
     def _skip_without_backward(self) -> None:
-        # A non-finite loss never reaches backward, so unscale_ has recorded no overflow and the
-        # public update() would refuse to run. Back off exactly as an overflow would: scale *
-        # backoff_factor and restart the growth streak.
+        # A non-finite loss: its gradients are discarded, and unscale_ may have recorded no
+        # overflow (a loss of inf + 0 * f(x) has finite gradients), or never ran (DDP: no
+        # backward). Back off exactly as an overflow would: scale * backoff_factor and restart
+        # the growth streak.
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler.is_enabled():
             self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
