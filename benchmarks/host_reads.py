@@ -139,6 +139,8 @@ class StepBoundaries:
     def __init__(self, reads: HostReads, warmup: int = 3) -> None:
         self.reads, self.warmup = reads, warmup
         self.steps: list[dict[str, int]] = []  # reads per origin, one entry per step
+        self.skipped: list[bool] = []  # whether that step was skipped (its own reads: the skip
+        # path names the bad parameter, backs the scale off)
         self.where: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self._open = False  # an interval began at the previous step, in this epoch
 
@@ -147,6 +149,7 @@ class StepBoundaries:
         counts = self.reads.reset()
         if self._open:
             self.steps.append(by_origin(counts))
+            self.skipped.append(bool(getattr(log, "skipped", False)))
             self.where.update(counts)
         self._open = log.step >= self.warmup
 
@@ -154,6 +157,10 @@ class StepBoundaries:
         """Validation lies between this epoch's last step and the next's first: not counted."""
         self._open = False
         self.reads.reset()
+
+    def taken(self, origin: str = "ours") -> list[int]:
+        """Reads of ``origin`` in each counted step that was taken (not skipped)."""
+        return [s[origin] for s, skip in zip(self.steps, self.skipped, strict=True) if not skip]
 
     def per_step(self, origin: str = "ours") -> float:
         """Mean reads of ``origin`` per optimizer step over the counted steps."""
