@@ -133,6 +133,35 @@ def test_track_reads_once_per_step(tmp_path: Path) -> None:
     assert steps.per_step("ours") == 1, steps.where
 
 
+def test_ddp_step_reads_twice_whatever_the_accumulation() -> None:
+    """A DDP step (one rank, gloo): the ranks' agreement before the all-reducing backward
+    (the non-finite flag rides in it) and ``measure``'s read; none per micro-batch."""
+    import torch.distributed as dist
+    from torch import nn
+
+    from stability.core.step import TrainStep
+    from stability.tasks.sign_sum import ModelConfig, SequenceClassifier
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = nn.parallel.DistributedDataParallel(SequenceClassifier(ModelConfig(hidden_size=8)))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ts = TrainStep(model, opt, nn.BCEWithLogitsLoss(), precision=PrecisionConfig("fp32"),
+                       clip=ClipConfig(enabled=True, max_norm=1.0), accum_steps=4)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(16, 12, 1, generator=g)
+        window = [(x, (x.sum(dim=(1, 2)) > 0).float())] * 4
+        ts.step(window)
+        with HostReads() as reads:
+            for _ in range(3):
+                ts.step(window)
+        ours = sum(n for (origin, _, _), n in reads.counts.items() if origin == "ours")
+        assert ours == 3 * 2, reads.counts
+    finally:
+        dist.destroy_process_group()
+
+
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 

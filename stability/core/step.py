@@ -8,18 +8,15 @@ The order is the one AMP requires and every test pins:
     always:           scaler.update()  (skipped or not; a no-op unless fp16)
 
 The norms, the clip and the one host read are ``core.measure.measure``, which any other loop
-can call the same way; ``StepMeter`` owns the step index and the cumulative skip count. The
+can call the same way; ``StepMeter`` owns the step index and the cumulative skip count. That
 read is the step's only one (a device sync on CUDA): the host must know the skip before the
-optimizer and the LR scheduler step, and everything logged rides along. Every micro-batch's
-loss stays on the device until then, so a window with a non-finite loss runs all its
-backwards before it is skipped (its gradients are discarded; parameters, optimizer state and
-schedule are untouched; fp16 backs off once). With the decision made, the optimizer is
-stepped directly: ``scaler.step`` would read its ``found_inf`` again (a second sync), and on
-finite gradients it is 0.
+optimizer and the scheduler step; everything logged rides along. The losses stay on the
+device until then, so a window with a non-finite loss runs all its backwards before it is
+skipped (gradients discarded; parameters, optimizer state, schedule untouched; fp16 backs off
+once). The optimizer is stepped directly: ``scaler.step`` would read ``found_inf`` again.
 
-The step never logs anything itself: it returns a ``StepLog`` and the run loop decides
-where records go. Data-parallel training changes only the forward/backward phase (every rank
-must take the same skip decision); that path is ``_backward_distributed``.
+The step never logs: it returns a ``StepLog``. Data-parallel training changes only the
+forward/backward phase (every rank takes the same skip): ``_backward_distributed``.
 """
 
 from __future__ import annotations
@@ -176,36 +173,27 @@ class TrainStep:
         lr = float(self.optimizer.param_groups[0]["lr"])
         self.optimizer.zero_grad(set_to_none=True)
 
-        # 1. Forward/backward per micro-batch, no host read (local); under DDP a non-finite
-        #    loss skips the step before the backward that all-reduces.
+        # 1. Forward/backward per micro-batch, no host read (DDP: one, to agree).
         if self._distributed:
             fwd = self._backward_distributed(micro_batches, step)
         else:
             fwd = self._backward_local(micro_batches, step)
-        if not fwd.ok:
-            scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-            self._skip_without_backward()
-            return self.meter.log(step=step, lr=lr, skip=SkipReason.NONFINITE_LOSS,
-                                  micro_batches=n, samples=fwd.samples,
-                                  measured=unmeasured(float(fwd.loss), scale))
+        if not fwd.ok:  # DDP: the ranks agreed to skip before the all-reducing backward
+            return self._skip_loss(step, lr, n, fwd.samples, float(fwd.loss),
+                                   self.scaler.get_scale() if self.scaler.is_enabled() else 1.0)
         for hook in self.hooks:
             hook.on_gradients(step, self.params)
 
-        # 2. Unscale once, then measure and clip (core.measure): the pre-clip norm is computed
-        #    on every run (clip on or off); clipping runs once, on finite gradients only. The
-        #    one host read decides on the norms and on every micro-batch loss.
+        # 2. Unscale once, then measure and clip (core.measure): the pre-clip norm on every run
+        #    (clip on or off), one clip on finite gradients, one host read that decides.
         self.scaler.unscale_(self.optimizer)
         m = measure(self.params, self.clip, self.scaler, loss=fwd.loss, model=self.model,
                     sample_underflow=self.meter.samples_underflow(step), losses=fwd.losses)
         if not m.loss_finite:  # the window's gradients are discarded, as if never made
-            self._skip_without_backward()
-            return self.meter.log(step=step, lr=lr, skip=SkipReason.NONFINITE_LOSS,
-                                  micro_batches=n, samples=fwd.samples,
-                                  measured=unmeasured(m.loss, m.scaler_scale))
+            return self._skip_loss(step, lr, n, fwd.samples, m.loss, m.scaler_scale)
 
-        # 3. Step only on finite gradients: the optimizer directly (scaler.step would read the
-        #    found_inf that unscale_ recorded, a second sync; it is 0 on finite gradients).
-        #    update() always runs: it halves on overflow.
+        # 3. Step only on finite gradients, directly (scaler.step would read found_inf again:
+        #    a second sync; it is 0 here). update() always runs: it halves on overflow.
         if m.finite:
             self.optimizer.step()
             if self.scheduler is not None:
@@ -229,8 +217,7 @@ class TrainStep:
         losses = []
         for x, y in window:
             loss = self._forward(step, x, y)
-            # No host read here: the losses stay on the device and ``measure`` reads them with
-            # the norms (a non-finite one skips the step there).
+            # No host read: ``measure`` reads the losses with the norms (and skips on inf/nan).
             value = loss.detach().float()
             loss_sum += value
             losses.append(value)
@@ -242,36 +229,36 @@ class TrainStep:
     def _backward_distributed(self, window: Sequence[MicroBatch], step: int) -> _Forward:
         """The forward/backward phase under DDP: every rank takes the same skip decision.
 
-        A rank whose loss is non-finite keeps running the forwards (no backward) so that every
-        rank meets the same collectives; before the backward that all-reduces, all ranks agree
-        (``_agree``). Earlier micro-batches run under ``no_sync()``: one gradient all-reduce
-        per optimizer step.
+        Every forward and the earlier, local backwards (``no_sync()``) run without a host read;
+        before the backward that all-reduces, all ranks agree (``_agree``, one read): any
+        non-finite loss skips the step everywhere. One gradient all-reduce per step.
         """
         n = len(window)
         samples = sum(int(y.shape[0]) for _, y in window)
         loss_sum = torch.zeros((), device=self.device)
-        local_ok, agreed_loss = True, math.nan
+        bad = torch.zeros((), dtype=torch.bool, device=self.device)
+        agreed_loss = math.nan
         for i, (x, y) in enumerate(window):
             syncs = i == n - 1
             with self._sync_context(syncs):
                 loss = self._forward(step, x, y)
-                local_ok = local_ok and math.isfinite(loss.item())
-                loss_sum += loss.detach().float()
+                value = loss.detach().float()
+                bad = bad | ~torch.isfinite(value)
+                loss_sum += value
                 if syncs:
-                    ok, agreed_loss, samples = self._agree(local_ok, loss_sum / (i + 1), samples)
+                    ok, agreed_loss, samples = self._agree(bad, loss_sum / (i + 1), samples)
                     if not ok:
                         self._complete_armed_reduction()
                         return _Forward(False, agreed_loss, samples)
-                if local_ok:
-                    self.scaler.scale(loss / n).backward()
-                    self.grad_syncs += int(syncs)
+                self.scaler.scale(loss / n).backward()
+                self.grad_syncs += int(syncs)
         return _Forward(True, agreed_loss, samples)
 
     def _sync_context(self, syncs: bool) -> contextlib.AbstractContextManager:
         # Only the window's last backward should all-reduce; earlier ones accumulate locally.
         return contextlib.nullcontext() if syncs else self.model.no_sync()
 
-    def _agree(self, local_ok: bool, local_loss: torch.Tensor,
+    def _agree(self, bad: torch.Tensor, local_loss: torch.Tensor,
                samples: int) -> tuple[bool, float, int]:
         """One small all-reduce before each syncing backward: every rank takes the same decision.
 
@@ -283,9 +270,8 @@ class TrainStep:
         Returns:
             ``(all finite, mean loss over ranks, samples over ranks)``.
         """
-        head = torch.tensor([float(not local_ok), float(samples)], dtype=torch.float64,
-                            device=self.device)
-        t = torch.cat([head, local_loss.detach().double().reshape(1)])
+        count = torch.full((), float(samples), dtype=torch.float64, device=self.device)
+        t = torch.stack([bad.double(), count, local_loss.detach().double()])
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         bad, total_samples, loss_sum = t.tolist()
         return bad == 0, loss_sum / dist.get_world_size(), int(total_samples)
@@ -300,7 +286,8 @@ class TrainStep:
         (torch.stack([p.sum() for p in params]).sum() * 0).backward()
         self.grad_syncs += 1
 
-    def _skip_without_backward(self) -> None:
+    def _skip_loss(self, step: int, lr: float, n: int, samples: int, loss: float,
+                   scale: float) -> StepLog:
         # A non-finite loss: its gradients are discarded, and unscale_ may have recorded no
         # overflow (a loss of inf + 0 * f(x) has finite gradients), or never ran (DDP: no
         # backward). Back off exactly as an overflow would: scale * backoff_factor and restart
@@ -309,3 +296,5 @@ class TrainStep:
         if self.scaler.is_enabled():
             self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
             restart_growth_streak(self.scaler)  # no public API: compat.torch
+        return self.meter.log(step=step, lr=lr, skip=SkipReason.NONFINITE_LOSS, micro_batches=n,
+                              samples=samples, measured=unmeasured(loss, scale))
