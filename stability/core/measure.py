@@ -19,7 +19,8 @@ the cumulative skip count and the fp16 underflow sampling, and returns the ``Ste
         scaler.update()
 
 (``scaler = torch.amp.GradScaler("cpu", enabled=False)`` outside fp16; ``TrainStep`` also
-skips a non-finite loss before its backward, which this loop does not need to.)
+hands in every micro-batch's loss, ``losses=``, so that a non-finite loss skips the step even
+when its gradients came out finite.)
 
 Host reads (a device sync on CUDA) per call, pinned by tests/test_measure.py and
 tests/test_host_reads.py: one ``.tolist()`` of ``[pre, post, loss, scale, underflow counts,
