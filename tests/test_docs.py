@@ -61,7 +61,7 @@ SHELL_LANGS = ("bash", "sh", "shell")
 
 # Hydra entry points: the config each composes (experiments/X.py and `stability X` alike).
 HYDRA_CONFIGS = {"sweep": "config", "report": "report", "check": "check"}
-ARGPARSE_SCRIPTS = ("experiments/benchmark.py", "experiments/sync.py")
+ARGPARSE_SCRIPTS = ("experiments/benchmark.py", "experiments/sync.py", "experiments/gpu_check.py")
 PYTHONS = re.compile(r"^(?:\S*/)?python(?:3(?:\.\d+)?)?$")
 
 

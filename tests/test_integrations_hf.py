@@ -90,7 +90,8 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 def fit_hf(cfg: RunConfig, folder: Path, *, per_layer: bool = False,
-           settings: dict | None = None) -> tuple[StabilityCallback, GradNorms]:
+           settings: dict | None = None,
+           sinks: tuple = ()) -> tuple[StabilityCallback, GradNorms]:
     """Train the run's task with the Trainer and the callback, in our loop's epoch-1 order:
     the run's clip/precision/accumulation through ``training_arguments`` (or ``settings``)."""
     task = task_of(cfg)
@@ -113,7 +114,7 @@ def fit_hf(cfg: RunConfig, folder: Path, *, per_layer: bool = False,
                                    train_dataset=Dicts(train_set, order),
                                    eval_dataset=Dicts(val_set, list(range(len(val_set)))),
                                    callbacks=[norms])
-    cb = StabilityCallback(folder, per_layer=per_layer).attach(trainer)
+    cb = StabilityCallback(folder, per_layer=per_layer, sinks=sinks).attach(trainer)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.train()

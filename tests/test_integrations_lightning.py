@@ -99,14 +99,15 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 def fit_lightning(cfg: RunConfig, folder: Path, *, per_layer: bool = False,
-                  scheduler: bool = False, **overrides) -> StabilityCallback:
+                  scheduler: bool = False, sinks: tuple = (), **overrides) -> StabilityCallback:
     """Fit the run's task with Lightning and the callback, as our loop would train it: the
-    run's clip/precision/accumulation through ``trainer_settings`` (``overrides`` win)."""
+    run's clip/precision/accumulation through ``trainer_settings`` (``overrides`` win);
+    ``sinks`` go to the callback."""
     task = task_of(cfg)
     train_set, val_set = task.train_val()
     torch.manual_seed(cfg.seed)  # our loop's training seed, then the model
     module = TaskModule(task, cfg.train.lr, cfg.train.weight_decay, scheduler=scheduler)
-    cb = StabilityCallback(folder, per_layer=per_layer)
+    cb = StabilityCallback(folder, per_layer=per_layer, sinks=sinks)
     loader = DataLoader(train_set, batch_sampler=SeededBatches(len(train_set),
                                                                cfg.train.batch_size, cfg.seed))
     settings = trainer_settings(cfg.clip, cfg.precision, cfg.train.accum_steps, "cpu")

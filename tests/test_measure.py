@@ -154,10 +154,12 @@ def _host_reads(run: object, steps: int) -> int:
 
 
 @pytest.mark.parametrize(("precision", "accum", "per_step"), [
-    ("fp32", 1, 2), ("fp32", 4, 5), ("bf16", 1, 2), ("bf16", 4, 5), ("fp16", 1, 4), ("fp16", 4, 7),
+    ("fp32", 1, 1), ("fp32", 4, 1), ("bf16", 1, 1), ("bf16", 4, 1), ("fp16", 1, 1), ("fp16", 4, 1),
 ])
 def test_train_step_host_reads_are_pinned(precision: str, accum: int, per_step: int) -> None:
-    """Per step: one loss read per micro-batch + the one ``.tolist()`` (+2 with fp16's scaler)."""
+    """Per step: the one ``.tolist()`` (norms, every micro-batch loss, fp16's scale), whatever
+    the accumulation; GradScaler's own ``found_inf`` read is not made (the optimizer is
+    stepped directly). Before issue 48: 1 per micro-batch + 1, fp16 + 2."""
     ts = _train_step(precision, ClipConfig(enabled=True, max_norm=0.05), accum=accum,
                      underflow_every=10**6)
     window = _batches(accum)
@@ -167,18 +169,19 @@ def test_train_step_host_reads_are_pinned(precision: str, accum: int, per_step: 
     assert ts.skip_count == 0  # every counted step was taken (no skip path in the figure)
 
 
-def test_underflow_sample_reads_two_per_gradient_tensor() -> None:
-    """The fp16 underflow share (sampled steps only) reads two counts per gradient tensor."""
+def test_underflow_sample_rides_in_the_one_read() -> None:
+    """The fp16 underflow share (sampled steps only) adds no read: its two counts are read
+    with the norms (before issue 48: two per gradient tensor)."""
     ts = _train_step("fp16", ClipConfig(enabled=False), underflow_every=1)
     window = _batches(1)
     ts.step(window)
-    tensors = sum(1 for p in ts.params if p.grad is not None)
-    assert _host_reads(lambda: ts.step(window), 1) == 4 + 2 * tensors
+    assert _host_reads(lambda: ts.step(window), 1) == 1
+    assert 0 <= ts.step(window).underflow_frac <= 1
 
 
-@pytest.mark.parametrize(("precision", "reads"), [("fp32", 1), ("bf16", 1), ("fp16", 2)])
-def test_measure_reads_once_plus_the_scale(precision: str, reads: int) -> None:
-    """``measure`` alone: the finiteness read, and ``get_scale`` with an enabled scaler."""
+@pytest.mark.parametrize(("precision", "reads"), [("fp32", 1), ("bf16", 1), ("fp16", 1)])
+def test_measure_reads_once_with_the_scale(precision: str, reads: int) -> None:
+    """``measure`` alone: one read, the scale of an enabled scaler in it."""
     model = _model()
     scaler = make_scaler(PrecisionConfig(precision), "cpu")
     x, y = _batches(1)[0]

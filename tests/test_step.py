@@ -57,7 +57,7 @@ def _norm(ts: TrainStep) -> float:
 def _instrument(ts: TrainStep) -> tuple[list[str], dict]:
     """Wrap the real scaler/optimizer calls of ``ts`` with recorders (no behaviour change).
 
-    Returns the event list and a dict of gradient norms seen at unscale_ and scaler.step.
+    Returns the event list and a dict of gradient norms seen at unscale_ and the optimizer step.
     """
     events: list[str] = []
     seen: dict[str, float] = {}
@@ -81,16 +81,21 @@ def _instrument(ts: TrainStep) -> tuple[list[str], dict]:
     ts.scaler.step = record("scaler.step", ts.scaler.step,
                             lambda: seen.__setitem__("at_step", _norm(ts)))
     ts.scaler.update = record("update", ts.scaler.update)
-    ts.optimizer.register_step_pre_hook(lambda *_: events.append("optimizer.step"))
+    def stepping(*_: object) -> None:  # a pre-hook returning a value replaces step's args
+        events.append("optimizer.step")
+        seen["at_step"] = _norm(ts)
+
+    ts.optimizer.register_step_pre_hook(stepping)
     ts.model.head.weight.register_post_accumulate_grad_hook(lambda _: events.append("backward"))
     return events, seen
 
 
 def test_fp16_amp_call_order_with_accumulation() -> None:
-    """scale+backward per micro-batch, then unscale_ -> clip -> scaler.step -> update, once.
+    """scale+backward per micro-batch, then unscale_ -> clip -> optimizer.step -> update, once.
 
     The clip is seen in the gradients themselves: unclipped right after ``unscale_``, clipped
-    when ``scaler.step`` starts.
+    when the optimizer steps. ``scaler.step`` is not called: the step decided on the one host
+    read already, and ``scaler.step`` would read its ``found_inf`` again.
     """
     ts = _make("fp16", accum=4, clip=True, max_norm=1e-3)
     events, seen = _instrument(ts)
@@ -98,8 +103,7 @@ def test_fp16_amp_call_order_with_accumulation() -> None:
 
     log = ts.step([_batch(seed=i) for i in range(4)])
 
-    assert events == ["scale", "backward"] * 4 + [
-        "unscale_", "scaler.step", "optimizer.step", "update"]
+    assert events == ["scale", "backward"] * 4 + ["unscale_", "optimizer.step", "update"]
     assert not log.skipped and log.clipped
     # backward ran on the scaled loss; unscale_ came before the norm and the clip.
     assert seen["at_unscale"] == pytest.approx(scale * log.grad_l2_pre_clip, rel=1e-3)
@@ -150,8 +154,11 @@ class _PoisonLoss:
 
 
 @pytest.mark.parametrize("poison", [math.inf, -math.inf, math.nan])
-def test_nonfinite_loss_skips_before_any_backward(poison: float) -> None:
-    """A non-finite loss is caught before backward; fp16 scale is halved, update still runs."""
+def test_nonfinite_loss_skips_the_step(poison: float) -> None:
+    """A non-finite loss is caught in the step's one host read, after the window's backward
+    (its gradients are discarded); fp16 scale is halved once, update still runs, the
+    optimizer never steps. ``-inf`` here has finite gradients (``loss * 0 + poison``): the
+    loss itself decides, not the norm."""
     ts = _make("fp16", loss_fn=_PoisonLoss({1}, poison))
     events, _ = _instrument(ts)
     scale = ts.scaler.get_scale()
@@ -159,21 +166,24 @@ def test_nonfinite_loss_skips_before_any_backward(poison: float) -> None:
     log = ts.step([_batch()])
 
     assert log.skipped and log.skip_reason == "nonfinite_loss"
-    assert events == ["update"]
+    assert events == ["scale", "backward", "unscale_", "update"]
+    assert log.loss == poison or (math.isnan(poison) and math.isnan(log.loss))
     assert all(p.grad is None for p in ts.params)
     assert ts.scaler.get_scale() == scale / 2
     assert math.isnan(log.grad_l2_pre_clip)
 
 
 def test_nonfinite_loss_mid_window_discards_the_window() -> None:
-    """A non-finite third micro-batch: two backwards ran, none for the bad one, grads cleared."""
-    ts = _make("fp32", accum=4, loss_fn=_PoisonLoss({3}, math.nan))
+    """A non-finite third micro-batch: the window's backwards ran (no read decides before the
+    last), then the whole window is discarded: no optimizer step, grads cleared."""
+    ts = _make("fp32", accum=4, loss_fn=_PoisonLoss({3}, math.inf))
     events, _ = _instrument(ts)
 
     log = ts.step([_batch(seed=i) for i in range(4)])
 
     assert log.skipped and log.skip_reason == "nonfinite_loss"
-    assert events.count("backward") == 2
+    assert log.loss == math.inf and math.isnan(log.grad_l2_pre_clip)
+    assert events.count("backward") == 4
     assert "optimizer.step" not in events
     assert all(p.grad is None for p in ts.params)
 

@@ -3,6 +3,9 @@
 The run loop's data plumbing. A ``TensorDataset`` is indexed directly (no DataLoader on the hot
 path, so the default task keeps its speed and its exact ``steps.csv``); any other ``Dataset``
 goes through a ``DataLoader`` over the same shuffled index batches, with ``train.num_workers``.
+On CUDA every batch is gathered into pinned host memory and copied with ``non_blocking=True``
+(the DataLoader with ``pin_memory``): the copy does not wait for the device, so fetching the
+next window adds no sync to the step; on CPU the tensors are used as they are.
 """
 
 from __future__ import annotations
@@ -32,8 +35,29 @@ def _as_dict(section: object) -> dict:
 
 
 def _loader(dataset: Dataset, batches: Sequence[Sequence[int]] | Iterator,
-            num_workers: int) -> DataLoader:
-    return DataLoader(dataset, batch_sampler=batches, num_workers=num_workers)
+            num_workers: int, device: str = "cpu") -> DataLoader:
+    return DataLoader(dataset, batch_sampler=batches, num_workers=num_workers,
+                      pin_memory=_is_cuda(device))
+
+
+def _is_cuda(device: str) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def _to(t: torch.Tensor, device: str) -> torch.Tensor:
+    """``t`` on ``device``; a host tensor bound for CUDA goes through pinned memory, without
+    blocking (pinned already, from a ``pin_memory`` DataLoader: copied as it is)."""
+    if t.device.type != "cpu" or not _is_cuda(device):
+        return t.to(device)
+    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
+
+
+def _gather(data: torch.Tensor, idx: torch.Tensor, device: str) -> torch.Tensor:
+    """``data[idx]`` on ``device``: gathered straight into pinned memory for CUDA."""
+    if data.device.type != "cpu" or not _is_cuda(device):
+        return data[idx].to(device)
+    out = torch.empty((len(idx), *data.shape[1:]), dtype=data.dtype, pin_memory=True)
+    return torch.index_select(data, 0, idx, out=out).to(device, non_blocking=True)
 
 
 @torch.no_grad()
@@ -69,11 +93,11 @@ def evaluate_task(task: Task, model: nn.Module, dataset: Dataset, precision: str
                              for i in range(0, len(index), batch_size))
     else:
         chunks = [index[i : i + batch_size].tolist() for i in range(0, len(index), batch_size)]
-        batches = iter(_loader(dataset, chunks, num_workers))
+        batches = iter(_loader(dataset, chunks, num_workers, device))
     model.eval()
     sums: dict[str, float] = {}
     for x, y in batches:
-        x, y = x.to(device), y.to(device)
+        x, y = _to(x, device), _to(y, device)
         with autocast(precision, device):
             out = model(x)
         got = task.metrics(out, y)
@@ -109,10 +133,10 @@ def windows(split: Dataset, batch_size: int, accum_steps: int, generator: torch.
     if isinstance(split, TensorDataset):
         x_all, y_all = split.tensors[0], split.tensors[1]
         for w in range(0, len(batches), accum_steps):
-            yield [(x_all[idx].to(device), y_all[idx].to(device))
+            yield [(_gather(x_all, idx, device), _gather(y_all, idx, device))
                    for idx in batches[w : w + accum_steps]]
         return
-    loaded = iter(_loader(split, [b.tolist() for b in batches], num_workers))
+    loaded = iter(_loader(split, [b.tolist() for b in batches], num_workers, device))
     for w in range(0, len(batches), accum_steps):
-        yield [(x.to(device), y.to(device))
+        yield [(_to(x, device), _to(y, device))
                for x, y in (next(loaded) for _ in batches[w : w + accum_steps])]

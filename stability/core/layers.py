@@ -17,8 +17,11 @@ step, records ``||delta theta|| / ||theta||`` (theta after the step) per paramet
 globally (``global``, the norms over every parameter) in ``layer_updates.csv``; a skipped
 step moved nothing (0). The
 usual reading is about 1e-3 a step (Karpathy's rule of thumb; Composer logs the same ratio).
-Both tables share the one host read per step. ``summary()`` gives the run's median and
-maximum global ratio over the steps taken (``update_ratio_p50``, ``update_ratio_max``).
+Both tables share one host read, made when the rows are written (every epoch end): each
+step's norms stay on the device until then (on CUDA: copied into pinned host memory without
+blocking, ``non_blocking=True``), so the recorder adds no device sync to a step. ``summary()``
+gives the run's median and maximum global ratio over the steps taken (``update_ratio_p50``,
+``update_ratio_max``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ import torch
 from torch import nn
 
 from stability.core.steplog import EpochLog, StepLog
+
+# Steps whose norms wait on the device at most (one host read per this many steps in an
+# epoch longer than that; at every epoch end otherwise).
+READ_EVERY = 512
 
 
 class _StepTable:
@@ -70,7 +77,7 @@ class _StepTable:
 
 
 class LayerNormRecorder:
-    """One ``torch._foreach_norm`` (three with update ratios) and one host read per step.
+    """One ``torch._foreach_norm`` (three with update ratios) per step, read at the flush.
 
     A step sink (``core.sinks.StepSink``) and, with ``updates_path``, a step hook
     (``core.step.StepHook``). The tables grow on disk at every epoch end (``on_epoch``),
@@ -102,14 +109,18 @@ class LayerNormRecorder:
         self._copied = False  # on_gradients ran for this step (a skipped loss never gets there)
         self.ratios: list[float] = []  # global ratio of every step taken (the summary)
         self.last_step = 0  # the last step recorded
+        # Steps recorded but not yet read from the device: (log, norms vector, measured).
+        self._pending: list[tuple[StepLog, torch.Tensor, bool]] = []
 
     @property
     def rows(self) -> list[list[float]]:
         """Gradient-norm rows not yet on disk."""
+        self._read()
         return self.norms.rows
 
     def state_dict(self) -> dict[str, Any]:
         """The last step recorded (on disk once ``on_epoch`` flushed it) and the ratios."""
+        self._read()
         return {"step": self.last_step, "ratios": list(self.ratios)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -119,6 +130,7 @@ class LayerNormRecorder:
 
     def resume(self, last_step: int) -> None:
         """Keep the rows of steps ``<= last_step`` of an earlier attempt (the resume point)."""
+        self._pending = []
         for table in (self.norms, self.updates):
             if table is not None:
                 table.resume(last_step)
@@ -141,17 +153,40 @@ class LayerNormRecorder:
         grads = [p.grad if p.grad is not None else z for p, z in zip(self.params, self._zeros,
                                                                      strict=True)]
         measured = self.updates is not None and self._copied and not log.skipped
-        # The one host read of the step, in the fewest ops: on a small model each op's
-        # dispatch, not its arithmetic, is the cost (benchmarks/update_ratio.py); no_grad, or
-        # ops on the leaf parameters pay autograd's bookkeeping.
+        # The step's norms in the fewest ops (read later, with other steps'): on a small model
+        # each op's dispatch, not its arithmetic, is the cost (benchmarks/update_ratio.py);
+        # no_grad, or ops on the leaf parameters pay autograd's bookkeeping.
         with torch.no_grad():
             if measured:  # gradients, -(delta theta) (in the buffer) and theta: one norm call
                 torch._foreach_sub_(self._before, self.params)
                 tensors = grads + self._before + self.params
             else:
                 tensors = grads
-            values = torch.stack(torch._foreach_norm(tensors)).float().tolist()
+            values = torch.stack(torch._foreach_norm(tensors)).float()
+            if values.is_cuda:  # on its way to the host now, read at the flush: no sync
+                host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+                values = host.copy_(values, non_blocking=True)
         self._copied = False
+        self._pending.append((log, values, measured))
+        self.last_step = log.step
+        if len(self._pending) >= READ_EVERY:  # a long epoch holds at most this many
+            self._read()
+
+    def _read(self) -> None:
+        """The pending steps' norms, read from the device at once, into the tables' rows."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        if pending[0][1].device.type == "cpu" and torch.cuda.is_available():
+            torch.cuda.synchronize()  # the non-blocking copies into pinned memory are done
+        flat = torch.cat([v for _, v, _ in pending]).tolist()
+        at = 0
+        for log, vector, measured in pending:
+            values = flat[at: at + vector.numel()]
+            at += vector.numel()
+            self._row(log, values, measured)
+
+    def _row(self, log: StepLog, values: list[float], measured: bool) -> None:
         n = len(self.params)
         norms = values[:n]
         factor = 1.0
@@ -170,7 +205,6 @@ class LayerNormRecorder:
             else:  # skipped: the parameters did not move
                 total, per = 0.0, [0.0] * n
             self.updates.rows.append([log.step, total, *per])
-        self.last_step = log.step
 
     def on_epoch(self, log: EpochLog) -> None:
         """``StepSink``: the epoch's rows go to disk (before its resume checkpoint)."""
@@ -178,12 +212,14 @@ class LayerNormRecorder:
 
     def flush(self) -> None:
         """Append the rows recorded since the last flush (every epoch end, and at the end)."""
+        self._read()
         for table in (self.norms, self.updates):
             if table is not None:
                 table.flush()
 
     def summary(self) -> dict[str, float]:
         """The global update-to-weight ratio over the steps taken: median and maximum."""
+        self._read()
         if self.updates is None:
             return {}
         finite = [r for r in self.ratios if math.isfinite(r)]

@@ -19,13 +19,16 @@ the cumulative skip count and the fp16 underflow sampling, and returns the ``Ste
         scaler.update()
 
 (``scaler = torch.amp.GradScaler("cpu", enabled=False)`` outside fp16; ``TrainStep`` also
-skips a non-finite loss before its backward, which this loop does not need to.)
+hands in every micro-batch's loss, ``losses=``, so that a non-finite loss skips the step even
+when its gradients came out finite.)
 
-Host reads (a device sync on CUDA) per call, pinned by tests/test_measure.py: one ``.tolist()``
-of ``[pre, post, loss]``, which decides the skip and carries everything logged;
-``scaler.get_scale()`` with an enabled scaler; one finiteness read before value clipping
-(``clip.method=value`` only); and the underflow share's two per gradient tensor on the steps
-that sample it. Non-finite gradients are never clipped: a skipped step leaves them as they were.
+Host reads (a device sync on CUDA) per call, pinned by tests/test_measure.py and
+tests/test_host_reads.py: one ``.tolist()`` of ``[pre, post, loss, scale, underflow counts,
+each micro-batch's loss]`` (whichever apply), which decides the skip and carries everything
+logged; plus one finiteness read before value clipping (``clip.method=value`` only). The read
+cannot be deferred: the host must know the skip before the optimizer steps (torch's optimizers
+and LR schedulers take no device-side predicate). Non-finite gradients are never clipped: a
+skipped step leaves them as they were.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from stability.core.clipping import (
     grad_norms,
 )
 from stability.core.config import ClipConfig
-from stability.core.precision import fp16_underflow_fraction
+from stability.core.precision import underflow_counts
 from stability.core.steplog import SkipReason, StepLog, build
 
 
@@ -65,6 +68,9 @@ class Measurement:
     scaler_scale: float  # the loss scale of this step's backward (1.0 without fp16)
     underflow_frac: float = math.nan  # fp16 underflow share, when sampled
     nonfinite_param: str = ""  # the first parameter with a non-finite gradient, when skipped
+    # every micro-batch loss handed in (``losses=``) was finite; when not, ``loss`` is the
+    # first non-finite one and ``finite`` is False (the step must be skipped)
+    loss_finite: bool = True
 
 
 # The Measurement fields that are StepLog fields of the same name.
@@ -98,10 +104,19 @@ def _first_non_finite(model: nn.Module, with_grad: list[nn.Parameter],
     return ""
 
 
+def _scale_tensor(scaler: torch.amp.GradScaler) -> torch.Tensor:
+    # The scale as a device tensor (what get_scale() reads with .item()): read with the rest.
+    get = getattr(scaler, "_get_scale_async", None)
+    scale = get() if get is not None else None
+    if scale is None:
+        return torch.tensor(scaler.get_scale())
+    return scale
+
+
 def measure(params: Iterable[nn.Parameter], clip: ClipConfig,
             scaler: torch.amp.GradScaler | None = None, *,
             loss: torch.Tensor | float = math.nan, model: nn.Module | None = None,
-            sample_underflow: bool = False) -> Measurement:
+            sample_underflow: bool = False, losses: torch.Tensor | None = None) -> Measurement:
     """Measure (and clip in place) the unscaled gradients of one optimizer step.
 
     Call after ``scaler.unscale_(optimizer)`` (or after backward without a scaler) and before
@@ -114,6 +129,8 @@ def measure(params: Iterable[nn.Parameter], clip: ClipConfig,
         loss: the step's loss (a 0-d tensor is read in the same host read as the norms).
         model: names the first non-finite parameter of a skipped step (``""`` without it).
         sample_underflow: measure the fp16 underflow share (enabled scaler only).
+        losses: each micro-batch's loss (1-d, on the device), read in the same host read:
+            a non-finite one makes the step a skip (``loss_finite`` False, ``loss`` that one).
 
     Returns:
         The ``Measurement``; take the optimizer step only if ``finite``.
@@ -121,30 +138,51 @@ def measure(params: Iterable[nn.Parameter], clip: ClipConfig,
     with_grad = [p for p in params if p.grad is not None]
     grads = [p.grad for p in with_grad]
     scaling = scaler is not None and scaler.is_enabled()
-    scale = scaler.get_scale() if scaling else 1.0
     per_tensor, pre = grad_norms(grads)
     # The underflow share describes the raw unscaled gradients, so it is sampled before
     # clipping (clipped gradients are smaller and would inflate it).
-    underflow = fp16_underflow_fraction(grads) if scaling and sample_underflow else math.nan
+    sampled = scaling and sample_underflow
     # Norm clipping runs before the host knows whether the gradients are finite, so that one
     # host read serves both the skip decision and the log: ``clip_by_norm_`` leaves
     # non-finite gradients untouched on the device. Value clipping would turn inf into a
     # finite bound (hiding which gradient went bad), so it decides first: one more read.
+    counts = underflow_counts(grads) if sampled else None
     post = pre
     if clip.enabled and clip.method == "norm":
         post = clip_by_norm_(grads, pre, clip.max_norm)
     elif clip.enabled and bool(torch.isfinite(pre)):
         post = clip_by_value_(grads, clip.clip_value)
-    # One host read for the decision and everything logged (a device sync on CUDA).
+    # One host read for the decision and everything logged (a device sync on CUDA), in
+    # float64: exact for the float32 norms, losses and scale and for the integer counts.
     # The loss rides along when it is a tensor (our loop); a trainer callback passes a float.
-    tensors = [pre, post] + ([loss.detach().float().to(pre.device)]
-                             if isinstance(loss, torch.Tensor) else [])
-    pre_f, post_f, *rest = torch.stack(tensors).tolist()
-    loss_f = rest[0] if rest else float(loss)
+    head = [pre, post] + ([loss.detach().float().to(pre.device)]
+                          if isinstance(loss, torch.Tensor) else [])
+    if scaling:
+        head.append(_scale_tensor(scaler).to(pre.device))
+    parts = [torch.stack(head).double()]
+    if counts is not None:
+        parts.append(counts.to(pre.device).double())
+    if losses is not None:
+        parts.append(losses.detach().to(pre.device).double().reshape(-1))
+    values = (parts[0] if len(parts) == 1 else torch.cat(parts)).tolist()
+    pre_f, post_f = values[0], values[1]
+    at = 2
+    loss_f = values[at] if isinstance(loss, torch.Tensor) else float(loss)
+    at += isinstance(loss, torch.Tensor)
+    scale = values[at] if scaling else 1.0
+    at += scaling
+    underflow = math.nan
+    if counts is not None:
+        nonzero, flushed = values[at], values[at + 1]
+        underflow = flushed / nonzero if nonzero else 0.0
+        at += 2
+    bad_loss = next((v for v in values[at:] if not math.isfinite(v)), None)
     # A non-finite norm is exactly "some gradient element is inf/nan" (up to float32 overflow).
-    finite = math.isfinite(pre_f)
+    finite = math.isfinite(pre_f) and bad_loss is None
     if not finite:
         post_f, underflow = pre_f, math.nan  # nothing was clipped or sampled that counts
+    if bad_loss is not None:
+        return Measurement(pre_f, post_f, bad_loss, False, False, scale, math.nan, "", False)
     nonfinite = "" if finite or model is None else _first_non_finite(model, with_grad, per_tensor)
     return Measurement(pre_f, post_f, loss_f, finite, finite and clip.enabled and post_f < pre_f,
                        scale, underflow, nonfinite)

@@ -101,12 +101,20 @@ def make_scaler(precision: PrecisionConfig, device: str) -> torch.amp.GradScaler
     )
 
 
-def fp16_underflow_fraction(grads: list[torch.Tensor]) -> float:
-    """Share of nonzero gradient elements that would flush to zero if stored in fp16 unscaled."""
-    nonzero = 0
-    flushed = 0
+def underflow_counts(grads: list[torch.Tensor]) -> torch.Tensor:
+    """``[nonzero, flushed]`` gradient elements (int64, on the gradients' device, no host read):
+    nonzero ones, and of those the ones that would flush to zero if stored in fp16 unscaled."""
+    if not grads:
+        return torch.zeros(2, dtype=torch.int64)
+    sums = []
     for g in grads:
         nz = g != 0
-        nonzero += int(nz.sum())
-        flushed += int((nz & (g.to(torch.float16) == 0)).sum())
+        sums += [nz.sum(), (nz & (g.to(torch.float16) == 0)).sum()]
+    return torch.stack(sums).view(-1, 2).sum(0)
+
+
+def fp16_underflow_fraction(grads: list[torch.Tensor]) -> float:
+    """Share of nonzero gradient elements that would flush to zero if stored in fp16 unscaled
+    (``underflow_counts``, one host read)."""
+    nonzero, flushed = underflow_counts(grads).tolist()
     return flushed / nonzero if nonzero else 0.0

@@ -2,16 +2,21 @@
 
 The order is the one AMP requires and every test pins:
 
-    per micro-batch:  autocast forward -> isfinite(loss) -> scaler.scale(loss / n).backward()
-    after the window: scaler.unscale_(opt) -> finiteness check -> clip -> scaler.step(opt)
+    per micro-batch:  autocast forward -> scaler.scale(loss / n).backward()
+    after the window: scaler.unscale_(opt) -> norms, clip, one host read of
+                      [norms, every micro-batch loss, scale] -> skip or opt.step()
     always:           scaler.update()  (skipped or not; a no-op unless fp16)
 
-The finiteness check, the norms and the clip are ``core.measure.measure``, which any other
-loop can call the same way; ``StepMeter`` owns the step index and the cumulative skip count.
+The norms, the clip and the one host read are ``core.measure.measure``, which any other loop
+can call the same way; ``StepMeter`` owns the step index and the cumulative skip count. That
+read is the step's only one (a device sync on CUDA): the host must know the skip before the
+optimizer and the scheduler step; everything logged rides along. The losses stay on the
+device until then, so a window with a non-finite loss runs all its backwards before it is
+skipped (gradients discarded; parameters, optimizer state, schedule untouched; fp16 backs off
+once). The optimizer is stepped directly: ``scaler.step`` would read ``found_inf`` again.
 
-The step never logs anything itself: it returns a ``StepLog`` and the run loop decides
-where records go. Data-parallel training changes only the forward/backward phase (every rank
-must take the same skip decision); that path is ``_backward_distributed``.
+The step never logs: it returns a ``StepLog``. Data-parallel training changes only the
+forward/backward phase (every rank takes the same skip): ``_backward_distributed``.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ class _Forward:
     ok: bool  # every micro-batch loss was finite (on every rank): the gradients exist
     loss: torch.Tensor | float  # mean over the window; a float when it was agreed over ranks
     samples: int  # samples in the window (over all ranks once they agreed)
+    # each micro-batch's loss, unread (local path: ``measure`` decides on them)
+    losses: torch.Tensor | None = None
 
 
 def _is_ddp(model: nn.Module) -> bool:
@@ -166,31 +173,29 @@ class TrainStep:
         lr = float(self.optimizer.param_groups[0]["lr"])
         self.optimizer.zero_grad(set_to_none=True)
 
-        # 1. Forward/backward per micro-batch. A non-finite loss skips the step before any
-        #    backward: its gradients would poison the whole window.
+        # 1. Forward/backward per micro-batch, no host read (DDP: one, to agree).
         if self._distributed:
             fwd = self._backward_distributed(micro_batches, step)
         else:
             fwd = self._backward_local(micro_batches, step)
-        if not fwd.ok:
-            scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-            self._skip_without_backward()
-            return self.meter.log(step=step, lr=lr, skip=SkipReason.NONFINITE_LOSS,
-                                  micro_batches=n, samples=fwd.samples,
-                                  measured=unmeasured(float(fwd.loss), scale))
+        if not fwd.ok:  # DDP: the ranks agreed to skip before the all-reducing backward
+            return self._skip_loss(step, lr, n, fwd.samples, float(fwd.loss),
+                                   self.scaler.get_scale() if self.scaler.is_enabled() else 1.0)
         for hook in self.hooks:
             hook.on_gradients(step, self.params)
 
-        # 2. Unscale once, then measure and clip (core.measure): the pre-clip norm is computed
-        #    on every run (clip on or off); clipping runs once, on finite gradients only.
+        # 2. Unscale once, then measure and clip (core.measure): the pre-clip norm on every run
+        #    (clip on or off), one clip on finite gradients, one host read that decides.
         self.scaler.unscale_(self.optimizer)
         m = measure(self.params, self.clip, self.scaler, loss=fwd.loss, model=self.model,
-                    sample_underflow=self.meter.samples_underflow(step))
+                    sample_underflow=self.meter.samples_underflow(step), losses=fwd.losses)
+        if not m.loss_finite:  # the window's gradients are discarded, as if never made
+            return self._skip_loss(step, lr, n, fwd.samples, m.loss, m.scaler_scale)
 
-        # 3. Step only on finite gradients; with fp16, scaler.step re-checks the same
-        #    found_inf that unscale_ recorded. update() always runs: it halves on overflow.
+        # 3. Step only on finite gradients, directly (scaler.step would read found_inf again:
+        #    a second sync; it is 0 here). update() always runs: it halves on overflow.
         if m.finite:
-            self.scaler.step(self.optimizer)
+            self.optimizer.step()
             if self.scheduler is not None:
                 self.scheduler.step()
         self.scaler.update()
@@ -209,52 +214,51 @@ class TrainStep:
         n = len(window)
         samples = sum(int(y.shape[0]) for _, y in window)
         loss_sum = torch.zeros((), device=self.device)
+        losses = []
         for x, y in window:
             loss = self._forward(step, x, y)
-            # One host read of the scalar (a sync on CUDA either way): ~0.5 us on CPU against
-            # ~10 us for bool(torch.isfinite(...)), which dispatches an op and a conversion.
-            value = loss.item()
-            if not math.isfinite(value):
-                return _Forward(False, value, samples)
-            loss_sum += loss.detach().float()
+            # No host read: ``measure`` reads the losses with the norms (and skips on inf/nan).
+            value = loss.detach().float()
+            loss_sum += value
+            losses.append(value)
             # Divided by the number of micro-batches actually in this window, so a short last
             # window is a true mean too.
             self.scaler.scale(loss / n).backward()
-        return _Forward(True, loss_sum / n, samples)
+        return _Forward(True, loss_sum / n, samples, torch.stack(losses))
 
     def _backward_distributed(self, window: Sequence[MicroBatch], step: int) -> _Forward:
         """The forward/backward phase under DDP: every rank takes the same skip decision.
 
-        A rank whose loss is non-finite keeps running the forwards (no backward) so that every
-        rank meets the same collectives; before the backward that all-reduces, all ranks agree
-        (``_agree``). Earlier micro-batches run under ``no_sync()``: one gradient all-reduce
-        per optimizer step.
+        Every forward and the earlier, local backwards (``no_sync()``) run without a host read;
+        before the backward that all-reduces, all ranks agree (``_agree``, one read): any
+        non-finite loss skips the step everywhere. One gradient all-reduce per step.
         """
         n = len(window)
         samples = sum(int(y.shape[0]) for _, y in window)
         loss_sum = torch.zeros((), device=self.device)
-        local_ok, agreed_loss = True, math.nan
+        bad = torch.zeros((), dtype=torch.bool, device=self.device)
+        agreed_loss = math.nan
         for i, (x, y) in enumerate(window):
             syncs = i == n - 1
             with self._sync_context(syncs):
                 loss = self._forward(step, x, y)
-                local_ok = local_ok and math.isfinite(loss.item())
-                loss_sum += loss.detach().float()
+                value = loss.detach().float()
+                bad = bad | ~torch.isfinite(value)
+                loss_sum += value
                 if syncs:
-                    ok, agreed_loss, samples = self._agree(local_ok, loss_sum / (i + 1), samples)
+                    ok, agreed_loss, samples = self._agree(bad, loss_sum / (i + 1), samples)
                     if not ok:
                         self._complete_armed_reduction()
                         return _Forward(False, agreed_loss, samples)
-                if local_ok:
-                    self.scaler.scale(loss / n).backward()
-                    self.grad_syncs += int(syncs)
+                self.scaler.scale(loss / n).backward()
+                self.grad_syncs += int(syncs)
         return _Forward(True, agreed_loss, samples)
 
     def _sync_context(self, syncs: bool) -> contextlib.AbstractContextManager:
         # Only the window's last backward should all-reduce; earlier ones accumulate locally.
         return contextlib.nullcontext() if syncs else self.model.no_sync()
 
-    def _agree(self, local_ok: bool, local_loss: torch.Tensor,
+    def _agree(self, bad: torch.Tensor, local_loss: torch.Tensor,
                samples: int) -> tuple[bool, float, int]:
         """One small all-reduce before each syncing backward: every rank takes the same decision.
 
@@ -266,9 +270,8 @@ class TrainStep:
         Returns:
             ``(all finite, mean loss over ranks, samples over ranks)``.
         """
-        head = torch.tensor([float(not local_ok), float(samples)], dtype=torch.float64,
-                            device=self.device)
-        t = torch.cat([head, local_loss.detach().double().reshape(1)])
+        count = torch.full((), float(samples), dtype=torch.float64, device=self.device)
+        t = torch.stack([bad.double(), count, local_loss.detach().double()])
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         bad, total_samples, loss_sum = t.tolist()
         return bad == 0, loss_sum / dist.get_world_size(), int(total_samples)
@@ -283,11 +286,15 @@ class TrainStep:
         (torch.stack([p.sum() for p in params]).sum() * 0).backward()
         self.grad_syncs += 1
 
-    def _skip_without_backward(self) -> None:
-        # A non-finite loss never reaches backward, so unscale_ has recorded no overflow and the
-        # public update() would refuse to run. Back off exactly as an overflow would: scale *
-        # backoff_factor and restart the growth streak.
+    def _skip_loss(self, step: int, lr: float, n: int, samples: int, loss: float,
+                   scale: float) -> StepLog:
+        # A non-finite loss: its gradients are discarded, and unscale_ may have recorded no
+        # overflow (a loss of inf + 0 * f(x) has finite gradients), or never ran (DDP: no
+        # backward). Back off exactly as an overflow would: scale * backoff_factor and restart
+        # the growth streak.
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler.is_enabled():
             self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
             restart_growth_streak(self.scaler)  # no public API: compat.torch
+        return self.meter.log(step=step, lr=lr, skip=SkipReason.NONFINITE_LOSS, micro_batches=n,
+                              samples=samples, measured=unmeasured(loss, scale))

@@ -46,7 +46,7 @@ class SkipReason(StrEnum):
     """Why an optimizer step was not taken (``steps.csv`` column ``skip_reason``)."""
 
     NONE = ""  # the step was taken
-    NONFINITE_LOSS = "nonfinite_loss"  # inf/nan loss: skipped before backward
+    NONFINITE_LOSS = "nonfinite_loss"  # inf/nan loss: the window's gradients are discarded
     NONFINITE_GRAD = "nonfinite_grad"  # inf/nan unscaled gradient: skipped before the step
 
 
