@@ -74,7 +74,7 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-@settings(max_examples=6, deadline=None, derandomize=True,
+@settings(max_examples=4, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=5))
 def test_any_mix_of_planted_runs_leaves_the_real_winner(tmp_path_factory, kinds):

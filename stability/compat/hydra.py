@@ -15,7 +15,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
 from stability.compat.gate import VersionGate
 
-GATE = VersionGate("hydra-core", "1.3", "1.4", "stability/compat/hydra.py",
+GATE = VersionGate("hydra-core", "1.3.2", "1.4", "stability/compat/hydra.py",
                    "BasicSweeper, ConfigLoaderImpl._apply_overrides_to_config and "
                    "get_overrides_dirname")
 BASIC_LAUNCHER_LOGGER = "hydra._internal.core_plugins.basic_launcher"  # its progress lines
