@@ -62,9 +62,10 @@ def no_dropout(model: nn.Module) -> nn.Module:
 
 
 def _samples(dataset: Any, k: int, b: int, collate: Callable = default_collate) -> list[Any]:
-    require(len(dataset) >= k * b, "check.accum_steps", k,
-            f"at most {len(dataset) // max(b, 1)} (the task has {len(dataset)} training "
-            f"samples in micro-batches of {b})")
+    n = len(dataset)
+    require(n >= k * b, "check.accum_steps", k,
+            f"at most {n // max(b, 1)} (the task's {n} training samples make "
+            f"{n // max(b, 1)} micro-batches of {b})")
     return [collate([dataset[i] for i in range(j * b, (j + 1) * b)]) for j in range(k)]
 
 
@@ -119,8 +120,11 @@ def subject(cfg: RunConfig, loop: str, step: StepFn, k: int) -> Subject:
         template = Template(build(), task.loss, cfg.seed)
     train, _ = task.train_val()
     b = cfg.train.batch_size
+    n = len(train)
+    require(n >= k * b, "check.accum_steps", k,
+            f"at most {n // max(b, 1)} (the task's {n} training samples make {n // max(b, 1)} "
+            f"micro-batches of train.batch_size={b})")
     x, y = first_batch(train, k * b)
-    require(len(y) >= k, "train.batch_size", b, f"a size giving {k} micro-batches of data")
     micro = [(x[i : i + b], y[i : i + b]) for i in range(0, len(y), b)][:k]
     return Subject(template, build, micro, step, ours, "ours" if loop == "ours" else "plain",
                    task)
