@@ -124,7 +124,8 @@ def run_probes(sub: Subject, k: int, scale: float = SCALE) -> list[ProbeResult]:
     one = micro[:1]
     probes: list[tuple[tuple[str, ...], Callable[[], list[ProbeResult] | ProbeResult]]] = [
         (("accumulation.full", "accumulation.short_window"),
-         lambda: probe_accumulation(template, step, micro, k)),
+         lambda: probe_accumulation(template, step, micro, k,
+                                    "accumulation.short_window" not in sub.not_applicable)),
         (("clip.unscaled",), lambda: probe_clip(template, step, one, baseline=sub.baseline)),
         (("skip.is_skip",), lambda: probe_skip(template, step, one)),
         (("headroom.fp16_range", "headroom.fp16_underflow"),
@@ -147,6 +148,6 @@ def run_probes(sub: Subject, k: int, scale: float = SCALE) -> list[ProbeResult]:
         except Exception as err:
             raise LoopRaised(probe=names[0], where=where_raised(err), error=one_line(err),
                              results=results) from err
-        results += [not_applicable(r.name, na[r.name]) if r.name in na else r
-                    for r in (got if isinstance(got, list) else [got])]
+        ran = {r.name: r for r in (got if isinstance(got, list) else [got])}
+        results += [not_applicable(n, na[n]) if n in na else ran[n] for n in names]
     return results
