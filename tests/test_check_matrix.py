@@ -1,0 +1,274 @@
+"""The planted-bug matrix: each route under check x each planted bug -> the probe that fails.
+
+Routes: a step function (``check.loop=my.step``, the ``Rig`` signature), a loop of one's own
+(``stability.check.loop`` on a nanoGPT-style ``train_step``) and a ``LightningModule`` stepped
+by a real ``lightning.pytorch.Trainer``. Every probe runs (``run.run_probes``); the case asserts
+the one probe that fails (the others pass, warn or are n/a) and its number. A bug that cannot
+be written in a route (the Trainer clips and scales, not the module) has no case there.
+``python -m tests.test_check_matrix`` prints the table docs/check.md shows.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from stability.check import lightning_loop
+from stability.check.anyloop import step_of
+from stability.check.result import Status, exit_status
+from stability.check.rig import Template, ours
+from stability.check.run import run_probes
+from stability.check.subject import Subject, no_dropout
+from stability.check.upstream import attribute
+from tests import test_check as tc
+
+ROOT = Path(__file__).resolve().parents[1]
+for folder in ("any_loop", "lightning_task"):
+    if str(ROOT / "examples" / folder) not in sys.path:
+        sys.path.append(str(ROOT / "examples" / folder))
+import nanogpt_loop as gpt  # noqa: E402
+import spirals  # noqa: E402
+
+K = 4
+
+
+# --- route 1: a step function (tests/test_check.py's plain AMP loop and its bugs) ----------
+
+def zero_grad_inside(rig, window) -> bool:
+    """tests/test_check.py's plain loop with zero_grad per micro-batch: only the last
+    micro-batch's gradient is stepped on."""
+    params = list(rig.model.parameters())
+    for x, y in window:
+        rig.optimizer.zero_grad(set_to_none=True)  # BUG: inside the window
+        with tc.autocast(rig.precision, "cpu"):
+            out = rig.model(x)
+        rig.scaler.scale(rig.loss_fn(out.float(), y) / len(window)).backward()
+    rig.scaler.unscale_(rig.optimizer)
+    if rig.max_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, rig.max_norm)
+    finite = all(torch.isfinite(p.grad).all() for p in params if p.grad is not None)
+    rig.scaler.step(rig.optimizer)
+    if rig.scheduler is not None and finite:
+        rig.scheduler.step()
+    rig.scaler.update()
+    return finite
+
+
+def _step_route(bug: str):
+    step = {"short_window": tc.short_window_by_configured, "zero_grad": zero_grad_inside,
+            "no_division": lambda r, w: tc.plain(r, w, divisor=1),
+            "clip_before_unscale": tc.clip_before_unscale,
+            "optimizer_on_inf": tc.optimizer_on_inf, "scheduler_on_skip": tc.scheduler_on_skip,
+            }.get(bug, tc.plain)
+    template = tc._template(tc.masked_mean if bug == "token_mean" else None)
+    if bug == "fp16_overflow":
+        with torch.no_grad():
+            template.model[0].weight.mul_(1e5)
+    micro = tc._micro(padded=bug == "token_mean")
+    return Subject(template, tc._model, micro, step, ours, "plain",
+                   SimpleNamespace(expected_init_loss=math.log(2))), "plain"
+
+
+# --- route 2: a loop of one's own, nanoGPT's way -------------------------------------------
+
+def nano(model, optimizer, scaler, window, gradient_accumulation_steps, grad_clip, ctx,
+         scheduler=None, *, bug: str = ""):
+    """examples/any_loop's train_step, iterating the window, with one planted bug."""
+    tokens = sum(int((y != -1).sum()) for _, y in window)
+    for X, Y in window:
+        if bug == "zero_grad":
+            optimizer.zero_grad(set_to_none=True)  # BUG: inside the window
+        with ctx:
+            logits, loss = model(X, Y)
+            if bug == "token_mean_fixed":  # the fix: sum over tokens / the window's count
+                loss = nn.functional.cross_entropy(logits.view(-1, gpt.VOCAB).float(),
+                                                   Y.view(-1), ignore_index=-1,
+                                                   reduction="sum") / tokens
+            elif bug != "no_division":  # BUG when no_division; short_window: / configured
+                loss = loss / (gradient_accumulation_steps if bug == "short_window"
+                               else len(window))
+        scaler.scale(loss).backward()
+    if grad_clip != 0.0 or bug == "optimizer_on_inf":
+        if bug == "clip_before_unscale":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)  # BUG: scaled
+        scaler.unscale_(optimizer)
+        if bug != "clip_before_unscale" and grad_clip != 0.0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scale = scaler.get_scale()
+    if bug == "optimizer_on_inf":
+        optimizer.step()  # BUG: bypasses the scaler's inf check
+    else:
+        scaler.step(optimizer)
+    scaler.update()
+    if scheduler is not None and (bug == "scheduler_on_skip" or scaler.get_scale() >= scale):
+        scheduler.step()  # correct: only when the step was taken (the scale did not drop)
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _padded(batches):
+    out = []
+    for i, (x, y) in enumerate(batches):  # micro-batch i: its last 3i targets padded
+        y = y.clone()
+        y[:, gpt.BLOCK - 3 * i:] = -1
+        out.append((x, y))
+    return out
+
+
+def _any_route(bug: str):
+    def train_step(model, optimizer, scaler, window, gradient_accumulation_steps, grad_clip,
+                   ctx, scheduler=None):
+        return nano(model, optimizer, scaler, window, gradient_accumulation_steps, grad_clip,
+                    ctx, scheduler, bug=bug)
+
+    torch.manual_seed(0)
+    model = no_dropout(gpt.TinyGPT())
+    if bug == "fp16_overflow":
+        with torch.no_grad():
+            model.wte.weight.mul_(1e5)
+    g = torch.Generator().manual_seed(1)
+    micro = [gpt.get_batch(g) for _ in range(K)]
+    if bug.startswith("token_mean"):
+        micro = _padded(micro)
+    step = step_of(train_step)
+    template = Template(model, None, 0, lambda m, b: m(*b)[1])
+    return Subject(template, lambda: copy.deepcopy(model), micro, step, step, "any",
+                   SimpleNamespace(expected_init_loss=math.log(gpt.VOCAB))), "any"
+
+
+# --- route 3: a LightningModule under a real Trainer ---------------------------------------
+
+class ZeroGradInTrainingStep(spirals.SpiralMLP):
+    """A module that clears the gradients in ``training_step``: inside Lightning's window."""
+
+    def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+        for p in self.parameters():
+            p.grad = None  # BUG: the window's earlier micro-batches are lost
+        return super().training_step(batch, batch_idx)
+
+
+def _lightning_route(bug: str):
+    cls = ZeroGradInTrainingStep if bug == "zero_grad" else spirals.SpiralMLP
+    torch.manual_seed(0)
+    build = lambda: no_dropout(cls(hidden=8))  # noqa: E731
+    module = build()
+    if bug == "fp16_overflow":
+        with torch.no_grad():
+            module.net[0].weight.mul_(1e6)
+    x, y = spirals.spirals(K * 8, 0.02, 0)
+    micro = [[x[i : i + 8], y[i : i + 8]] for i in range(0, K * 8, 8)]
+    template = Template(module, None, 0, lightning_loop.module_loss)
+    return Subject(template, build, micro, lightning_loop.step, lightning_loop.step,
+                   "lightning", None), "lightning"
+
+
+ROUTES = {"step": _step_route, "any": _any_route, "lightning": _lightning_route}
+
+
+def results(route: str, bug: str, accept=()):
+    """Every probe of ``route`` with ``bug`` planted ("" for the correct loop)."""
+    sub, trainer = ROUTES[route](bug)
+    return attribute(run_probes(sub, K), trainer, accept, K)
+
+
+# (route, bug, the probe that names it, its measured number (None: only that it fails),
+#  relative tolerance, the other probes the same bug may fail)
+SHORT = ("accumulation.short_window",)
+OVERFLOW = ("clip.unscaled", "headroom.bf16_vs_fp32", "headroom.fp16_vs_fp32",
+            "sanity.init_loss")  # weights x 1e5: every forward-based probe is off too
+CASES = [
+    ("step", "short_window", "accumulation.short_window", 0.5, 1e-3, ()),
+    ("step", "no_division", "accumulation.full", 3.0, 1e-3, SHORT),
+    ("step", "zero_grad", "accumulation.full", 0.889, 1e-2, SHORT),
+    ("step", "token_mean", "accumulation.full", 0.297, 1e-2, SHORT),
+    ("step", "clip_before_unscale", "clip.unscaled", 1.0, 1e-3, ()),
+    ("step", "optimizer_on_inf", "skip.is_skip", 3.0, 0, ()),
+    ("step", "scheduler_on_skip", "skip.is_skip", 1.0, 0, ()),
+    ("step", "fp16_overflow", "headroom.fp16_range", 2.13, 1e-2, ()),
+    ("any", "short_window", "accumulation.short_window", 0.5, 1e-3, ()),
+    ("any", "no_division", "accumulation.full", 3.0, 1e-3, SHORT),
+    ("any", "zero_grad", "accumulation.full", 0.845, 1e-2, SHORT),
+    ("any", "token_mean", "accumulation.full", 0.290, 1e-2, SHORT),
+    ("any", "clip_before_unscale", "clip.unscaled", 1.0, 1e-3, ()),
+    ("any", "optimizer_on_inf", "skip.is_skip", 3.0, 0, ()),
+    ("any", "scheduler_on_skip", "skip.is_skip", 1.0, 0, ()),
+    ("any", "fp16_overflow", "headroom.fp16_range", 6.26, 1e-2, OVERFLOW),
+    ("lightning", "zero_grad", "accumulation.full", 0.619, 1e-2, SHORT),
+    ("lightning", "fp16_overflow", "headroom.fp16_range", 9.18, 1e-2, OVERFLOW),
+]
+CAUSE = {"short_window": "divided by the configured accum_steps=4 on a window of 2",
+         "no_division": "not divided by the window's micro-batch count",
+         "zero_grad": "zero_grad", "token_mean": "weighted unequally",
+         "clip_before_unscale": "clip before scaler.unscale_",
+         "optimizer_on_inf": "parameters changed", "scheduler_on_skip": "LR schedule advanced",
+         "fp16_overflow": "overflows fp16"}
+
+
+def _table(rows):
+    return {r.name: r for r in rows}
+
+
+@pytest.mark.parametrize(("route", "bug", "probe", "number", "rtol", "also"), CASES,
+                         ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_each_planted_bug_fails_its_probe_with_its_number(route, bug, probe, number, rtol,
+                                                          also):
+    got = _table(results(route, bug))
+    # Lightning's own faults fail too, attributed to it: not this bug's
+    own = {n for n, r in got.items()
+           if r.status is Status.FAIL and "the trainer's own fault" not in r.meaning}
+    assert probe in own and own <= {probe, *also}, {n: (r.status.value, r.meaning)
+                                                     for n, r in got.items()}
+    r = got[probe]
+    assert r.measured == pytest.approx(number, rel=rtol), r
+    assert CAUSE[bug] in r.meaning, r.meaning
+    if probe.startswith("accumulation"):
+        assert "|g|/|g_ref| = 1.000" not in r.meaning  # the number that failed is printed
+
+
+@pytest.mark.parametrize("route", ["step", "any"])
+def test_the_correct_loop_passes_on_every_route(route):
+    got = results(route, "")
+    assert exit_status(got) == 0, [(r.name, r.status.value, r.meaning) for r in got]
+    assert _table(got)["sanity.init_loss"].status is Status.PASS
+
+
+def test_the_fix_of_the_token_mean_passes():
+    got = _table(results("any", "token_mean_fixed"))
+    assert got["accumulation.full"].status is Status.PASS, got["accumulation.full"]
+
+
+def test_lightnings_own_faults_are_its_own_and_accepted_by_name_only():
+    got = _table(results("lightning", ""))
+    short, skip = got["accumulation.short_window"], got["skip.is_skip"]
+    assert short.status is Status.FAIL and short.measured == pytest.approx(0.5, abs=1e-4)
+    assert "the trainer's own fault" in short.meaning and "Lightning #19987" in short.meaning
+    assert "check.accept=[lightning.short_window]" in short.meaning
+    assert skip.status is Status.FAIL and "Lightning #5558" in skip.meaning
+    assert "lr_scheduler_step" in skip.meaning  # the workaround
+    accepted = results("lightning", "", accept=("lightning.short_window",
+                                                "lightning.skip_schedule"))
+    assert exit_status(accepted) == 0
+    assert _table(accepted)["accumulation.short_window"].status is Status.ACCEPTED
+    # the user's own bug still fails under the same acceptance
+    own = results("lightning", "zero_grad", accept=("lightning.short_window",
+                                                    "lightning.skip_schedule"))
+    assert exit_status(own) == 1
+    assert _table(own)["accumulation.full"].status is Status.FAIL
+
+
+if __name__ == "__main__":  # the table docs/check.md shows, from a real run
+    print("| route | planted bug | probe | measured | meaning (the cause) | s |")
+    print("|---|---|---|---|---|---|")
+    for route, bug, probe, *_ in CASES:
+        t0 = time.perf_counter()
+        r = _table(results(route, bug))[probe]
+        cause = r.meaning.split("FAIL: ", 1)[-1][:90]
+        print(f"| {route} | {bug} | `{probe}` | {r.status.value} {r.measured:.4g} | {cause} | "
+              f"{time.perf_counter() - t0:.1f} |")
