@@ -119,9 +119,10 @@ def _cli(args, cwd, **env):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("folder", "task", "fails", "na"), [
-    (LIGHTNING, "spirals", {"accumulation.short_window": 0.5, "skip.is_skip": 1.0}, []),
+    (LIGHTNING, "spirals", {"accumulation.short_window": 0.5, "skip.is_skip": 1.0},
+     ["sanity.init_loss"]),
     (HF, "gpt2", {"accumulation.full": 1 / 32, "accumulation.short_window": 1 / 32},
-     ["clip.unscaled", "skip.is_skip"]),
+     ["clip.unscaled", "skip.is_skip", "sanity.init_loss"]),
 ], ids=["lightning", "hf"])
 def test_cli_check_on_the_trainer_examples(tmp_path, folder, task, fails, na):
     out = tmp_path / "c.json"
@@ -136,7 +137,27 @@ def test_cli_check_on_the_trainer_examples(tmp_path, folder, task, fails, na):
         assert float(got[name]["measured"]) == pytest.approx(value, rel=1e-3)
     assert [n for n, p in got.items() if p["status"] == "n/a"] == na
     for name in na:
-        assert got[name]["meaning"].startswith("n/a: accelerate refuses fp16 on CPU")
+        assert got[name]["meaning"].startswith(
+            "n/a: the task declares no expected_init_loss" if name == "sanity.init_loss"
+            else "n/a: accelerate refuses fp16 on CPU")
         assert f"{name:<25}  n/a" in done.stdout
     assert all(p["status"] in ("pass", "fail", "n/a") for p in got.values())
+    if folder == LIGHTNING:  # its own faults, named as such with the issue and the way out
+        assert "the trainer's own fault" in got["accumulation.short_window"]["meaning"]
+        assert "check.accept=[lightning.skip_schedule]" in got["skip.is_skip"]["meaning"]
     assert not any(math.isnan(float(got[n]["measured"])) for n in fails)
+
+
+@pytest.mark.slow
+def test_cli_lightnings_own_faults_accepted_by_name_exit_0(tmp_path):
+    out = tmp_path / "c.json"
+    done = _cli(["--config-dir", ".", "task=spirals", f"check.output={out}",
+                 "tracking.enabled=false",
+                 "check.accept=[lightning.short_window,lightning.skip_schedule]"], LIGHTNING)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    got = {p["name"]: p for p in json.loads(out.read_text())["probes"]}
+    assert got["accumulation.short_window"]["status"] == "accepted"
+    assert "Lightning #19987" in got["accumulation.short_window"]["meaning"]
+    assert got["skip.is_skip"]["status"] == "accepted"
+    assert "accumulation.short_window  accepted" in done.stdout
+    assert json.loads(out.read_text())["exit_status"] == 0
