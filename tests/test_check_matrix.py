@@ -272,3 +272,28 @@ if __name__ == "__main__":  # the table docs/check.md shows, from a real run
         cause = r.meaning.split("FAIL: ", 1)[-1][:90]
         print(f"| {route} | {bug} | `{probe}` | {r.status.value} {r.measured:.4g} | {cause} | "
               f"{time.perf_counter() - t0:.1f} |")
+
+
+class RaisesInTrainingStep(spirals.SpiralMLP):
+    """A module whose own hook raises once the Trainer drives it."""
+
+    def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+        if self._trainer is not None:
+            raise RuntimeError("shape mismatch in my loss")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_lightning_hook_raising_names_the_hook():
+    from stability.check.raised import LoopRaised
+
+    torch.manual_seed(0)
+    module = RaisesInTrainingStep(hidden=8)
+    x, y = spirals.spirals(K * 8, 0.02, 0)
+    micro = [[x[i : i + 8], y[i : i + 8]] for i in range(0, K * 8, 8)]
+    sub = Subject(Template(module, None, 0, lightning_loop.module_loss), lambda: module, micro,
+                  lightning_loop.step, lightning_loop.step, "lightning", None)
+    with pytest.raises(LoopRaised) as raised:
+        run_probes(sub, K)
+    assert raised.value.where.startswith("RaisesInTrainingStep.training_step (test_check_matrix")
+    assert raised.value.error == "RuntimeError: shape mismatch in my loss"
+    assert raised.value.probe == "accumulation.full" and raised.value.results == []
