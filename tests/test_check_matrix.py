@@ -145,6 +145,16 @@ def _any_route(bug: str):
 
 # --- route 3: a LightningModule under a real Trainer ---------------------------------------
 
+class UsesItsTrainer(spirals.SpiralMLP):
+    """A module whose training_step reads its Trainer and optimizer, and logs."""
+
+    def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+        loss = super().training_step(batch, batch_idx)
+        lr = self.optimizers().param_groups[0]["lr"]
+        self.log_dict({"lr": lr, "step": float(self.trainer.global_step)})
+        return loss
+
+
 class ZeroGradInTrainingStep(spirals.SpiralMLP):
     """A module that clears the gradients in ``training_step``: inside Lightning's window."""
 
@@ -155,7 +165,8 @@ class ZeroGradInTrainingStep(spirals.SpiralMLP):
 
 
 def _lightning_route(bug: str):
-    cls = ZeroGradInTrainingStep if bug == "zero_grad" else spirals.SpiralMLP
+    cls = {"zero_grad": ZeroGradInTrainingStep, "uses_trainer": UsesItsTrainer}.get(
+        bug, spirals.SpiralMLP)
     torch.manual_seed(0)
     build = lambda: no_dropout(cls(hidden=8))  # noqa: E731
     module = build()
@@ -164,7 +175,8 @@ def _lightning_route(bug: str):
             module.net[0].weight.mul_(1e6)
     x, y = spirals.spirals(K * 8, 0.02, 0)
     micro = [[x[i : i + 8], y[i : i + 8]] for i in range(0, K * 8, 8)]
-    template = Template(module, None, 0, lightning_loop.module_loss)
+    template = Template(module, None, 0, lightning_loop.module_loss,
+                        lightning_loop.trainer_gradient)
     return Subject(template, build, micro, lightning_loop.step, lightning_loop.step,
                    "lightning", None), "lightning"
 
@@ -274,6 +286,19 @@ if __name__ == "__main__":  # the table docs/check.md shows, from a real run
               f"{time.perf_counter() - t0:.1f} |")
 
 
+def test_a_module_using_its_trainer_in_training_step_is_checked_through_a_real_trainer():
+    got = _table(results("lightning", "uses_trainer"))
+    # the mechanics probes (and their reference gradient) step a real Trainer.fit
+    assert got["accumulation.full"].status is Status.PASS, got["accumulation.full"]
+    assert got["accumulation.short_window"].measured == pytest.approx(0.5, abs=1e-4)
+    assert got["clip.unscaled"].status is Status.PASS, got["clip.unscaled"]
+    assert got["sanity.same_seed"].status is Status.PASS
+    # the forward-only probes call training_step directly: n/a, saying why
+    for name in ("headroom.fp16_range", "headroom.bf16_vs_fp32", "sanity.init_loss"):
+        assert got[name].status is Status.NA, got[name]
+        assert "needs its Trainer" in got[name].meaning
+
+
 class RaisesInTrainingStep(spirals.SpiralMLP):
     """A module whose own hook raises once the Trainer drives it."""
 
@@ -290,7 +315,8 @@ def test_a_lightning_hook_raising_names_the_hook():
     module = RaisesInTrainingStep(hidden=8)
     x, y = spirals.spirals(K * 8, 0.02, 0)
     micro = [[x[i : i + 8], y[i : i + 8]] for i in range(0, K * 8, 8)]
-    sub = Subject(Template(module, None, 0, lightning_loop.module_loss), lambda: module, micro,
+    sub = Subject(Template(module, None, 0, lightning_loop.module_loss,
+                           lightning_loop.trainer_gradient), lambda: module, micro,
                   lightning_loop.step, lightning_loop.step, "lightning", None)
     with pytest.raises(LoopRaised) as raised:
         run_probes(sub, K)

@@ -41,7 +41,12 @@ LR = 0.05
 
 def reference_gradient(template: Template, window: Sequence[MicroBatch],
                        dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
-    """The gradient of the task's loss over the window's samples as one batch."""
+    """The gradient of the task's loss over the window's samples as one batch (the trainer's
+    own when the template says how: ``Template.grad_of``, fp32 only)."""
+    if template.grad_of is not None:
+        if dtype != torch.float32:
+            raise TypeError("the trainer computes its gradient in fp32")
+        return template.grad_of(template, concat(window))
     model = template.rig().model.to(dtype)
     template.loss(model, to_dtype(concat(window), dtype)).backward()
     return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)

@@ -21,6 +21,10 @@ LIBRARIES = tuple(Path(p).resolve() for p in {sysconfig.get_paths()["stdlib"],
                                               sysconfig.get_paths()["platlib"]})
 
 
+class NotApplicable(Exception):  # noqa: N818 - a verdict, not an error
+    """A probe cannot apply to this code here (its message says why): the probe is n/a."""
+
+
 class LoopRaised(Exception):
     """The user's code raised while probe ``probe`` ran.
 

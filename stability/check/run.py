@@ -19,7 +19,7 @@ import torch
 from stability.check.accumulation import probe_accumulation
 from stability.check.amp import SCALE, probe_clip, probe_skip
 from stability.check.headroom import probe_low_precision, probe_range
-from stability.check.raised import LoopRaised, one_line, where_raised
+from stability.check.raised import LoopRaised, NotApplicable, one_line, where_raised
 from stability.check.result import ProbeResult, not_applicable
 from stability.check.rig import StepFn, ours
 from stability.check.sanity import declared_init_loss, probe_determinism, probe_init_loss
@@ -145,6 +145,9 @@ def run_probes(sub: Subject, k: int, scale: float = SCALE) -> list[ProbeResult]:
             continue
         try:
             got = probe()
+        except NotApplicable as why:
+            results += [not_applicable(n, str(why)) for n in names]
+            continue
         except Exception as err:
             raise LoopRaised(probe=names[0], where=where_raised(err), error=one_line(err),
                              results=results) from err

@@ -97,7 +97,8 @@ def subject(cfg: RunConfig, loop: str, step: StepFn, k: int) -> Subject:
             from stability.check import lightning_loop
 
             build = seeded(lambda: task.module(lr=cfg.train.lr))
-            template = Template(build(), _unused, cfg.seed, lightning_loop.module_loss)
+            template = Template(build(), _unused, cfg.seed, lightning_loop.module_loss,
+                                lightning_loop.trainer_gradient)
             data = task.datamodule()
             if hasattr(data, "setup"):
                 data.setup("fit")
