@@ -43,12 +43,13 @@ def reference_gradient(template: Template, window: Sequence[MicroBatch],
                        dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     """The gradient of the task's loss over the window's samples as one batch (the trainer's
     own when the template says how: ``Template.grad_of``, fp32 only)."""
+    batch = (template.join or concat)(window)
     if template.grad_of is not None:
         if dtype != torch.float32:
             raise TypeError("the trainer computes its gradient in fp32")
-        return template.grad_of(template, concat(window))
+        return template.grad_of(template, batch)
     model = template.rig().model.to(dtype)
-    template.loss(model, to_dtype(concat(window), dtype)).backward()
+    template.loss(model, to_dtype(batch, dtype)).backward()
     return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
             for p in model.parameters()]
 

@@ -110,13 +110,16 @@ def subject(cfg: RunConfig, loop: str, step: StepFn, k: int) -> Subject:
             from stability.check import hf_loop
 
             hf_loop.quiet()
+            collator = getattr(task, "data_collator", None)
+            hf = hf_loop.HFLoop(getattr(task, "trainer_class", None),
+                                collator() if callable(collator) else None)
             build = seeded(task.model)
-            template = Template(build(), _unused, cfg.seed, hf_loop.model_loss)
+            template = Template(build(), _unused, cfg.seed, hf.loss, join=hf.join)
             wanted = getattr(task, "training_arguments", dict)()
             b = int(wanted.get("per_device_train_batch_size", cfg.train.batch_size))
-            micro = _samples(task.train_val()[0], k, b)
+            micro = _samples(task.train_val()[0], k, b, hf.collator or default_collate)
             na = {"clip.unscaled": hf_loop.CPU_FP16, "skip.is_skip": hf_loop.CPU_FP16}
-            return Subject(template, build, micro, hf_loop.step, hf_loop.step, trainer, task, na)
+            return Subject(template, build, micro, hf.step, hf.step, trainer, task, na)
         build = seeded(task.model)
         template = Template(build(), task.loss, cfg.seed)
     train, _ = task.train_val()
