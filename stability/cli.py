@@ -375,6 +375,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.argv = [f"stability-{command}", *rest]  # Hydra parses sys.argv
         (sweep if command == "sweep" else report)()
     elif command == "check":
+        from stability.groups import compose_error
+
+        line = compose_error("check", rest)  # Hydra's own is a dozen lines and exit 1
+        if line is not None:
+            fail(line, 2)
         sys.argv = ["stability-check", *check_argv(rest)]
         check()
     elif command == "ui":

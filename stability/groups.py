@@ -73,3 +73,51 @@ def bad_group_choice(argv: Sequence[str], conf: Path = CONF) -> str | None:
                 return (f"error: {key}={choice} is invalid: allowed values are "
                         f"{' | '.join(options[key])}")
     return None
+
+
+def compose_error(config: str, argv: Sequence[str], conf: Path = CONF) -> str | None:
+    """The ``error:`` line when Hydra cannot compose ``config`` with ``argv``, else None.
+
+    Hydra reports a bad override (``foo=1``: not in the config; an unparsable value) in a
+    dozen lines with exit status 1, which a CI reads as a failed check; composed here first,
+    it is one line. Flags: ``--config-dir DIR`` adds DIR to the search path, ``-m`` is ignored;
+    anything Hydra's composition does not raise itself is left to the command.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides, dirs = [], config_dirs(argv)
+    skip = {i + 1 for i, a in enumerate(argv) if a in CONFIG_DIR}
+    for i, arg in enumerate(argv):
+        if i in skip or arg.startswith("-"):
+            continue
+        overrides.append(arg)
+    if dirs:
+        overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            compose(config_name=config, overrides=overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        lines = [" ".join(line.split()) for line in str(err).split("\n\n")[0].splitlines()]
+        text = " ".join(x for x in lines if x)
+        bad = _unparsable(overrides)
+        return "error: " + (f"{bad} does not parse: {text}" if bad else text)[:400]
+    finally:
+        GlobalHydra.instance().clear()
+    return None
+
+
+def _unparsable(overrides: Sequence[str]) -> str | None:
+    # the first override Hydra's grammar rejects (its message does not name it)
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for o in overrides:
+        try:
+            parser.parse_overrides([o])
+        except Exception:  # noqa: BLE001 - any parse error names this override
+            return o
+    return None

@@ -46,8 +46,11 @@ def _one_line(done, *needles):
                                 "loop | accum_steps | output | accept"]),
     (ROOT, ["check.accept=[pytorch.anything]"], ["check.accept", "lightning.short_window"]),
     (ROOT, ["check.loop=no.such.module"], ["check.loop='no.such.module'", "ours"]),
+    (ROOT, ["foo=1"], ["Could not override 'foo'", "+foo=1"]),
+    (ROOT, ["check.accept=[lightning.short_window"], [
+        "check.accept=[lightning.short_window does not parse"]),
 ], ids=["accum-bound", "task-config-dir", "task-before-flag", "bogus-key", "accept",
-        "loop"])
+        "loop", "unknown-override", "unparsable"])
 def test_bad_input_is_one_line_and_exit_2(cwd, argv, needles, monkeypatch, capsys):
     monkeypatch.chdir(cwd)
     _one_line(in_process(["check", *argv, "tracking.enabled=false"], capsys), *needles)
