@@ -134,9 +134,10 @@ def loop(train_step: Callable[..., Any], model: nn.Module,
                                            "(short_window=False): no short last window")
     if scaler is None:
         na["skip.is_skip"] = "the loop has no GradScaler (scaler=None): no fp16 skip to probe"
-    sub = Subject(Template(start, _unused, seed, loss_fn), lambda: copy.deepcopy(start), micro,
-                  step, step, "any", SimpleNamespace(expected_init_loss=expected_init_loss),
-                  na)
+    sub = Subject(template=Template(model=start, loss_fn=_unused, seed=seed, loss_of=loss_fn),
+                  build=lambda: copy.deepcopy(start), micro=micro, step=step, baseline=step,
+                  trainer="any", task=SimpleNamespace(expected_init_loss=expected_init_loss),
+                  not_applicable=na)
     raised = None
     try:
         results = attribute(run_probes(sub, accum_steps), "any", accept, accum_steps)
