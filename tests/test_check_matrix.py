@@ -108,6 +108,22 @@ def test_lightnings_own_faults_are_its_own_and_accepted_by_name_only():
     assert _table(own)["accumulation.full"].status is Status.FAIL
 
 
+def test_manual_optimization_is_driven_and_its_faults_are_the_modules():
+    accept = ("lightning.short_window", "lightning.skip_schedule")
+    good = _table(results("manual", "", accept))
+    assert exit_status(list(good.values())) == 0, good
+    assert good["accumulation.short_window"].status is Status.PASS
+    assert good["skip.is_skip"].status is Status.PASS
+    assert good["clip.unscaled"].status is Status.NA
+    assert "manual optimization" in good["clip.unscaled"].meaning
+    # the same faults Lightning has, written in the module's own code: never accepted
+    short = _table(results("manual", "short_window", accept))
+    assert short["accumulation.short_window"].status is Status.FAIL
+    assert "the module's own accumulation" in short["accumulation.full"].meaning
+    skip = _table(results("manual", "scheduler_on_skip", accept))["skip.is_skip"]
+    assert skip.status is Status.FAIL and skip.measured == 1, skip
+
+
 if __name__ == "__main__":  # the table docs/check.md shows, from a real run
     print("| route | planted bug | probe | measured | meaning (the cause) | s |")
     print("|---|---|---|---|---|---|")

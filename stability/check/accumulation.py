@@ -109,6 +109,14 @@ def diagnose(template: Template, window: Sequence[MicroBatch], k: int, got: torc
     """
     j = len(window)
     c, off = _fit(got, ref)
+    if template.grad_of is not None and not getattr(template.model, "automatic_optimization",
+                                                    True):
+        # a manual-optimization module: the reference is its own step over one batch, so
+        # only the disagreement is known, not which side normalises wrongly
+        return (f"the module's own accumulation over {j} micro-batches is not its step over "
+                f"the same samples as one batch (|g|/|g_ref| = {c:.4g}, direction off by "
+                f"{off:.3g}): training_step must divide by the window's own count, also on an "
+                "epoch's last, shorter window (and on a one-batch epoch)")
     if off <= max(tol, 1e-4):
         cause = ("the loss is not divided by the window's micro-batch count" if
                  abs(c - j) < 1e-3 * j else

@@ -70,6 +70,10 @@ def trainer_gradient(template: Template, batch: Any) -> list[torch.Tensor]:
     return seen[-1]
 
 
+MANUAL_CLIP = ("manual optimization: the module clips in its own training_step (Lightning "
+               "refuses gradient_clip_val for it), so the probe cannot set the threshold")
+
+
 def quiet() -> None:
     """Silence Lightning's per-fit notices (the probes fit many one-step epochs)."""
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
@@ -99,6 +103,11 @@ def step(rig: Rig, window: Sequence[Any]) -> bool:
     clip = (ClipConfig(enabled=True, max_norm=rig.max_norm) if rig.max_norm is not None
             else ClipConfig())
     settings = trainer_settings(clip, PrecisionConfig(name=rig.precision), rig.accum_steps, "cpu")
+    if not getattr(module, "automatic_optimization", True):
+        # manual optimization: the module accumulates and clips in its own training_step;
+        # Lightning refuses both settings for it
+        for key in ("accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm"):
+            settings.pop(key, None)
     if "plugins" in settings:  # the rig's scaler: the probe reads its scale
         settings["plugins"] = [MixedPrecision("16-mixed", "cpu", scaler=rig.scaler)]
     taken: list[int] = []

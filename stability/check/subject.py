@@ -104,6 +104,11 @@ def subject(cfg: RunConfig, loop: str, step: StepFn, k: int) -> Subject:
                 data.setup("fit")
             loader = data.train_dataloader()
             micro = _samples(loader.dataset, k, int(loader.batch_size), loader.collate_fn)
+            if not getattr(template.model, "automatic_optimization", True):
+                # its accumulation is its own code: a failure is never Lightning's
+                return Subject(template, build, micro, lightning_loop.step, lightning_loop.step,
+                               "lightning-manual", task,
+                               {"clip.unscaled": lightning_loop.MANUAL_CLIP})
             return Subject(template, build, micro, lightning_loop.step, lightning_loop.step,
                            trainer, task)
         if trainer == "hf":

@@ -149,6 +149,33 @@ class UsesItsTrainer(spirals.SpiralMLP):
         return loss
 
 
+class ManualAccumulation(spirals.SpiralMLP):
+    """Manual optimization, accumulating ``K`` batches; the loss divided by the window's own
+    count (``bug="short_window"``: by ``K``, also on an epoch's shorter last window)."""
+
+    def __init__(self, *args, bug: str = "", **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self.automatic_optimization = False
+        self.bug = bug
+
+    def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+        n = self.trainer.num_training_batches
+        start = batch_idx - batch_idx % K
+        window = K if self.bug == "short_window" else min(K, n - start)
+        loss = super().training_step(batch, batch_idx)
+        self.manual_backward(loss / window)
+        if batch_idx + 1 == start + window or batch_idx + 1 == n:
+            opt, sched = self.optimizers(), self.lr_schedulers()
+            scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+            scale = scaler.get_scale() if scaler is not None else None
+            opt.step()
+            opt.zero_grad()
+            skipped = scaler is not None and scaler.get_scale() < scale
+            if sched is not None and (not skipped or self.bug == "scheduler_on_skip"):
+                sched.step()
+        return loss
+
+
 class ZeroGradInTrainingStep(spirals.SpiralMLP):
     """A module that clears the gradients in ``training_step``: inside Lightning's window."""
 
@@ -175,7 +202,21 @@ def _lightning_route(bug: str):
                    "lightning", None), "lightning"
 
 
-ROUTES = {"step": _step_route, "any": _any_route, "lightning": _lightning_route}
+def _manual_route(bug: str):
+    torch.manual_seed(0)
+    build = lambda: no_dropout(ManualAccumulation(hidden=8, bug=bug))  # noqa: E731
+    module = build()
+    x, y = spirals.spirals(K * 8, 0.02, 0)
+    micro = [[x[i : i + 8], y[i : i + 8]] for i in range(0, K * 8, 8)]
+    template = Template(module, None, 0, lightning_loop.module_loss,
+                        lightning_loop.trainer_gradient)
+    return Subject(template, build, micro, lightning_loop.step, lightning_loop.step,
+                   "lightning-manual", None,
+                   {"clip.unscaled": lightning_loop.MANUAL_CLIP}), "lightning-manual"
+
+
+ROUTES = {"step": _step_route, "any": _any_route, "lightning": _lightning_route,
+          "manual": _manual_route}
 
 
 def results(route: str, bug: str, accept=()):
