@@ -22,6 +22,7 @@ to the terminal and chooses exit statuses (``experiments/*.py`` are shims of it)
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -155,30 +156,36 @@ def report_job(cfg: DictConfig) -> None:
 def check_job(cfg: DictConfig) -> None:
     """The Hydra task of ``stability check`` and ``experiments/check.py`` (docs/check.md).
 
-    Prints the table and the JSON path; exits 0 when every probe passed or warned, 1 on a
-    fail, 2 on bad input (one line).
+    Prints the table and the JSON path; exits 0 when every probe passed, warned, was n/a or
+    accepted, 1 on a fail, 2 on bad input (one line naming the key), 3 when the code under
+    check raised (one line naming where; the JSON has the probes that ran).
     """
     from pathlib import Path
 
     from omegaconf import OmegaConf
 
-    from stability.check.result import exit_status, table, write_json
+    from stability.check.raised import LoopRaised
+    from stability.check.result import RAISED, exit_status, table, write_json
     from stability.check.run import CheckConfig, run_check
     from stability.core.config import to_run_config
 
     raw = OmegaConf.to_container(cfg, resolve=True)
     with exits():
-        section = dict(raw.pop("check", None) or {})
-        try:
-            check = CheckConfig(**section)
-        except TypeError:
-            fail(f"error: check has unknown keys {sorted(section)}: allowed keys are loop | "
-                 "accum_steps | output", 2)
+        check = CheckConfig.from_section(dict(raw.pop("check", None) or {}))
         run_cfg = to_run_config(raw)
-        results, seconds = run_check(run_cfg, check)
-    print(table(results))
-    path = write_json(results, Path(check.output), task=raw["task"]["_target_"],
-                      loop=check.loop, seconds=round(seconds, 2))
+        try:
+            results, seconds = run_check(run_cfg, check)
+            raised = None
+        except LoopRaised as err:
+            results, seconds, raised = err.results, math.nan, err
+    meta = {"task": raw["task"]["_target_"], "loop": check.loop, "seconds": round(seconds, 2)}
+    if raised is not None:
+        meta |= {"exit_status": RAISED, "error": str(raised)}
+    if results:
+        print(table(results))
+    path = write_json(results, Path(check.output), **meta)
+    if raised is not None:
+        fail(f"error: {raised} (the {len(results)} probes that ran: {path})", RAISED)
     status = exit_status(results)
     print(f"check: {'FAIL' if status else 'ok'} ({sum(r.status.value == 'fail' for r in results)}"
           f" failed of {len(results)}) in {seconds:.1f} s; results: {path}")
@@ -209,17 +216,33 @@ CHECK_QUIET = ("hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging
                "hydra/hydra_logging=none")  # the check writes only its JSON: no job folder
 
 
-def check_argv(args: Sequence[str]) -> list[str]:
-    """``args`` with the check's Hydra overrides (``CHECK_QUIET``) next to the user's own.
+# Hydra's flags that take a value (hydra/_internal/utils.py get_args_parser)
+HYDRA_VALUE_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+                     "--cfg", "-c", "--package", "-p", "--experimental-rerun")
 
-    Hydra takes its overrides as one run of positional arguments: they go right after the
-    user's last ``key=value`` (at the end when there is none), never between ``--config-dir``
-    and its value or between two runs of overrides.
+
+def check_argv(args: Sequence[str]) -> list[str]:
+    """``args`` as Hydra's parser takes them: its flags first, then every ``key=value`` of the
+    user's as one run, then the check's own overrides (``CHECK_QUIET``).
+
+    Hydra reads its overrides as one run of positional arguments; an override after a flag
+    (``task=x --config-dir . seed=1``) would be "unrecognized arguments". Order among the
+    overrides is kept (a later one wins, as in Hydra).
     """
+    flags: list[str] = []
+    overrides: list[str] = []
     args = list(args)
-    at = max((i + 1 for i, a in enumerate(args) if "=" in a and not a.startswith("-")),
-             default=len(args))
-    return [*args[:at], *CHECK_QUIET, *args[at:]]
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("-"):
+            take = 2 if a in HYDRA_VALUE_FLAGS and i + 1 < len(args) else 1
+            flags += args[i : i + take]
+            i += take
+            continue
+        overrides.append(a)
+        i += 1
+    return [*flags, *overrides, *CHECK_QUIET]
 
 
 def run_script(main: Callable[[], Any]) -> None:
@@ -352,6 +375,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.argv = [f"stability-{command}", *rest]  # Hydra parses sys.argv
         (sweep if command == "sweep" else report)()
     elif command == "check":
+        from stability.groups import compose_error
+
+        line = compose_error("check", rest)  # Hydra's own is a dozen lines and exit 1
+        if line is not None:
+            fail(line, 2)
         sys.argv = ["stability-check", *check_argv(rest)]
         check()
     elif command == "ui":

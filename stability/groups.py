@@ -4,7 +4,8 @@ Hydra rejects an unknown group option with a multi-line "Could not find 'precisi
 listing and exit status 1; every other bad value of ours is one ``error:`` line and exit 2.
 The options are the YAML files of each group folder of ``conf/``. Overrides Hydra's own
 grammar has to read (``choice(...)``, globs, interpolations, quoting) and command lines that
-add config folders (``hydra.searchpath``, ``--config-dir``) are left to Hydra.
+add config folders through ``hydra.searchpath`` or ``--config-path`` are left to Hydra; a
+``--config-dir DIR`` adds DIR's group folders to the options checked.
 """
 
 from __future__ import annotations
@@ -16,15 +17,32 @@ CONF = Path(__file__).resolve().parent / "conf"  # stability/conf is conf/ (a li
 # Groups that live elsewhere too: Hydra's own (launchers and sweepers come from its plugins).
 OTHER_SOURCES = ("hydra",)
 # Arguments that add config folders: a group may then have options we do not see.
-ADDS_CONFIGS = ("hydra.searchpath", "+hydra.searchpath", "--config-dir", "-cd",
-                "--config-path", "-cp")
+ADDS_CONFIGS = ("hydra.searchpath", "+hydra.searchpath", "--config-path", "-cp")
+CONFIG_DIR = ("--config-dir", "-cd")  # its groups are read: ``task=nope`` is still one line
 HYDRA_GRAMMAR = set("()[]{}*?$'\" ")
 
 
-def group_options(conf: Path = CONF) -> dict[str, list[str]]:
-    """Each config group of ``conf`` and its options (the YAML files' names, sorted)."""
-    return {d.name: sorted(p.stem for p in d.glob("*.yaml"))
-            for d in conf.iterdir() if d.is_dir() and d.name not in OTHER_SOURCES}
+def group_options(conf: Path = CONF, *extra: Path) -> dict[str, list[str]]:
+    """Each config group of ``conf`` (and of ``extra`` folders) and its options (the YAML
+    files' names, sorted)."""
+    options: dict[str, set[str]] = {}
+    for folder in (conf, *extra):
+        for d in folder.iterdir() if folder.is_dir() else ():
+            if d.is_dir() and d.name not in OTHER_SOURCES:
+                options.setdefault(d.name, set()).update(p.stem for p in d.glob("*.yaml"))
+    return {k: sorted(v) for k, v in options.items()}
+
+
+def config_dirs(argv: Sequence[str]) -> list[Path]:
+    """The folders ``--config-dir DIR`` / ``--config-dir=DIR`` / ``-cd DIR`` add."""
+    out = []
+    for i, arg in enumerate(argv):
+        flag, sep, value = arg.partition("=")
+        if flag in CONFIG_DIR:
+            value = value if sep else (argv[i + 1] if i + 1 < len(argv) else "")
+            if value:
+                out.append(Path(value).expanduser().resolve())
+    return out
 
 
 def bad_group_choice(argv: Sequence[str], conf: Path = CONF) -> str | None:
@@ -40,8 +58,12 @@ def bad_group_choice(argv: Sequence[str], conf: Path = CONF) -> str | None:
     """
     if any(a.split("=", 1)[0] in ADDS_CONFIGS for a in argv):
         return None
-    options = group_options(conf)
-    for arg in argv:
+    dirs = config_dirs(argv)
+    options = group_options(conf, *dirs)
+    skip = {i + 1 for i, a in enumerate(argv) if a in CONFIG_DIR}  # a flag's value
+    for i, arg in enumerate(argv):
+        if i in skip or arg.startswith("-"):
+            continue
         key, sep, value = arg.partition("=")
         key = key.lstrip("+~")
         if not sep or key not in options or not value or HYDRA_GRAMMAR & set(value):
@@ -50,4 +72,52 @@ def bad_group_choice(argv: Sequence[str], conf: Path = CONF) -> str | None:
             if choice not in options[key]:
                 return (f"error: {key}={choice} is invalid: allowed values are "
                         f"{' | '.join(options[key])}")
+    return None
+
+
+def compose_error(config: str, argv: Sequence[str], conf: Path = CONF) -> str | None:
+    """The ``error:`` line when Hydra cannot compose ``config`` with ``argv``, else None.
+
+    Hydra reports a bad override (``foo=1``: not in the config; an unparsable value) in a
+    dozen lines with exit status 1, which a CI reads as a failed check; composed here first,
+    it is one line. Flags: ``--config-dir DIR`` adds DIR to the search path, ``-m`` is ignored;
+    anything Hydra's composition does not raise itself is left to the command.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides, dirs = [], config_dirs(argv)
+    skip = {i + 1 for i, a in enumerate(argv) if a in CONFIG_DIR}
+    for i, arg in enumerate(argv):
+        if i in skip or arg.startswith("-"):
+            continue
+        overrides.append(arg)
+    if dirs:
+        overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            compose(config_name=config, overrides=overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        lines = [" ".join(line.split()) for line in str(err).split("\n\n")[0].splitlines()]
+        text = " ".join(x for x in lines if x)
+        bad = _unparsable(overrides)
+        return "error: " + (f"{bad} does not parse: {text}" if bad else text)[:400]
+    finally:
+        GlobalHydra.instance().clear()
+    return None
+
+
+def _unparsable(overrides: Sequence[str]) -> str | None:
+    # the first override Hydra's grammar rejects (its message does not name it)
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for o in overrides:
+        try:
+            parser.parse_overrides([o])
+        except Exception:  # noqa: BLE001 - any parse error names this override
+            return o
     return None

@@ -320,6 +320,9 @@ def test_the_checks_hydra_overrides_never_split_the_users_arguments():
 
     assert check_argv(["--config-dir", ".", "task=spirals"]) == [
         "--config-dir", ".", "task=spirals", *CHECK_QUIET]
-    assert check_argv(["task=x", "--config-dir", "."]) == ["task=x", *CHECK_QUIET,
-                                                           "--config-dir", "."]
+    # Hydra's flags first, then every override as one run (Hydra reads only one)
+    assert check_argv(["task=x", "--config-dir", ".", "seed=1"]) == [
+        "--config-dir", ".", "task=x", "seed=1", *CHECK_QUIET]
+    assert check_argv(["-cd=.", "a=1", "-m", "b=2"]) == ["-cd=.", "-m", "a=1", "b=2",
+                                                          *CHECK_QUIET]
     assert check_argv([]) == list(CHECK_QUIET)

@@ -301,14 +301,18 @@ def parse_only() -> Iterator[None]:
         argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
 
 
-def _argparse(run: object, argv: list[str], label: str) -> str | None:
+def _argparse(run: object, argv: list[str], label: str, cwd: Path | None = None) -> str | None:
     """Run an entry point with ``argv`` under :func:`parse_only`: None once its parser accepts.
 
-    The import path, ``$PYTHONPATH`` and ``sys.argv`` (which ``stability`` and the scripts set
-    before parsing) are restored afterwards.
+    It runs in ``cwd`` when given (the folder the doc's command runs in: ``--config-dir .``
+    is read there). The import path, ``$PYTHONPATH``, ``sys.argv`` (which ``stability`` and
+    the scripts set before parsing) and the working folder are restored afterwards.
     """
     saved = list(sys.argv), list(sys.path), os.environ.get("PYTHONPATH")
+    here = os.getcwd()
     sys.argv = [label, *argv]
+    if cwd is not None:
+        os.chdir(cwd)
     try:
         with parse_only():
             run()  # type: ignore[operator]
@@ -317,6 +321,7 @@ def _argparse(run: object, argv: list[str], label: str) -> str | None:
     except SystemExit as stop:
         return f"the parser refused {argv} (exit {stop.code})"
     finally:
+        os.chdir(here)
         sys.argv[:], sys.path[:] = saved[0], saved[1]
         if saved[2] is None:
             os.environ.pop("PYTHONPATH", None)
@@ -403,7 +408,7 @@ def command_error(command: Command, makefile_targets: set[str]) -> str | None:
         from stability import cli
 
         if sub in HYDRA_CONFIGS:  # Hydra's own parser, as `stability` calls it, then the config
-            return (_argparse(lambda: cli.main([sub, *rest]), rest, "stability")
+            return (_argparse(lambda: cli.main([sub, *rest]), rest, "stability", command.cwd)
                     or hydra_error(HYDRA_CONFIGS[sub], rest, command.cwd))
         if sub == "ui":
             return _argparse(lambda: cli.ui(rest), rest, "stability ui")

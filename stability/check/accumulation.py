@@ -41,9 +41,15 @@ LR = 0.05
 
 def reference_gradient(template: Template, window: Sequence[MicroBatch],
                        dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
-    """The gradient of the task's loss over the window's samples as one batch."""
+    """The gradient of the task's loss over the window's samples as one batch (the trainer's
+    own when the template says how: ``Template.grad_of``, fp32 only)."""
+    batch = (template.join or concat)(window)
+    if template.grad_of is not None:
+        if dtype != torch.float32:
+            raise TypeError("the trainer computes its gradient in fp32")
+        return template.grad_of(template, batch)
     model = template.rig().model.to(dtype)
-    template.loss(model, to_dtype(concat(window), dtype)).backward()
+    template.loss(model, to_dtype(batch, dtype)).backward()
     return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
             for p in model.parameters()]
 
@@ -71,25 +77,68 @@ def _one(template: Template, step: StepFn, window: Sequence[MicroBatch], k: int,
     if not seen:
         return ProbeResult(name, verdict(float("inf"), tol), float("inf"), tol,
                            f"{what}: the loop took no optimizer step")
-    g_err = rel(flat(seen[-1]), ref)
+    got = flat(seen[-1])
+    g_err = rel(got, ref)
     update = LR * ref
     p_err = rel(params_of(rig.model) - before, -update)
     # theta + delta is rounded to fp32: up to half an ulp of each parameter, relative to the
     # update; the parameter change is held to the gradient's bound plus that rounding.
     rounding = float((before.abs() * torch.finfo(torch.float32).eps).norm() / update.norm())
-    measured = g_err
     status = verdict(max(g_err, p_err - rounding), tol)
-    ratio = float(flat(seen[-1]).norm() / ref.norm()) if float(ref.norm()) > 0 else float("nan")
-    meaning = (f"{what}: grad rel err {g_err:.2e}, 1-step param rel diff {p_err:.2e}"
-               + ("" if status.value == "pass" else
-                  f"; FAIL: not a larger batch (|g|/|g_ref| = {ratio:.3f}): the loss is "
-                  "normalised by the wrong count (per micro-batch, by the configured window "
-                  "size, or a miscounted number of items)"))
-    return ProbeResult(name, status, measured, tol, meaning)
+    meaning = f"{what}: grad rel err {g_err:.2e}, 1-step param rel diff {p_err:.2e}"
+    if status.value != "pass":
+        meaning += "; FAIL: " + diagnose(template, window, k, got, ref, g_err, tol)
+    return ProbeResult(name, status, g_err, tol, meaning)
+
+
+def _fit(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    # the best scale c of ref to got, and the relative residual of got against c * ref
+    den = float(ref.dot(ref))
+    c = float(got.dot(ref)) / den if den > 0 else 0.0
+    return c, rel(got, c * ref)
+
+
+def diagnose(template: Template, window: Sequence[MicroBatch], k: int, got: torch.Tensor,
+             ref: torch.Tensor, g_err: float, tol: float) -> str:
+    """The failed window's cause, with the number that failed.
+
+    A pure scale of the reference (the same direction): the loss is divided by the wrong
+    count. The last micro-batch's gradient alone: the gradients were zeroed inside the window.
+    Otherwise the micro-batches are weighted unequally (a per-micro-batch mean over varying
+    item counts).
+    """
+    j = len(window)
+    c, off = _fit(got, ref)
+    if template.grad_of is not None and not getattr(template.model, "automatic_optimization",
+                                                    True):
+        # a manual-optimization module: the reference is its own step over one batch, so
+        # only the disagreement is known, not which side normalises wrongly
+        return (f"the module's own accumulation over {j} micro-batches is not its step over "
+                f"the same samples as one batch (|g|/|g_ref| = {c:.4g}, direction off by "
+                f"{off:.3g}): training_step must divide by the window's own count, also on an "
+                "epoch's last, shorter window (and on a one-batch epoch)")
+    if off <= max(tol, 1e-4):
+        cause = ("the loss is not divided by the window's micro-batch count" if
+                 abs(c - j) < 1e-3 * j else
+                 f"the loss is divided by the configured accum_steps={k} on a window of {j} "
+                 "(divide by the window's own count)" if abs(c - j / k) < 1e-3 else
+                 "the loss is normalised by the wrong count")
+        return f"not a larger batch: |g|/|g_ref| = {c:.4g}, {cause}"
+    if j > 1:
+        last = flat(reference_gradient(template, window[-1:]))
+        c_last, off_last = _fit(got, last)
+        if off_last <= max(tol, 1e-4):
+            return (f"grad rel err {g_err:.3g}: only the last of {j} micro-batches reached the "
+                    f"step (|g|/|g_last| = {c_last:.4g}): zero_grad (or grad = None) runs inside "
+                    "the accumulation window; call it once per optimizer step")
+    return (f"grad rel err {g_err:.3g} (|g|/|g_ref| = {float(got.norm() / ref.norm()):.4g}, "
+            f"direction off by {off:.3g}): the micro-batches are weighted unequally, e.g. a "
+            "mean per micro-batch over varying item counts (padded tokens); sum the loss and "
+            "divide by the window's item count")
 
 
 def probe_accumulation(template: Template, step: StepFn, micro: Sequence[MicroBatch],
-                       k: int) -> list[ProbeResult]:
+                       k: int, short_window: bool = True) -> list[ProbeResult]:
     """A full window of ``k`` micro-batches and a short last window of ``max(1, k // 2)``.
 
     Args:
@@ -97,12 +146,15 @@ def probe_accumulation(template: Template, step: StepFn, micro: Sequence[MicroBa
         step: the loop under check.
         micro: at least ``k`` micro-batches (their sizes are what the task's data gives).
         k: the configured accumulation (micro-batches per optimizer step), >= 2.
+        short_window: False when the loop never sees a short window (only the full is run).
     """
     full, short = list(micro[:k]), list(micro[: max(1, k // 2)])
     tol = max(FLOOR, ORDER_FACTOR * summation_order_error(template, full))
-    return [
-        _one(template, step, full, k, "accumulation.full", tol,
-             f"accum {k} x {size(full[0])} vs one batch of {sum(size(m) for m in full)}"),
-        _one(template, step, short, k, "accumulation.short_window", tol,
-             f"short last window of {len(short)}/{k} micro-batches vs one batch"),
-    ]
+    results = [_one(template, step, full, k, "accumulation.full", tol,
+                    f"accum {k} x {size(full[0])} vs one batch of "
+                    f"{sum(size(m) for m in full)}")]
+    if short_window:
+        results.append(_one(template, step, short, k, "accumulation.short_window", tol,
+                            f"short last window of {len(short)}/{k} micro-batches vs one "
+                            "batch"))
+    return results

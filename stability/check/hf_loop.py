@@ -8,6 +8,10 @@ window, ``max_grad_norm`` = its ``max_norm``. So the loss normalisation under ac
 (``num_items_in_batch``), the clip and the schedule step are the Trainer's own. A window shorter
 than the configured accumulation is the epoch's short last window: the Trainer steps on it.
 
+A task may declare its own Trainer subclass (``trainer_class``, e.g. its ``compute_loss``) and
+its ``data_collator()`` (dynamic padding): the steps train with them, the accumulation probe's
+reference is that ``compute_loss`` over the window's samples collated together (``HFLoop``).
+
 The one stand-in: ``optimizers=(rig.optimizer, rig.scheduler)``, because the probes need plain
 SGD to see a gradient's scale in the parameters; the mechanics under test are the Trainer's.
 fp16 on CPU is refused (accelerate would train fp32 without a scaler), so the clip-on-unscaled
@@ -17,12 +21,13 @@ and skip probes are n/a for this trainer on CPU.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from stability.check.rig import Rig, size
 from stability.core.config import ClipConfig, PrecisionConfig
@@ -51,39 +56,96 @@ def quiet() -> None:
     transformers.logging.set_verbosity_error()
 
 
+def items(window: Sequence[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    """The window's samples, one dict each, in order."""
+    return _Samples(window).items
+
+
+@dataclass
+class HFLoop:
+    """The task's Trainer: its class (a subclass with its own ``compute_loss``) and its
+    ``data_collator`` (dynamic padding), as the task declares them (``trainer_class``,
+    ``data_collator()``); the stock ``Trainer`` and its default collator otherwise.
+
+    Attributes:
+        trainer_class: a ``transformers.Trainer`` (sub)class, or None for ``Trainer``.
+        collator: the task's data collator, or None.
+    """
+
+    trainer_class: type | None = None
+    collator: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]] | None = None
+    _bound: dict[str, Any] = field(default_factory=dict)  # one Trainer for compute_loss
+
+    def cls(self) -> type:
+        """The Trainer class the task trains with."""
+        from transformers import Trainer
+
+        return self.trainer_class or Trainer
+
+    def join(self, window: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The window's samples as one batch, collated as the task collates (padded to the
+        window's longest sample by a dynamic-padding collator)."""
+        return (self.collator or default_collate)(items(window))
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """The task's loss on ``batch``: its Trainer's ``compute_loss`` without
+        ``num_items_in_batch`` (the mean over the batch's own items; the stock Trainer:
+        ``model(**batch).loss``)."""
+        if self.trainer_class is None:
+            return model(**batch).loss
+        if "trainer" not in self._bound:
+            from transformers import TrainingArguments
+
+            args = TrainingArguments(output_dir=tempfile.mkdtemp(), report_to="none",
+                                     use_cpu=True)
+            self._bound["trainer"] = self.cls()(model=model, args=args)
+        return self._bound["trainer"].compute_loss(model, dict(batch))
+
+    def step(self, rig: Rig, window: Sequence[Any]) -> bool:
+        """One optimizer step of the rig's model by ``Trainer.train`` over ``window``.
+
+        Returns:
+            Whether the optimizer stepped.
+        """
+        from transformers import PrinterCallback, TrainingArguments
+
+        from stability.integrations.hf import training_arguments
+
+        quiet()
+        clip = (ClipConfig(enabled=True, max_norm=rig.max_norm) if rig.max_norm is not None
+                else ClipConfig())
+        mapped = training_arguments(clip, PrecisionConfig(name=rig.precision), rig.accum_steps,
+                                    "cpu")
+        sched = rig.scheduler or rig.extra.setdefault(
+            "constant", torch.optim.lr_scheduler.LambdaLR(rig.optimizer, lambda _: 1.0))
+        taken: list[int] = []
+        handle = rig.optimizer.register_step_post_hook(lambda *_: taken.append(1))
+        extra = {"data_collator": self.collator} if self.collator is not None else {}
+        try:
+            with tempfile.TemporaryDirectory() as out:
+                args = TrainingArguments(
+                    output_dir=out, per_device_train_batch_size=size(window[0]),
+                    num_train_epochs=1, train_sampling_strategy="sequential", report_to="none",
+                    disable_tqdm=True, save_strategy="no", logging_strategy="no",
+                    dataloader_num_workers=0, **mapped)
+                trainer = self.cls()(model=rig.model, args=args,
+                                     train_dataset=_Samples(window),
+                                     optimizers=(rig.optimizer, sched), **extra)
+                trainer.remove_callback(PrinterCallback)  # its per-train log lines
+                trainer.train()
+        finally:
+            handle.remove()
+        return bool(taken)
+
+
+STOCK = HFLoop()
+
+
 def model_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """The model's own loss on ``batch`` (labels inside it), as the Trainer computes it."""
-    return model(**batch).loss
+    return STOCK.loss(model, batch)
 
 
 def step(rig: Rig, window: Sequence[Any]) -> bool:
-    """One optimizer step of the rig's model by ``Trainer.train`` over ``window``.
-
-    Returns:
-        Whether the optimizer stepped.
-    """
-    from transformers import PrinterCallback, Trainer, TrainingArguments
-
-    from stability.integrations.hf import training_arguments
-
-    quiet()
-    clip = (ClipConfig(enabled=True, max_norm=rig.max_norm) if rig.max_norm is not None
-            else ClipConfig())
-    mapped = training_arguments(clip, PrecisionConfig(name=rig.precision), rig.accum_steps, "cpu")
-    sched = rig.scheduler or rig.extra.setdefault(
-        "constant", torch.optim.lr_scheduler.LambdaLR(rig.optimizer, lambda _: 1.0))
-    taken: list[int] = []
-    handle = rig.optimizer.register_step_post_hook(lambda *_: taken.append(1))
-    try:
-        with tempfile.TemporaryDirectory() as out:
-            args = TrainingArguments(
-                output_dir=out, per_device_train_batch_size=size(window[0]), num_train_epochs=1,
-                train_sampling_strategy="sequential", report_to="none", disable_tqdm=True,
-                save_strategy="no", logging_strategy="no", dataloader_num_workers=0, **mapped)
-            trainer = Trainer(model=rig.model, args=args, train_dataset=_Samples(window),
-                              optimizers=(rig.optimizer, sched))
-            trainer.remove_callback(PrinterCallback)  # its per-train log lines
-            trainer.train()
-    finally:
-        handle.remove()
-    return bool(taken)
+    """One optimizer step by the stock ``Trainer.train`` over ``window`` (``HFLoop.step``)."""
+    return STOCK.step(rig, window)

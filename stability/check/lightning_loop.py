@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from stability.check.rig import Rig
+from stability.check.rig import Rig, Template, gradients_at_step
 from stability.core.config import ClipConfig, PrecisionConfig
 
 # Lightning's per-fit notices: a check fits a dozen one-step epochs
@@ -36,10 +36,42 @@ QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": 
          "enable_model_summary": False, "num_sanity_val_steps": 0, "limit_val_batches": 0}
 
 
+NEEDS_TRAINER = ("the module's training_step needs its Trainer (self.trainer, "
+                 "self.optimizers()): this probe calls it directly, without one")
+
+
 def module_loss(module: nn.Module, batch: Any) -> torch.Tensor:
-    """The module's own ``training_step`` loss on ``batch`` (its return, or its ``"loss"``)."""
-    out = module.training_step(batch, 0)
+    """The module's own ``training_step`` loss on ``batch`` (its return, or its ``"loss"``).
+
+    Raises:
+        NotApplicable: the hook needs an attached Trainer (the forward-only probes call it
+            directly; the mechanics probes go through ``trainer_gradient`` and ``step``).
+    """
+    from stability.check.raised import NotApplicable
+
+    try:
+        out = module.training_step(batch, 0)
+    except RuntimeError as err:
+        if "is not attached to a `Trainer`" in str(err):
+            raise NotApplicable(NEEDS_TRAINER) from err
+        raise
     return out["loss"] if isinstance(out, Mapping) else out
+
+
+def trainer_gradient(template: Template, batch: Any) -> list[torch.Tensor]:
+    """The gradient of the module's loss on ``batch`` as a real ``Trainer.fit`` of one step
+    computes it (no accumulation, no clipping, fp32): the accumulation probe's reference.
+    ``self.trainer``, ``self.optimizers()`` and ``self.log`` work in the user's hooks."""
+    rig = template.rig(accum_steps=1)
+    seen = gradients_at_step(rig)
+    step(rig, [batch])
+    if not seen:
+        raise RuntimeError("the Trainer took no optimizer step on one batch")
+    return seen[-1]
+
+
+MANUAL_CLIP = ("manual optimization: the module clips in its own training_step (Lightning "
+               "refuses gradient_clip_val for it), so the probe cannot set the threshold")
 
 
 def quiet() -> None:
@@ -71,6 +103,11 @@ def step(rig: Rig, window: Sequence[Any]) -> bool:
     clip = (ClipConfig(enabled=True, max_norm=rig.max_norm) if rig.max_norm is not None
             else ClipConfig())
     settings = trainer_settings(clip, PrecisionConfig(name=rig.precision), rig.accum_steps, "cpu")
+    if not getattr(module, "automatic_optimization", True):
+        # manual optimization: the module accumulates and clips in its own training_step;
+        # Lightning refuses both settings for it
+        for key in ("accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm"):
+            settings.pop(key, None)
     if "plugins" in settings:  # the rig's scaler: the probe reads its scale
         settings["plugins"] = [MixedPrecision("16-mixed", "cpu", scaler=rig.scaler)]
     taken: list[int] = []

@@ -17,6 +17,11 @@ class Status(StrEnum):
     WARN = "warn"
     FAIL = "fail"
     NA = "n/a"  # the probe cannot apply to this trainer here; the meaning says why
+    ACCEPTED = "accepted"  # a trainer's own known fault, accepted by name (check.accept)
+
+
+# Exit statuses of ``stability check`` and ``stability.check.loop`` (a CI reads them)
+OK, FAILED, BAD_INPUT, RAISED = 0, 1, 2, 3
 
 
 def not_applicable(name: str, reason: str) -> ProbeResult:
@@ -56,24 +61,26 @@ def verdict(measured: float, tolerance: float, warn_below: float | None = None) 
 
 
 def exit_status(results: Sequence[ProbeResult]) -> int:
-    """0 when nothing failed (passes and warnings), else 1: the check can gate CI."""
-    return int(any(r.status is Status.FAIL for r in results))
+    """0 when nothing failed (passes, warnings, n/a, accepted), else 1: the check can gate
+    CI."""
+    return FAILED if any(r.status is Status.FAIL for r in results) else OK
 
 
 def table(results: Sequence[ProbeResult]) -> str:
     """The terminal table: one row per probe."""
     width = max(len(r.name) for r in results)
-    rows = [f"{'probe':<{width}}  status  {'measured':>11}  {'tolerance':>10}  meaning"]
-    rows += [f"{r.name:<{width}}  {r.status.value:<6}  {r.measured:>11.4g}  "
+    rows = [f"{'probe':<{width}}  status    {'measured':>11}  {'tolerance':>10}  meaning"]
+    rows += [f"{r.name:<{width}}  {r.status.value:<8}  {r.measured:>11.4g}  "
              f"{r.tolerance:>10.3g}  {r.meaning}" for r in results]
     return "\n".join(rows)
 
 
 def write_json(results: Sequence[ProbeResult], path: Path, **meta: object) -> Path:
-    """Write the results (and ``meta``: task, seconds) as JSON; returns the path."""
+    """Write the results (and ``meta``: task, seconds; ``exit_status`` and ``error`` when the
+    code under check raised) as JSON; returns the path."""
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [asdict(r) | {"status": r.status.value} for r in results]
-    body = {**meta, "exit_status": exit_status(results), "probes": rows}
+    body = {"exit_status": exit_status(results), **meta, "probes": rows}
     # NaN/inf are not JSON: written as strings so any reader parses the file
     text = json.dumps(body, indent=2, default=str).replace("NaN", '"nan"')
     path.write_text(text.replace("Infinity", '"inf"') + "\n")

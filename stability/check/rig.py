@@ -62,12 +62,20 @@ class Template:
         model: the task's model right after seeding (never trained: probes deepcopy it).
         loss_fn: the task's loss.
         seed: the training seed the model was built under.
+        loss_of: a trainer task's own loss of a batch (a Lightning ``training_step``).
+        grad_of: the gradient of the loss over one batch as the trainer itself computes it
+            (a Lightning fit of one step, so ``self.trainer`` and ``self.optimizers()``
+            work in the user's hooks); None: a backward of ``loss``.
+        join: the window's micro-batches as one batch (a task's dynamic-padding collator
+            over all their samples); None: ``concat``.
     """
 
     model: nn.Module
     loss_fn: LossFn
     seed: int
     loss_of: BatchLoss | None = None
+    grad_of: Callable[[Template, Any], list[torch.Tensor]] | None = None
+    join: Callable[[Sequence[Any]], Any] | None = None
 
     def loss(self, model: nn.Module, batch: Any, precision: str = "fp32") -> torch.Tensor:
         """The task's loss of ``model`` on ``batch``: the forward under ``precision``'s

@@ -1,5 +1,9 @@
 """Run every probe on one task and one loop: ``run_check(RunConfig, CheckConfig)``.
 
+Bad input is a ``ConfigError`` (one line naming the key); the user's code raising is
+``LoopRaised`` (the probes that ran, and where it raised); a trainer's own known fault is
+attributed to it and may be accepted by name (``check.upstream``).
+
 The data are the task's first training samples in order (no shuffling): ``k`` micro-batches
 (``check.subject``). The model is built once under the run's seed; every probe deepcopies it.
 """
@@ -8,17 +12,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from stability.check.accumulation import probe_accumulation
 from stability.check.amp import SCALE, probe_clip, probe_skip
 from stability.check.headroom import probe_low_precision, probe_range
+from stability.check.raised import LoopRaised, NotApplicable, one_line, where_raised
 from stability.check.result import ProbeResult, not_applicable
 from stability.check.rig import StepFn, ours
 from stability.check.sanity import declared_init_loss, probe_determinism, probe_init_loss
-from stability.check.subject import subject
+from stability.check.subject import Subject, subject
+from stability.check.upstream import ACCEPTABLE, attribute
 from stability.core.config import RunConfig
 from stability.core.validation import ConfigError, locate, require
 
@@ -34,11 +40,31 @@ class CheckConfig:
             (``stability.check.rig`` documents its signature).
         accum_steps: the accumulation the probes use (>= 2; a short window is half of it).
         output: where the JSON goes (a file path).
+        accept: names of a trainer's own known faults to accept (``lightning.short_window``,
+            ``lightning.skip_schedule``): such a failure exits 0, marked ``accepted``.
     """
 
     loop: str = OURS
     accum_steps: int = 4
     output: str = "check.json"
+    accept: tuple[str, ...] = ()
+
+    @classmethod
+    def from_section(cls, section: dict) -> CheckConfig:
+        """The config from the composed ``check`` section.
+
+        Raises:
+            ConfigError: naming the first unknown key and the allowed ones.
+        """
+        allowed = [f.name for f in fields(cls)]
+        unknown = [key for key in section if key not in allowed]
+        if unknown:
+            raise ConfigError(f"check.{unknown[0]} is not a key of check: allowed keys are "
+                              + " | ".join(allowed))
+        accept = section.get("accept") or ()
+        require(isinstance(accept, list | tuple) and all(a in ACCEPTABLE for a in accept),
+                "check.accept", accept, "a list of " + " | ".join(ACCEPTABLE))
+        return cls(**{**section, "accept": tuple(accept)})
 
     def __post_init__(self) -> None:
         require(isinstance(self.loop, str) and bool(self.loop), "check.loop", self.loop,
@@ -67,18 +93,39 @@ def run_check(cfg: RunConfig, check: CheckConfig) -> tuple[list[ProbeResult], fl
     Returns:
         The results in order (``n/a`` where a probe cannot apply to the trainer here) and
         the seconds they took.
+
+    Raises:
+        ConfigError: bad input (a loop that does not import, too little data).
+        LoopRaised: the task's or loop's code raised (the results so far are on it).
     """
     t0 = time.perf_counter()
     step = check.step_fn()
     torch.set_num_threads(cfg.train.threads)
     k = check.accum_steps
-    sub = subject(cfg, check.loop, step, k)
-    template, micro, step = sub.template, sub.micro, sub.step
+    try:
+        sub = subject(cfg, check.loop, step, k)
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise LoopRaised(probe="building the task", where=where_raised(err),
+                         error=one_line(err), results=[]) from err
     scale = cfg.precision.init_scale if cfg.precision.name == "fp16" else SCALE
+    results = run_probes(sub, k, scale)
+    return attribute(results, sub.trainer, check.accept, k), time.perf_counter() - t0
+
+
+def run_probes(sub: Subject, k: int, scale: float = SCALE) -> list[ProbeResult]:
+    """Every probe on ``sub`` in order; ``n/a`` where ``sub.not_applicable`` says why.
+
+    Raises:
+        LoopRaised: a probe's run of the user's code raised.
+    """
+    template, micro, step = sub.template, sub.micro, sub.step
     one = micro[:1]
     probes: list[tuple[tuple[str, ...], Callable[[], list[ProbeResult] | ProbeResult]]] = [
         (("accumulation.full", "accumulation.short_window"),
-         lambda: probe_accumulation(template, step, micro, k)),
+         lambda: probe_accumulation(template, step, micro, k,
+                                    "accumulation.short_window" not in sub.not_applicable)),
         (("clip.unscaled",), lambda: probe_clip(template, step, one, baseline=sub.baseline)),
         (("skip.is_skip",), lambda: probe_skip(template, step, one)),
         (("headroom.fp16_range", "headroom.fp16_underflow"),
@@ -92,9 +139,18 @@ def run_check(cfg: RunConfig, check: CheckConfig) -> tuple[list[ProbeResult], fl
     ]
     results: list[ProbeResult] = []
     for names, probe in probes:
-        if names[0] in sub.not_applicable:
-            results += [not_applicable(n, sub.not_applicable[n]) for n in names]
+        na = sub.not_applicable
+        if all(n in na for n in names):
+            results += [not_applicable(n, na[n]) for n in names]
             continue
-        got = probe()
-        results += got if isinstance(got, list) else [got]
-    return results, time.perf_counter() - t0
+        try:
+            got = probe()
+        except NotApplicable as why:
+            results += [not_applicable(n, str(why)) for n in names]
+            continue
+        except Exception as err:
+            raise LoopRaised(probe=names[0], where=where_raised(err), error=one_line(err),
+                             results=results) from err
+        ran = {r.name: r for r in (got if isinstance(got, list) else [got])}
+        results += [not_applicable(n, na[n]) if n in na else ran[n] for n in names]
+    return results

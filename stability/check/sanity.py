@@ -36,9 +36,12 @@ def probe_init_loss(template: Template, batch: MicroBatch,
     with torch.no_grad():
         loss = float(template.loss(template.rig().model, batch))
     if expected is None:
-        return ProbeResult("sanity.init_loss", Status.PASS if math.isfinite(loss) else
-                           Status.FAIL, loss, math.nan,
-                           f"loss at init {loss:.4g} (the task declares no expected_init_loss)")
+        if not math.isfinite(loss):
+            return ProbeResult("sanity.init_loss", Status.FAIL, loss, math.nan,
+                               f"FAIL: loss at init is {loss}")
+        return ProbeResult("sanity.init_loss", Status.NA, math.nan, math.nan,
+                           f"n/a: the task declares no expected_init_loss (loss at init "
+                           f"{loss:.4g}); declare it to check the loss and its reduction")
     measured = abs(loss - expected) / abs(expected)
     status = verdict(measured, INIT_LOSS_TOL, INIT_LOSS_WARN)
     return ProbeResult("sanity.init_loss", status, measured, INIT_LOSS_TOL,

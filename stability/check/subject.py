@@ -62,9 +62,10 @@ def no_dropout(model: nn.Module) -> nn.Module:
 
 
 def _samples(dataset: Any, k: int, b: int, collate: Callable = default_collate) -> list[Any]:
-    require(len(dataset) >= k * b, "check.accum_steps", k,
-            f"at most {len(dataset) // max(b, 1)} (the task has {len(dataset)} training "
-            f"samples in micro-batches of {b})")
+    n = len(dataset)
+    require(n >= k * b, "check.accum_steps", k,
+            f"at most {n // max(b, 1)} (the task's {n} training samples make "
+            f"{n // max(b, 1)} micro-batches of {b})")
     return [collate([dataset[i] for i in range(j * b, (j + 1) * b)]) for j in range(k)]
 
 
@@ -96,31 +97,43 @@ def subject(cfg: RunConfig, loop: str, step: StepFn, k: int) -> Subject:
             from stability.check import lightning_loop
 
             build = seeded(lambda: task.module(lr=cfg.train.lr))
-            template = Template(build(), _unused, cfg.seed, lightning_loop.module_loss)
+            template = Template(build(), _unused, cfg.seed, lightning_loop.module_loss,
+                                lightning_loop.trainer_gradient)
             data = task.datamodule()
             if hasattr(data, "setup"):
                 data.setup("fit")
             loader = data.train_dataloader()
             micro = _samples(loader.dataset, k, int(loader.batch_size), loader.collate_fn)
+            if not getattr(template.model, "automatic_optimization", True):
+                # its accumulation is its own code: a failure is never Lightning's
+                return Subject(template, build, micro, lightning_loop.step, lightning_loop.step,
+                               "lightning-manual", task,
+                               {"clip.unscaled": lightning_loop.MANUAL_CLIP})
             return Subject(template, build, micro, lightning_loop.step, lightning_loop.step,
                            trainer, task)
         if trainer == "hf":
             from stability.check import hf_loop
 
             hf_loop.quiet()
+            collator = getattr(task, "data_collator", None)
+            hf = hf_loop.HFLoop(getattr(task, "trainer_class", None),
+                                collator() if callable(collator) else None)
             build = seeded(task.model)
-            template = Template(build(), _unused, cfg.seed, hf_loop.model_loss)
+            template = Template(build(), _unused, cfg.seed, hf.loss, join=hf.join)
             wanted = getattr(task, "training_arguments", dict)()
             b = int(wanted.get("per_device_train_batch_size", cfg.train.batch_size))
-            micro = _samples(task.train_val()[0], k, b)
+            micro = _samples(task.train_val()[0], k, b, hf.collator or default_collate)
             na = {"clip.unscaled": hf_loop.CPU_FP16, "skip.is_skip": hf_loop.CPU_FP16}
-            return Subject(template, build, micro, hf_loop.step, hf_loop.step, trainer, task, na)
+            return Subject(template, build, micro, hf.step, hf.step, trainer, task, na)
         build = seeded(task.model)
         template = Template(build(), task.loss, cfg.seed)
     train, _ = task.train_val()
     b = cfg.train.batch_size
+    n = len(train)
+    require(n >= k * b, "check.accum_steps", k,
+            f"at most {n // max(b, 1)} (the task's {n} training samples make {n // max(b, 1)} "
+            f"micro-batches of train.batch_size={b})")
     x, y = first_batch(train, k * b)
-    require(len(y) >= k, "train.batch_size", b, f"a size giving {k} micro-batches of data")
     micro = [(x[i : i + b], y[i : i + b]) for i in range(0, len(y), b)][:k]
     return Subject(template, build, micro, step, ours, "ours" if loop == "ours" else "plain",
                    task)

@@ -154,6 +154,18 @@ class EpochCheckpoint(TrainerCallback):
                 shutil.rmtree(old, ignore_errors=True)
 
 
+def trainer_class(task: Task) -> type[Trainer]:
+    """The task's own Trainer subclass (``trainer_class``: its ``compute_loss``), else
+    ``Trainer``; ``stability check`` trains with the same (``check.hf_loop.HFLoop``)."""
+    return getattr(task, "trainer_class", None) or Trainer
+
+
+def collator(task: Task) -> dict[str, Any]:
+    """``data_collator=task.data_collator()`` when the task has one (dynamic padding)."""
+    make = getattr(task, "data_collator", None)
+    return {"data_collator": make()} if callable(make) else {}
+
+
 def _remove_checkpoints(folder: Path) -> None:
     # The run ended (finished or diverged): nothing to resume, as our loop leaves it.
     shutil.rmtree(folder / HF_DIR, ignore_errors=True)
@@ -168,8 +180,9 @@ def prepare(task: Task, cfg: RunConfig, device: str, folder: Path,
     train_set, val_set = task.train_val()
     torch.manual_seed(cfg.seed)  # the initialisation; the Trainer seeds its shuffling itself
     model = task.model()
-    trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=val_set,
-                      compute_metrics=compute_metrics(task))
+    trainer = trainer_class(task)(model=model, args=args, train_dataset=train_set,
+                                  eval_dataset=val_set, compute_metrics=compute_metrics(task),
+                                  **collator(task))
     trainer.remove_callback(PrinterCallback)  # its log lines: steps.csv and MLflow have them
     cb = StabilityCallback(folder, per_layer=cfg.telemetry.per_layer, sinks=sinks,
                            underflow_every=cfg.monitor.underflow_every)
@@ -201,7 +214,8 @@ def evaluate(task: Task, cfg: RunConfig, model: nn.Module, dataset: Any,
         args = TrainingArguments(output_dir=tmp, per_device_eval_batch_size=batch,
                                  bf16=mapped["bf16"], fp16=mapped["fp16"],
                                  use_cpu=mapped["use_cpu"], **QUIET)
-        trainer = Trainer(model=model, args=args, compute_metrics=compute_metrics(task))
+        trainer = trainer_class(task)(model=model, args=args,
+                                      compute_metrics=compute_metrics(task), **collator(task))
         trainer.remove_callback(PrinterCallback)
         got = trainer.evaluate(dataset)
     return {"loss": float(got["eval_loss"]), "acc": float(got.get("eval_accuracy", math.nan))}

@@ -1,0 +1,106 @@
+"""A trainer's own known faults: reported as the trainer's, with the upstream issue and the
+workaround, and accepted by name (``check.accept=[lightning.short_window]``).
+
+A failure is the trainer's only when it has the fault's exact signature, measured on a module
+whose own code is otherwise right:
+
+- ``lightning.short_window``: Lightning divides every micro-batch's loss by
+  ``accumulate_grad_batches``, an epoch's shorter last window included, so that window's
+  gradient is ``j / k`` of the larger batch's (Lightning #19987). Signature: the full window
+  passes and the short window's error is ``1 - j / k`` (a pure scale, no other error).
+- ``lightning.skip_schedule``: Lightning steps its LR scheduler after a GradScaler skipped the
+  optimizer step (Lightning #5558, #16228). Signature: the schedule advancing is the skip
+  probe's one broken invariant.
+
+Anything else (a full window off, a short window off by another factor, parameters changed on
+the inf step) stays the user's failure, accepted or not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from stability.check.result import ProbeResult, Status
+
+SCALE_TOL = 1e-3  # the short window's error against 1 - j/k: a pure scale, nothing more
+
+
+@dataclass(frozen=True)
+class Known:
+    """One trainer's known fault.
+
+    Attributes:
+        name: what ``check.accept`` names.
+        trainer: the trainer it belongs to.
+        probe: the probe it fails.
+        what: the fault, one clause.
+        issue: the upstream issue(s).
+        workaround: what the user can do about it.
+        matches: whether a result (and the other results, the window size) has its signature.
+    """
+
+    name: str
+    trainer: str
+    probe: str
+    what: str
+    issue: str
+    workaround: str
+    matches: Callable[[ProbeResult, dict[str, ProbeResult], int], bool]
+
+
+def _short_window(r: ProbeResult, by: dict[str, ProbeResult], k: int) -> bool:
+    full = by.get("accumulation.full")
+    return (full is not None and full.status is Status.PASS
+            and abs(r.measured - (1 - (k // 2) / k)) <= SCALE_TOL)
+
+
+def _skip_schedule(r: ProbeResult, by: dict[str, ProbeResult], k: int) -> bool:
+    return r.measured == 1 and r.meaning.startswith("FAIL: LR schedule advanced")
+
+
+KNOWN = (
+    Known("lightning.short_window", "lightning", "accumulation.short_window",
+          "Lightning divides each micro-batch's loss by accumulate_grad_batches, also in an "
+          "epoch's shorter last window", "Lightning #19987",
+          "make the epoch's batch count a multiple of accumulate_grad_batches (trim the "
+          "dataset or drop_last), or scale the loss in training_step by k / j on the last "
+          "window", _short_window),
+    Known("lightning.skip_schedule", "lightning", "skip.is_skip",
+          "Lightning steps the LR scheduler after the GradScaler skipped the optimizer step",
+          "Lightning #5558, #16228",
+          "override LightningModule.lr_scheduler_step to skip when the scaler's scale dropped "
+          "on this step, or use manual optimization", _skip_schedule),
+)
+ACCEPTABLE = tuple(k.name for k in KNOWN)
+
+
+def attribute(results: Sequence[ProbeResult], trainer: str, accept: Sequence[str],
+              accum_steps: int = 4) -> list[ProbeResult]:
+    """``results`` with each trainer's-own failure named as such; ``accepted`` when its name
+    is in ``accept`` (it then no longer fails the check).
+
+    Args:
+        results: the probes' results in order.
+        trainer: ``ours`` | ``plain`` | ``lightning`` | ``hf`` | ``any``.
+        accept: the accepted faults' names (``check.accept``).
+        accum_steps: the configured window (the short window is ``accum_steps // 2``).
+    """
+    by = {r.name: r for r in results}
+    out = []
+    for r in results:
+        known = next((k for k in KNOWN if k.trainer == trainer and k.probe == r.name
+                      and r.status is Status.FAIL and k.matches(r, by, accum_steps)), None)
+        if known is None:
+            out.append(r)
+            continue
+        taken = known.name in accept
+        head = (f"accepted ({known.name}): " if taken else
+                f"FAIL, the trainer's own fault, not your code's ({known.name}): ")
+        meaning = (f"{head}{known.what} ({known.issue}); workaround: {known.workaround}"
+                   + ("" if taken else f"; or accept it: check.accept=[{known.name}]")
+                   + f" | measured: {r.meaning.removeprefix('FAIL: ')}")
+        out.append(dataclasses.replace(r, status=Status.ACCEPTED if taken else Status.FAIL,
+                                       meaning=meaning))
+    return out

@@ -1,0 +1,225 @@
+"""The routes the planted-bug matrix (tests/test_check_matrix.py) checks, each with a bug
+planted by name ("" for the correct loop): a step function (tests/test_check.py's plain AMP
+loop), a loop of one's own (examples/any_loop's nanoGPT-style ``train_step``, through
+``stability.check.anyloop.step_of``) and a ``LightningModule`` under a real Trainer.
+``results(route, bug)`` runs every probe on it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from stability.check import lightning_loop
+from stability.check.anyloop import step_of
+from stability.check.rig import Template, ours
+from stability.check.run import run_probes
+from stability.check.subject import Subject, no_dropout
+from stability.check.upstream import attribute
+from tests import test_check as tc
+
+ROOT = Path(__file__).resolve().parents[2]
+for folder in ("any_loop", "lightning_task"):
+    if str(ROOT / "examples" / folder) not in sys.path:
+        sys.path.append(str(ROOT / "examples" / folder))
+import nanogpt_loop as gpt  # noqa: E402
+import spirals  # noqa: E402
+
+K = 4
+
+
+# --- route 1: a step function (tests/test_check.py's plain AMP loop and its bugs) ----------
+
+def zero_grad_inside(rig, window) -> bool:
+    """tests/test_check.py's plain loop with zero_grad per micro-batch: only the last
+    micro-batch's gradient is stepped on."""
+    params = list(rig.model.parameters())
+    for x, y in window:
+        rig.optimizer.zero_grad(set_to_none=True)  # BUG: inside the window
+        with tc.autocast(rig.precision, "cpu"):
+            out = rig.model(x)
+        rig.scaler.scale(rig.loss_fn(out.float(), y) / len(window)).backward()
+    rig.scaler.unscale_(rig.optimizer)
+    if rig.max_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, rig.max_norm)
+    finite = all(torch.isfinite(p.grad).all() for p in params if p.grad is not None)
+    rig.scaler.step(rig.optimizer)
+    if rig.scheduler is not None and finite:
+        rig.scheduler.step()
+    rig.scaler.update()
+    return finite
+
+
+def _step_route(bug: str):
+    step = {"short_window": tc.short_window_by_configured, "zero_grad": zero_grad_inside,
+            "no_division": lambda r, w: tc.plain(r, w, divisor=1),
+            "clip_before_unscale": tc.clip_before_unscale,
+            "optimizer_on_inf": tc.optimizer_on_inf, "scheduler_on_skip": tc.scheduler_on_skip,
+            }.get(bug, tc.plain)
+    template = tc._template(tc.masked_mean if bug == "token_mean" else None)
+    if bug == "fp16_overflow":
+        with torch.no_grad():
+            template.model[0].weight.mul_(1e5)
+    micro = tc._micro(padded=bug == "token_mean")
+    return Subject(template, tc._model, micro, step, ours, "plain",
+                   SimpleNamespace(expected_init_loss=math.log(2))), "plain"
+
+
+# --- route 2: a loop of one's own, nanoGPT's way -------------------------------------------
+
+def nano(model, optimizer, scaler, window, gradient_accumulation_steps, grad_clip, ctx,
+         scheduler=None, *, bug: str = ""):
+    """examples/any_loop's train_step, iterating the window, with one planted bug."""
+    tokens = sum(int((y != -1).sum()) for _, y in window)
+    for X, Y in window:
+        if bug == "zero_grad":
+            optimizer.zero_grad(set_to_none=True)  # BUG: inside the window
+        with ctx:
+            logits, loss = model(X, Y)
+            if bug == "token_mean_fixed":  # the fix: sum over tokens / the window's count
+                loss = nn.functional.cross_entropy(logits.view(-1, gpt.VOCAB).float(),
+                                                   Y.view(-1), ignore_index=-1,
+                                                   reduction="sum") / tokens
+            elif bug != "no_division":  # BUG when no_division; short_window: / configured
+                loss = loss / (gradient_accumulation_steps if bug == "short_window"
+                               else len(window))
+        scaler.scale(loss).backward()
+    if grad_clip != 0.0 or bug == "optimizer_on_inf":
+        if bug == "clip_before_unscale":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)  # BUG: scaled
+        scaler.unscale_(optimizer)
+        if bug != "clip_before_unscale" and grad_clip != 0.0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scale = scaler.get_scale()
+    if bug == "optimizer_on_inf":
+        optimizer.step()  # BUG: bypasses the scaler's inf check
+    else:
+        scaler.step(optimizer)
+    scaler.update()
+    if scheduler is not None and (bug == "scheduler_on_skip" or scaler.get_scale() >= scale):
+        scheduler.step()  # correct: only when the step was taken (the scale did not drop)
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _padded(batches):
+    out = []
+    for i, (x, y) in enumerate(batches):  # micro-batch i: its last 3i targets padded
+        y = y.clone()
+        y[:, gpt.BLOCK - 3 * i:] = -1
+        out.append((x, y))
+    return out
+
+
+def _any_route(bug: str):
+    def train_step(model, optimizer, scaler, window, gradient_accumulation_steps, grad_clip,
+                   ctx, scheduler=None):
+        return nano(model, optimizer, scaler, window, gradient_accumulation_steps, grad_clip,
+                    ctx, scheduler, bug=bug)
+
+    torch.manual_seed(0)
+    model = no_dropout(gpt.TinyGPT())
+    if bug == "fp16_overflow":
+        with torch.no_grad():
+            model.wte.weight.mul_(1e5)
+    g = torch.Generator().manual_seed(1)
+    micro = [gpt.get_batch(g) for _ in range(K)]
+    if bug.startswith("token_mean"):
+        micro = _padded(micro)
+    step = step_of(train_step)
+    template = Template(model, None, 0, lambda m, b: m(*b)[1])
+    return Subject(template, lambda: copy.deepcopy(model), micro, step, step, "any",
+                   SimpleNamespace(expected_init_loss=math.log(gpt.VOCAB))), "any"
+
+
+# --- route 3: a LightningModule under a real Trainer ---------------------------------------
+
+class UsesItsTrainer(spirals.SpiralMLP):
+    """A module whose training_step reads its Trainer and optimizer, and logs."""
+
+    def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+        loss = super().training_step(batch, batch_idx)
+        lr = self.optimizers().param_groups[0]["lr"]
+        self.log_dict({"lr": lr, "step": float(self.trainer.global_step)})
+        return loss
+
+
+class ManualAccumulation(spirals.SpiralMLP):
+    """Manual optimization, accumulating ``K`` batches; the loss divided by the window's own
+    count (``bug="short_window"``: by ``K``, also on an epoch's shorter last window)."""
+
+    def __init__(self, *args, bug: str = "", **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self.automatic_optimization = False
+        self.bug = bug
+
+    def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+        n = self.trainer.num_training_batches
+        start = batch_idx - batch_idx % K
+        window = K if self.bug == "short_window" else min(K, n - start)
+        loss = super().training_step(batch, batch_idx)
+        self.manual_backward(loss / window)
+        if batch_idx + 1 == start + window or batch_idx + 1 == n:
+            opt, sched = self.optimizers(), self.lr_schedulers()
+            scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+            scale = scaler.get_scale() if scaler is not None else None
+            opt.step()
+            opt.zero_grad()
+            skipped = scaler is not None and scaler.get_scale() < scale
+            if sched is not None and (not skipped or self.bug == "scheduler_on_skip"):
+                sched.step()
+        return loss
+
+
+class ZeroGradInTrainingStep(spirals.SpiralMLP):
+    """A module that clears the gradients in ``training_step``: inside Lightning's window."""
+
+    def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+        for p in self.parameters():
+            p.grad = None  # BUG: the window's earlier micro-batches are lost
+        return super().training_step(batch, batch_idx)
+
+
+def _lightning_route(bug: str):
+    cls = {"zero_grad": ZeroGradInTrainingStep, "uses_trainer": UsesItsTrainer}.get(
+        bug, spirals.SpiralMLP)
+    torch.manual_seed(0)
+    build = lambda: no_dropout(cls(hidden=8))  # noqa: E731
+    module = build()
+    if bug == "fp16_overflow":
+        with torch.no_grad():
+            module.net[0].weight.mul_(1e6)
+    x, y = spirals.spirals(K * 8, 0.02, 0)
+    micro = [[x[i : i + 8], y[i : i + 8]] for i in range(0, K * 8, 8)]
+    template = Template(module, None, 0, lightning_loop.module_loss,
+                        lightning_loop.trainer_gradient)
+    return Subject(template, build, micro, lightning_loop.step, lightning_loop.step,
+                   "lightning", None), "lightning"
+
+
+def _manual_route(bug: str):
+    torch.manual_seed(0)
+    build = lambda: no_dropout(ManualAccumulation(hidden=8, bug=bug))  # noqa: E731
+    module = build()
+    x, y = spirals.spirals(K * 8, 0.02, 0)
+    micro = [[x[i : i + 8], y[i : i + 8]] for i in range(0, K * 8, 8)]
+    template = Template(module, None, 0, lightning_loop.module_loss,
+                        lightning_loop.trainer_gradient)
+    return Subject(template, build, micro, lightning_loop.step, lightning_loop.step,
+                   "lightning-manual", None,
+                   {"clip.unscaled": lightning_loop.MANUAL_CLIP}), "lightning-manual"
+
+
+ROUTES = {"step": _step_route, "any": _any_route, "lightning": _lightning_route,
+          "manual": _manual_route}
+
+
+def results(route: str, bug: str, accept=()):
+    """Every probe of ``route`` with ``bug`` planted ("" for the correct loop)."""
+    sub, trainer = ROUTES[route](bug)
+    return attribute(run_probes(sub, K), trainer, accept, K)
