@@ -49,6 +49,9 @@ class ReportConfig:
         cost_tolerance: a share a training-time difference must exceed, beside the study's
             measured run-to-run spread, before one candidate level counts as cheaper
             (``stats.cost``; 0: the spread alone).
+        memory_budget_mb: the most a config may use (its runs' median ``peak_memory_mb``);
+            configs over it are set aside before the decision (``report.memory``). None: no
+            budget.
         register: register the winning checkpoint in the Model Registry.
         model_name: registered model name; None: ``<experiment>-winner``, one registered
             model per study (``registered_model``).
@@ -72,6 +75,7 @@ class ReportConfig:
     min_effect_sd: float = 1.0
     margin: str | float = "5%"
     cost_tolerance: float = 0.0
+    memory_budget_mb: float | None = None
     register: bool = True
     model_name: str | None = None
     plots: bool = True
@@ -104,6 +108,9 @@ class ReportConfig:
                   "a share of the winner's loss such as '5%' (0-100%), or a number > 0")
         e.require(isinstance(self.cost_tolerance, float) and 0 <= self.cost_tolerance < 1,
                   "cost_tolerance", self.cost_tolerance, "a share in [0, 1), e.g. 0.1")
+        e.require(self.memory_budget_mb is None or (isinstance(self.memory_budget_mb, float)
+                                                    and self.memory_budget_mb > 0),
+                  "memory_budget_mb", self.memory_budget_mb, "null or megabytes > 0, e.g. 8000")
         e.require(isinstance(self.register, bool), "registry.enabled", self.register,
                   "true | false")
         e.require(self.model_name is None or is_safe_name(self.model_name),
@@ -188,6 +195,7 @@ _KEYS = {
     "min_effect_sd": "min_effect_sd",
     "margin": "margin",
     "cost_tolerance": "cost_tolerance",
+    "memory_budget_mb": "memory_budget_mb",
     "registry.enabled": "register",
     "registry.model_name": "model_name",
     "plots": "plots",
@@ -232,7 +240,8 @@ def to_report_config(cfg: Mapping[str, Any]) -> ReportConfig:
                 given[f.name] = float(given[f.name])
         values[name] = kind(**given)
     # YAML writes 0.95 as a float but a user may type confidence=1 on the command line.
-    for key in ("confidence", "alpha", "power", "min_effect", "min_effect_sd", "cost_tolerance"):
+    for key in ("confidence", "alpha", "power", "min_effect", "min_effect_sd", "cost_tolerance",
+                "memory_budget_mb"):
         if isinstance(values.get(key), int) and not isinstance(values[key], bool):
             values[key] = float(values[key])
     if values.get("sweep_id") is not None:

@@ -28,6 +28,7 @@ from stability.report import (
     fetch,
     health,
     lr,
+    memory,
     publish,
     select,
     steps_csv,
@@ -149,6 +150,9 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     c = client(uri)
     set_aside: list[str] = []
     sweep, runs, configs = _fetch(c, cfg, set_aside)
+    runs, configs, over = memory.within_budget(runs, configs, cfg.memory_budget_mb,
+                                               cfg.confidence)
+    set_aside += over
     chosen = _select(runs, configs, cfg)
     winner = chosen.configs.iloc[0]
     log.info("winner %s (%s) of %d configs", winner["label"], winner["fingerprint"],

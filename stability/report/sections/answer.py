@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from stability.core.precision import Precision
-from stability.report import answer_table, decision, winner
+from stability.report import answer_table, decision, memory, winner
 from stability.report.advice import nearest_swept
 from stability.report.format import ci, fmt, pm, size
 from stability.report.health import summary_sentence
@@ -92,6 +92,9 @@ def _answer(st: Study) -> list[str]:
                 *[f"- {t}" for t in st.lr_sentences or
                   ["no other factor was swept beside the learning rate."]], ""]
     out += _warnings(st)
+    saved = memory.accumulation_memory(st.configs.frame())
+    if saved:
+        out.append(f"- {saved}")
     for r in st.advice:
         near = nearest_swept(r)
         out.append(f"- Recommended clipping threshold (from the clip-off runs' pre-clip norms), "
