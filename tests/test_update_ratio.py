@@ -61,6 +61,7 @@ def test_plain_sgd_moves_each_parameter_by_lr_times_its_gradient(tmp_path: Path)
                                                                        strict=True)]
         glob = (lr * math.sqrt(sum(float(g.norm()) ** 2 for g in grads))
                 / math.sqrt(sum(float(a.norm()) ** 2 for a in after)))
+        assert rec.rows  # reads the steps the device holds (the table reads them at its flush)
         row = rec.updates.rows[-1]
         assert row[0] == i + 1
         assert row[1] == pytest.approx(glob, rel=1e-4)

@@ -21,7 +21,6 @@ with one line naming it (``ForeignArtifacts``).
 
 from __future__ import annotations
 
-import functools
 import os
 import urllib.parse
 from pathlib import Path
@@ -125,13 +124,16 @@ def check(tracking_uri: str, location: str, what: str, root: str | None = None) 
     return str(location)
 
 
-@functools.lru_cache(maxsize=256)
-def _experiment_root(tracking_uri: str, experiment_id: str) -> str:
-    from stability.tracking.uri import client
+_ROOTS: dict[tuple[str, str], str] = {}  # checked experiment roots, per store (this process)
 
-    exp = client(tracking_uri).get_experiment(experiment_id)
-    location = str(exp.artifact_location or "")
-    return check(tracking_uri, location, f"experiment '{exp.name}'")
+
+def _experiment_root(c: Any, experiment_id: str) -> str:
+    key = (str(c.tracking_uri), experiment_id)
+    if key not in _ROOTS:
+        exp = c.get_experiment(experiment_id)
+        location = str(exp.artifact_location or "")
+        _ROOTS[key] = check(key[0], location, f"experiment '{exp.name}'")
+    return _ROOTS[key]
 
 
 def run_uri(c: Any, run: Any) -> str:
@@ -145,7 +147,7 @@ def run_uri(c: Any, run: Any) -> str:
     uri = str(run.info.artifact_uri or "")
     root = None
     if uri.startswith("s3://") and not os.environ.get(S3_BUCKET_VAR):
-        root = _experiment_root(c.tracking_uri, str(run.info.experiment_id))
+        root = _experiment_root(c, str(run.info.experiment_id))
     return check(c.tracking_uri, uri, f"run {run.info.run_id}", root)
 
 
