@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from stability.report.advice import ClipAdviceConfig, nearest_swept, recommend
-from stability.report.plots import draw_max_norm_advice, max_norm_advice
+from stability.report.sections.max_norm_advice import draw_max_norm_advice, max_norm_advice
 
 
 def steps(norms: np.ndarray, skipped: int = 0) -> pd.DataFrame:

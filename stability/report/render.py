@@ -21,6 +21,10 @@ from stability.report.table import ConfigTable
 
 log = logging.getLogger(__name__)
 
+# Figures shown right under the answer (the first screen: the answer and why), not under
+# "Figures": the main effects are the answer's table drawn.
+LEAD_FIGURES = ("main_effects.png",)
+
 @dataclass(frozen=True)
 class Written:
     """What the sections produced.
@@ -94,8 +98,13 @@ def render(study: Study, written: Written, header: Header, notes: Sequence[str])
         f"{header.elapsed_s:.1f} s; MLflow report run `{header.report_run_id}`"
         + (f", registered model version {header.model_version}." if header.model_version
            else "."), "",
-        *written.body,
     ]
+    lead = [f for f in written.figures if f.file in LEAD_FIGURES]
+    for i, text in enumerate(written.body):
+        parts.append(text)
+        if i == 0:  # the answer: its figure follows it at once
+            for f in lead:
+                parts += _figure(f)
     if notes:
         parts += ["## Problems while writing this report", "",
                   *[f"- {inert(note)}" for note in notes], ""]
@@ -103,11 +112,17 @@ def render(study: Study, written: Written, header: Header, notes: Sequence[str])
     for remark in written.remarks:
         parts += [remark, ""]
     for f in written.figures:
-        parts += [f"### {f.title}", "", f"![{f.title}](plots/{f.file})", "", f.caption, ""]
+        if f not in lead:
+            parts += _figure(f)
     parts += ["## Reproduce", "", "```bash",
               f"python experiments/report.py experiment={s.experiment} sweep_id={s.sweep_id}",
               "```", "", "`summary.csv` holds the ranked table with every aggregate above.", ""]
     return "\n".join(parts)
+
+
+def _figure(f: Figure) -> list[str]:
+    """One figure's lines: its title, the image (alt text: the title) and its caption."""
+    return [f"### {f.title}", "", f"![{f.title}](plots/{f.file})", "", f.caption, ""]
 
 
 def write_summary(configs: ConfigTable, path: Path) -> None:
