@@ -24,6 +24,7 @@ from stability.report.html import note_markdown
 from stability.report.options import ReportError
 from stability.report.select import SELECTION_RULE
 from stability.tracking.contract import Artifact, Kind, Tag, quote
+from stability.tracking.uri import mark_training_experiment
 
 if TYPE_CHECKING:
     from stability.report.table import ConfigRow
@@ -84,6 +85,20 @@ def annotate_parent(c: Any, sweep: Sweep, report_run_id: str, winner: ConfigRow,
             c.set_tag(sweep.parent_run_id, key, value)
     except Exception:  # the report run holds everything; the parent's note is a convenience
         log.exception("could not annotate the sweep's parent run %s", sweep.parent_run_id)
+
+
+def describe_report_run(c: Any, run_id: str, experiment_id: str, answer: str) -> None:
+    """The report run's description (``mlflow.note.content``) is the answer (its first
+    screen, the answer table in it); the experiment is marked as model training, so MLflow's
+    UI opens on its runs. Best effort, as ``annotate_parent``."""
+    note = note_markdown(answer)
+    if len(note) > MAX_TAG:
+        note = note[:MAX_TAG - 60].rsplit("\n", 1)[0] + "\n\n…(cut: see report.html)"
+    try:
+        c.set_tag(run_id, Tag.NOTE, note)
+        mark_training_experiment(c, experiment_id)
+    except Exception:  # the report stands without its description
+        log.exception("could not describe the report run %s", run_id)
 
 
 def summary_metrics(test: WinnerTestResult) -> dict[str, float]:

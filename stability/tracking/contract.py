@@ -84,6 +84,12 @@ class Tag:
     STRATEGY = "stability.strategy"  # on a sweep's parent: how it planned (absent: the grid)
     ADAPTIVE_PLAN = "stability.adaptive_plan"  # on an adaptive sweep's parent: its settings (JSON)
     CHECK_OUTCOME = "stability.check_outcome"  # check run: pass | fail (any probe failed)
+    # An experiment tag (MLflow 3.x UI): the experiment's type. Set to EXPERIMENT_KIND_TRAINING,
+    # the UI opens the experiment on its runs table (model training), not on GenAI traces.
+    EXPERIMENT_KIND = "mlflow.experimentKind"
+
+
+EXPERIMENT_KIND_TRAINING = "custom_model_development"  # the UI's "machine learning" kind
 
 
 # Per optimizer step (MLflow step = optimizer step): the ``StepLog`` fields marked
