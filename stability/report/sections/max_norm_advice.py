@@ -12,6 +12,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import NullFormatter
 
 from stability.report.format import save
 from stability.report.plots import Figure
@@ -50,6 +51,7 @@ def draw_max_norm_advice(recs: Sequence) -> plt.Figure:
         ax.hist(r.norms, bins=bins, color="tab:blue", alpha=0.7)
         if hi > lo:
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide within a decade
         ax.axvspan(r.low, r.high, color="tab:red", alpha=0.15, label="spread over seeds")
         ax.axvline(r.max_norm, color="tab:red", lw=2,
                    label=f"recommended {r.max_norm:.3g} (clips {r.target_share:.0%})")
@@ -62,8 +64,8 @@ def draw_max_norm_advice(recs: Sequence) -> plt.Figure:
         # below the axes: no label sits on a bar, a line or another label
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
         ax.grid(alpha=0.3)
-    fig.suptitle("Where to clip: gradient norms of the clip-off runs, recommended max_norm in red "
-                 "(grey: the swept values)", fontsize=10)
+    fig.suptitle("Where to clip: gradient norms of the clip-off runs,\nrecommended max_norm in "
+                 "red (grey: the swept values)", fontsize=10)
     return fig
 
 
