@@ -85,5 +85,6 @@ def test_mlflow_opens_on_the_runs_with_the_answer_as_the_report_runs_description
     note = c.get_run(out.report_run_id).data.tags[Tag.NOTE]
     assert f"**Train with `{out.winner_label}`**" in note and "| factor | level |" in note
     described = exp.tags[Tag.NOTE]  # the experiment page shows it above the runs table
-    assert described.startswith("## Latest stability report (sweep `page-1`)")
+    assert described.startswith(f"## Stability report: train with `{out.winner_label}` "
+                                "(latest report, sweep `page-1`)")
     assert note in described and out.report_run_id in described

@@ -196,7 +196,8 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             "configs": float(len(table)), "training_runs": float(len(runs)),
             "report_elapsed_s": time.perf_counter() - t0}
         publish.finish_report_run(c, report_run, folder, metrics, own_files)
-        publish.describe_report_run(c, sweep, report_run, "\n".join(first_screen(study)))
+        publish.describe_report_run(c, sweep, report_run, table.winner.label,
+                                    "\n".join(first_screen(study)))
         publish.annotate_parent(c, sweep, report_run, table.winner, answer_markdown(study),
                                 study.model_uri)
     except BaseException as err:

@@ -87,22 +87,24 @@ def annotate_parent(c: Any, sweep: Sweep, report_run_id: str, winner: ConfigRow,
         log.exception("could not annotate the sweep's parent run %s", sweep.parent_run_id)
 
 
-EXPERIMENT_NOTE_HEAD = "## Latest stability report"  # our experiment description's first line
+EXPERIMENT_NOTE_HEAD = "## Stability report:"  # our experiment description's first line
 
 
-def describe_report_run(c: Any, sweep: Sweep, run_id: str, answer: str) -> None:
+def describe_report_run(c: Any, sweep: Sweep, run_id: str, label: str, answer: str) -> None:
     """The answer where MLflow's UI shows it without a click; best effort (``annotate_parent``).
 
     The report run's description (``mlflow.note.content``) is the answer's first screen (the
     answer table in it). The experiment is marked as model training (its UI opens on the runs)
-    and its description, shown above the runs table, becomes the latest report's answer with a
-    link to the report run, unless someone else wrote that description (then it is kept).
+    and its description, shown above the runs table (folded to its first line, which names the
+    chosen config), becomes the latest report's answer with a link to the report run, unless
+    someone else wrote that description (then it is kept).
     """
     note = note_markdown(answer)
     if len(note) > MAX_TAG:
         note = note[:MAX_TAG - 60].rsplit("\n", 1)[0] + "\n\n…(cut: see report.html)"
     link = f"#/experiments/{sweep.experiment_id}/runs/{run_id}"
-    head = (f"{EXPERIMENT_NOTE_HEAD} (sweep `{sweep.sweep_id}`)\n\n[Report run]({link}) · "
+    head = (f"{EXPERIMENT_NOTE_HEAD} train with `{note_markdown(label)}` (latest report, sweep "
+            f"`{sweep.sweep_id}`)\n\n[Report run]({link}) · "
             f"[report.html]({link}/artifactPath/{Artifact.REPORT_HTML})\n\n")
     try:
         c.set_tag(run_id, Tag.NOTE, note)

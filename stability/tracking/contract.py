@@ -90,6 +90,10 @@ class Tag:
 
 
 EXPERIMENT_KIND_TRAINING = "custom_model_development"  # the UI's "machine learning" kind
+# MLflow 3.17's UI picks GenAI or model training per browser (a toggle kept in local storage,
+# GenAI by default) and reads the experiment's kind only without that toggle; this query on an
+# experiment link (``#/experiments/<id>?workflowType=machine_learning``) opens its runs table.
+UI_TRAINING_VIEW = "?workflowType=machine_learning"
 
 
 # Per optimizer step (MLflow step = optimizer step): the ``StepLog`` fields marked
