@@ -20,7 +20,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from stability.report import ReportConfig, build_report
-from stability.tracking.contract import EXPERIMENT_KIND_TRAINING, Tag
+from stability.tracking.contract import EXPERIMENT_KIND_TRAINING, UI_TRAINING_VIEW, Tag
 from tests.helpers.page import measure
 from tests.helpers.report_fixtures import Spec, make_sweep
 from tests.helpers.stores import sqlite_store
@@ -85,6 +85,27 @@ def test_mlflow_opens_on_the_runs_with_the_answer_as_the_report_runs_description
     note = c.get_run(out.report_run_id).data.tags[Tag.NOTE]
     assert f"**Train with `{out.winner_label}`**" in note and "| factor | level |" in note
     described = exp.tags[Tag.NOTE]  # the experiment page shows it above the runs table
-    assert described.startswith(f"## Stability report: train with `{out.winner_label}` "
-                                "(latest report, sweep `page-1`)")
+    assert described.startswith(f"## Train with `{out.winner_label}`\n\nThe latest stability "
+                                "report, sweep `page-1`: [report run](")
     assert note in described and out.report_run_id in described
+
+
+@pytest.mark.server
+def test_the_mlflow_ui_opens_the_experiment_on_its_runs_with_the_answer(mlflow_server, tmp_path):
+    """The sweep's view link (``?workflowType=machine_learning``) shows the runs table, and the
+    experiment's description above it names the chosen config: no click needed."""
+    from tests.test_report_browser import open_and_read
+
+    uri = mlflow_server.uri
+    make_sweep(uri, "page-ui", "ui-1", [Spec("bf16", 1.0, 2, {0: 0.40, 1: 0.41}),
+                                        Spec("fp32", None, 1, {0: 0.50, 1: 0.52})], tmp_path)
+    out = build_report(ReportConfig(tracking_uri=uri, experiment="page-ui", device="cpu",
+                                    output_dir=str(tmp_path / "reports"), register=False))
+    exp_id = MlflowClient(uri).get_experiment_by_name("page-ui").experiment_id
+    shots = Path(os.environ.get("STABILITY_SCREENSHOT_DIR", tmp_path))
+    texts = open_and_read(f"{uri}/#/experiments/{exp_id}{UI_TRAINING_VIEW}",
+                          tmp_path / "profile", f"report {out.sweep_id}",
+                          shots / "mlflow-experiment-runs.png")
+    page = "\n".join(texts.values())
+    assert f"Train with {out.winner_label}" in page  # the description's first line
+    assert f"report {out.sweep_id}" in page and "sweep ui-1" in page  # the runs table's rows

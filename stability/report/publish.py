@@ -87,7 +87,7 @@ def annotate_parent(c: Any, sweep: Sweep, report_run_id: str, winner: ConfigRow,
         log.exception("could not annotate the sweep's parent run %s", sweep.parent_run_id)
 
 
-EXPERIMENT_NOTE_HEAD = "## Stability report:"  # our experiment description's first line
+EXPERIMENT_NOTE_HEAD = "## Train with `"  # how our experiment description starts
 
 
 def describe_report_run(c: Any, sweep: Sweep, run_id: str, label: str, answer: str) -> None:
@@ -103,8 +103,8 @@ def describe_report_run(c: Any, sweep: Sweep, run_id: str, label: str, answer: s
     if len(note) > MAX_TAG:
         note = note[:MAX_TAG - 60].rsplit("\n", 1)[0] + "\n\n…(cut: see report.html)"
     link = f"#/experiments/{sweep.experiment_id}/runs/{run_id}"
-    head = (f"{EXPERIMENT_NOTE_HEAD} train with `{note_markdown(label)}` (latest report, sweep "
-            f"`{sweep.sweep_id}`)\n\n[Report run]({link}) · "
+    head = (f"{EXPERIMENT_NOTE_HEAD}{note_markdown(label)}`\n\nThe latest stability report, "
+            f"sweep `{sweep.sweep_id}`: [report run]({link}) · "
             f"[report.html]({link}/artifactPath/{Artifact.REPORT_HTML})\n\n")
     try:
         c.set_tag(run_id, Tag.NOTE, note)
