@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 # Figures shown right under the answer (the first screen: the answer and why), not under
 # "Figures": the main effects are the answer's table drawn.
 LEAD_FIGURES = ("main_effects.png",)
+BEHIND = "Behind the decision:"  # where the answer's first screen ends (sections/answer.py)
 
 @dataclass(frozen=True)
 class Written:
@@ -101,10 +102,15 @@ def render(study: Study, written: Written, header: Header, notes: Sequence[str])
     ]
     lead = [f for f in written.figures if f.file in LEAD_FIGURES]
     for i, text in enumerate(written.body):
-        parts.append(text)
-        if i == 0:  # the answer: its figure follows it at once
+        if i == 0 and lead:  # the answer's first screen, its figure, then what is behind it
+            first, behind = (text.split(BEHIND, 1) + [""])[:2]
+            parts.append(first.rstrip("\n") + "\n")
             for f in lead:
                 parts += _figure(f)
+            if behind:
+                parts.append(BEHIND + behind)
+            continue
+        parts.append(text)
     if notes:
         parts += ["## Problems while writing this report", "",
                   *[f"- {inert(note)}" for note in notes], ""]
