@@ -20,7 +20,18 @@ from typing import Any
 
 import pandas as pd
 
-from stability.report import adoption, advice, compare, factors, fetch, health, lr, publish, select
+from stability.report import (
+    adoption,
+    advice,
+    compare,
+    describe,
+    factors,
+    fetch,
+    health,
+    lr,
+    publish,
+    select,
+)
 from stability.report.decision import margin_of
 from stability.report.evaluate import evaluate_winner, load_winner
 from stability.report.html import to_html
@@ -196,8 +207,8 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             "configs": float(len(table)), "training_runs": float(len(runs)),
             "report_elapsed_s": time.perf_counter() - t0}
         publish.finish_report_run(c, report_run, folder, metrics, own_files)
-        publish.describe_report_run(c, sweep, report_run, table.winner.label,
-                                    "\n".join(first_screen(study)))
+        describe.describe_report_run(c, sweep, report_run, table.winner.label,
+                                     "\n".join(first_screen(study)))
         publish.annotate_parent(c, sweep, report_run, table.winner, answer_markdown(study),
                                 study.model_uri)
     except BaseException as err:

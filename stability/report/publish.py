@@ -24,7 +24,6 @@ from stability.report.html import note_markdown
 from stability.report.options import ReportError
 from stability.report.select import SELECTION_RULE
 from stability.tracking.contract import Artifact, Kind, Tag, quote
-from stability.tracking.uri import mark_training_experiment
 
 if TYPE_CHECKING:
     from stability.report.table import ConfigRow
@@ -85,35 +84,6 @@ def annotate_parent(c: Any, sweep: Sweep, report_run_id: str, winner: ConfigRow,
             c.set_tag(sweep.parent_run_id, key, value)
     except Exception:  # the report run holds everything; the parent's note is a convenience
         log.exception("could not annotate the sweep's parent run %s", sweep.parent_run_id)
-
-
-EXPERIMENT_NOTE_HEAD = "## Train with `"  # how our experiment description starts
-
-
-def describe_report_run(c: Any, sweep: Sweep, run_id: str, label: str, answer: str) -> None:
-    """The answer where MLflow's UI shows it without a click; best effort (``annotate_parent``).
-
-    The report run's description (``mlflow.note.content``) is the answer's first screen (the
-    answer table in it). The experiment is marked as model training (its UI opens on the runs)
-    and its description, shown above the runs table (folded to its first line, which names the
-    chosen config), becomes the latest report's answer with a link to the report run, unless
-    someone else wrote that description (then it is kept).
-    """
-    note = note_markdown(answer)
-    if len(note) > MAX_TAG:
-        note = note[:MAX_TAG - 60].rsplit("\n", 1)[0] + "\n\n…(cut: see report.html)"
-    link = f"#/experiments/{sweep.experiment_id}/runs/{run_id}"
-    head = (f"{EXPERIMENT_NOTE_HEAD}{note_markdown(label)}`\n\nThe latest stability report, "
-            f"sweep `{sweep.sweep_id}`: [report run]({link}) · "
-            f"[report.html]({link}/artifactPath/{Artifact.REPORT_HTML})\n\n")
-    try:
-        c.set_tag(run_id, Tag.NOTE, note)
-        mark_training_experiment(c, sweep.experiment_id)
-        own = (c.get_experiment(sweep.experiment_id).tags or {}).get(Tag.NOTE, "")
-        if not own.strip() or own.startswith(EXPERIMENT_NOTE_HEAD):
-            c.set_experiment_tag(sweep.experiment_id, Tag.NOTE, (head + note)[:MAX_TAG])
-    except Exception:  # the report stands without its description
-        log.exception("could not describe the report run %s", run_id)
 
 
 def summary_metrics(test: WinnerTestResult) -> dict[str, float]:
