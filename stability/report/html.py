@@ -19,7 +19,7 @@ body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 120
 h1 { font-size: 1.5em; } h2 { border-bottom: 1px solid #ddd; margin-top: 1.6em; }
 table { border-collapse: collapse; font-size: 12px; max-width: 100%; }
 th, td { border: 1px solid #ccc; padding: 2px 5px; text-align: left; vertical-align: top;
-         overflow-wrap: anywhere; }
+         overflow-wrap: break-word; }
 th { font-weight: 600; } td code { white-space: normal; }
 details { margin: 0.6em 0; } summary { cursor: pointer; color: #2a6ebb; }
 th { background: #f2f2f2; } tr:nth-child(even) td { background: #fafafa; }

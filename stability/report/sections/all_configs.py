@@ -57,8 +57,9 @@ def markdown(st: Study) -> str:
         f"decision's choice `{w.label}` ranks {w.rank} and is marked {CHOSEN}: it is chosen "
         "factor by factor (see the answer), not by its rank.", "",
         _table(st.configs, st.loss_name, st.options.power), "",
-        "`unfinished` seeds count as +inf in `best val loss`; `val acc` is at each seed's best "
-        "epoch, over finished seeds; `p vs chosen` is the paired t-test, Bonferroni over the "
+        "Unfinished seeds (counted in `seeds finished`) are +inf in `best val loss`; `val acc` "
+        "is at each seed's best epoch, over finished seeds; `p vs chosen` is the paired t-test, "
+        "Bonferroni over the "
         "pairs of configs; `detectable` is the smallest difference the paired seeds detect at "
         "that adjusted level, the same procedure and number as \"How sure\" for the same pair; "
         "`wall s` is the median run time over seeds (a worker's first run also pays its cold "
