@@ -61,6 +61,8 @@ def test_the_first_screen_shows_the_answer_and_why_without_overflow(report):
     for t in page["tables"]:  # no table wider than the page, nor scrolling inside itself
         assert t["scroll"] <= t["client"] + 1 and t["width"] <= page["body_width"], t
     assert page["answer_px"] is not None and page["answer_px"] < 300, page
+    assert page["tables"][0]["open"]  # the answer's table is never folded
+    assert any(t["rows"] == 13 and not t["open"] for t in page["tables"])  # the ranked, folded
     assert page["first_figure_px"] < FIRST_FIGURE_PX, page
     assert page["first_figure_alt"].startswith("Main effects"), page
     assert page["images"] >= 3 and page["images_without_alt"] == 0, page

@@ -137,7 +137,7 @@ def note_markdown(markdown: str) -> str:
     return re.sub(r"\[([^\]]+)\]\(([^)\s]*)\)", link, out)
 
 
-def _table(rows: list[str]) -> str:
+def _table(rows: list[str], fold: bool = True) -> str:
     cells = [[c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", r.strip())[1:-1]]
              for r in rows]
     head, body = cells[0], cells[2:]  # cells[1] is the |---| separator
@@ -145,7 +145,7 @@ def _table(rows: list[str]) -> str:
     for r in body:
         out += ["<tr>", *[f"<td>{inline(c)}</td>" for c in r], "</tr>"]
     page = "".join([*out, "</tbody></table>"])
-    if len(body) <= FOLD_ROWS:
+    if not fold or len(body) <= FOLD_ROWS:
         return page
     return (f"<details><summary>the table's {len(body)} rows (click to open)</summary>"
             f"{page}</details>")
@@ -155,8 +155,9 @@ def to_html(markdown: str, folder: Path, title: str) -> str:
     """The report page: ``markdown`` (as ``render.render`` writes it) with images from ``folder``.
 
     The ``## Answer`` section is wrapped in ``<section id="answer">`` so it stands out; a
-    table of more than ``FOLD_ROWS`` rows is folded (``<details>``) so the figures stay near
-    the top; cells wrap, so no table is wider than the page.
+    table of more than ``FOLD_ROWS`` rows outside it is folded (``<details>``) so the figures
+    stay near the top (the answer's own table never is); cells wrap, so no table is wider
+    than the page.
     """
     lines, out, i = markdown.splitlines(), [], 0
     in_answer = False
@@ -183,7 +184,7 @@ def to_html(markdown: str, folder: Path, title: str) -> str:
             j = i
             while j < len(lines) and lines[j].startswith("|"):
                 j += 1
-            out.append(_table(lines[i:j]))
+            out.append(_table(lines[i:j], fold=not in_answer))  # the answer's table stays open
             i = j
             continue
         elif line.startswith("- "):
