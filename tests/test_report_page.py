@@ -111,3 +111,20 @@ def test_the_mlflow_ui_opens_the_experiment_on_its_runs_with_the_answer(mlflow_s
     page = "\n".join(texts.values())
     assert f"Train with {out.winner_label}" in page  # the description's first line
     assert f"report {out.sweep_id}" in page and "sweep ui-1" in page  # the runs table's rows
+
+
+def test_the_terminal_shows_the_answer_and_the_log_file_our_info_lines(report, capsys, tmp_path):
+    """``stability report`` prints the answer block and the paths; its INFO lines (and
+    MLflow's) go to report.log; ``-v`` would bring them to the terminal."""
+    from tests.helpers.in_process import in_process
+
+    uri, _ = report
+    done = in_process(["report", "experiment=page", f"tracking.uri={uri}", "device=cpu",
+                       "registry.enabled=false", f"output_dir={tmp_path / 'r'}",
+                       f"hydra.run.dir={tmp_path / 'h'}"], capsys)
+    assert done.code == 0, done.stderr[-2000:]
+    out = done.stdout + done.stderr
+    assert "Train with `" in out and "report finished in" in out
+    assert "[INFO]" not in out and "INFO mlflow" not in out, out
+    log = (tmp_path / "h" / "report.log").read_text()
+    assert "[stability.report.pipeline][INFO] - winner" in log
