@@ -1,7 +1,7 @@
 """The ``stability`` command (``pip install .``): the jobs of ``experiments/``, from any folder.
 
     stability sweep [-m] [-v] [key=value ...]  one configuration, or the grid with -m (-v: epochs)
-    stability report [key=value ...]         review report of the latest sweep
+    stability report [-v] [key=value ...]    review report of the latest sweep (-v: INFO lines)
     stability check [key=value ...]          one-minute probes of the training mechanics
     stability ui [--port 5000]               the MLflow UI on this folder's store
     stability sync [DIR ...] [--uri URI]     upload run folders kept while the server was away
@@ -97,9 +97,18 @@ class EdgeSweeper(StabilitySweeper):
             return super().sweep(arguments)
 
 
-def verbose_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` with ``-v`` / ``--verbose`` turned into the override Hydra understands."""
-    return [("hydra.sweeper.verbose=true" if a in VERBOSE_FLAGS else a) for a in argv]
+CONSOLE_INFO = "hydra.job_logging.handlers.console.level=INFO"  # -v: our INFO lines shown too
+
+
+def verbose_argv(argv: Sequence[str], sweep: bool = True) -> list[str]:
+    """``argv`` with ``-v`` / ``--verbose`` turned into the overrides Hydra understands.
+
+    The sweep's ``-v`` prints each run's epochs (``hydra.sweeper.verbose``); the report's shows
+    its INFO log lines on the terminal too (``CONSOLE_INFO``; by default they go to its log
+    file only, ``conf/report.yaml``).
+    """
+    flag = "hydra.sweeper.verbose=true" if sweep else CONSOLE_INFO
+    return [(flag if a in VERBOSE_FLAGS else a) for a in argv]
 
 
 def sweep_job(cfg: DictConfig) -> float:
@@ -248,7 +257,7 @@ def check_argv(args: Sequence[str]) -> list[str]:
 def run_script(main: Callable[[], Any]) -> None:
     """Run an ``experiments/`` script's Hydra ``main`` (``-v`` understood, as by ``stability``)."""
     skip_exit_gc()
-    sys.argv = verbose_argv(sys.argv)
+    sys.argv = verbose_argv(sys.argv, sweep="report" not in os.path.basename(sys.argv[0]))
     check_groups(sys.argv[1:])
     main()
 
@@ -370,8 +379,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if command in ("sweep", "report", "check"):
         check_groups(rest)
     if command in ("sweep", "report"):
-        if command == "sweep":
-            rest = verbose_argv(rest)
+        rest = verbose_argv(rest, sweep=command == "sweep")
         sys.argv = [f"stability-{command}", *rest]  # Hydra parses sys.argv
         (sweep if command == "sweep" else report)()
     elif command == "check":

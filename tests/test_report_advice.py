@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stability.report.advice import ClipAdviceConfig, nearest_swept, recommend
-from stability.report.plots import draw_max_norm_advice, max_norm_advice
+from stability.report.advice import ClipAdviceConfig, against, nearest_swept, recommend
+from stability.report.sections.max_norm_advice import draw_max_norm_advice, max_norm_advice
 
 
 def steps(norms: np.ndarray, skipped: int = 0) -> pd.DataFrame:
@@ -80,3 +80,19 @@ def test_no_clip_off_run_means_no_recommendation(tmp_path):
     runs["clip.enabled"] = True
     assert recommend(runs, configs, tables, ClipAdviceConfig()) == []
     assert max_norm_advice([], tmp_path) is None
+
+
+def test_the_advice_says_how_it_stands_to_the_decision():
+    """Issue 49: "max_norm 12.9 ... nearest swept value 10" beside "clip off" must not read as
+    the answer's choice."""
+    runs, configs, tables = table()
+    off = type("Row", (), {"clip_enabled": False, "max_norm": float("nan"), "accum_steps": 1})
+    rec = recommend(runs, configs, tables, ClipAdviceConfig(), off)[0]
+    assert "the decision is **clip off**" in rec.sentence()
+    on = type("Row", (), {"clip_enabled": True, "max_norm": nearest_swept(rec),
+                          "accum_steps": rec.accum_steps})
+    assert against(rec, True, on.max_norm, on.accum_steps) == \
+        f"it agrees with the decision's max_norm {on.max_norm:g}"
+    other = against(rec, True, 0.5 if on.max_norm != 0.5 else 1.0, 4)
+    assert "was not itself tested" in other and "the decision chose accum 4" in other
+    assert recommend(runs, configs, tables, ClipAdviceConfig())[0].decided == ""

@@ -68,3 +68,14 @@ def test_the_report_names_in_the_contract_are_documented():
              Artifact.LAYER_NORMS_FIGURE]
     assert [n for n in names if f"`{n}`" not in doc] == []
     assert f"named\n  `{Artifact.MODEL}`" in doc or f"named `{Artifact.MODEL}`" in doc
+
+
+def test_a_long_table_is_folded_but_never_the_answers(tmp_path):
+    """Issue 49: the 48-row ranked table folds; the answer's 11-row table stays on screen."""
+    rows = "\n".join(f"| {i} | x |" for i in range(11))
+    md = f"## Answer\n\n| a | b |\n|---|---|\n{rows}\n\n## Detail\n\n| a | b |\n|---|---|\n{rows}\n"
+    page = to_html(md, tmp_path, "t")
+    answer, detail = page.split("<h2>Detail</h2>")
+    assert "<details>" not in answer and "<table>" in answer
+    fold = "<details><summary>the table's 11 rows (click to open)</summary><table>"
+    assert detail.count(fold) == 1

@@ -269,7 +269,7 @@ def test_the_config_table_is_assembled_once_from_the_stages_parts_with_the_schem
     pd.testing.assert_frame_equal(frame, grown[list(COLUMNS)], check_dtype=False)
     summary = table.summary()
     assert list(summary.columns) == [*SUMMARY_COLUMNS, "winner"]
-    assert list(summary["winner"]) == [False, True, False]  # rank 1, not row 0
+    assert list(summary["winner"]) == [True, False, False]  # the decision's choice, not rank 1
     with pytest.raises(KeyError):
         table.row("absent")
     # The stability sentence reads the typed rows: one group per precision and verdict.
@@ -278,7 +278,9 @@ def test_the_config_table_is_assembled_once_from_the_stages_parts_with_the_schem
     mixed = ConfigTable((replace(table.winner, stability="stable", stability_reason=""),
                          *marginal, table.row("lost")))
     assert table.row("lost").stability == "unstable"  # its diverged seed
-    # a tie between two reasons names the first alphabetically (as pandas' mode did)
+    # each config with its own reason, never another config's (issue 49)
+    low, lost = table.row("low").label, table.row("lost").label
     assert health.summary_sentence(mixed) == (
-        "The winner is stable; 1 bf16 config is unstable (most often: diverged); "
-        "2 fp16 configs are marginal (most often: backoffs); 0 of 3 others stable.")
+        f"The winner is stable; 1 bf16 config is unstable: `{lost}` (diverged); "
+        f"2 fp16 configs are marginal: `{low}` (backoffs), `{low}` (spikes); "
+        "0 of 3 others stable.")

@@ -12,7 +12,8 @@ same steps each would have clipped.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -40,6 +41,7 @@ class Recommendation:
     steps: int  # pooled finite pre-clip norms behind it
     swept_share: dict[float, float]  # swept max_norm -> share of these steps it would clip
     norms: np.ndarray  # the pooled norms (for the figure)
+    decided: str = ""  # how it stands to the decision's clipping choice (``against``)
 
     def sentence(self) -> str:
         """``acc=1: max_norm 0.83 clips 5% of steps (seeds 0.79-0.88); swept 1 would clip 2%``."""
@@ -48,7 +50,8 @@ class Recommendation:
         swept = ", ".join(f"{m:g} clips {s:.0%}" for m, s in sorted(self.swept_share.items()))
         return (f"accum {self.accum_steps}: max_norm **{self.max_norm:.3g}** would clip "
                 f"{self.target_share:.0%} of steps ({spread}, {self.steps} steps)"
-                + (f"; of the swept values {swept}" if swept else ""))
+                + (f"; of the swept values {swept}" if swept else "")
+                + (f"; {self.decided}" if self.decided else ""))
 
     def tag(self) -> str:
         """Compact form for an MLflow tag."""
@@ -61,8 +64,26 @@ def _norms(table: pd.DataFrame) -> np.ndarray:
     return v[np.isfinite(v)]
 
 
+def against(rec: Recommendation, clip_enabled: bool, max_norm: float, accum_steps: int) -> str:
+    """How a recommendation stands to the decision's clipping choice, in words.
+
+    The recommendation reads the clip-off runs' norms, the decision the validation loss: where
+    they differ the line says so, so the advice never reads as the answer's choice.
+    """
+    where = "" if int(accum_steps) == rec.accum_steps else \
+        f" (for accum {rec.accum_steps}; the decision chose accum {int(accum_steps)})"
+    if not clip_enabled:
+        return ("the decision is **clip off**: no clipping level was needed for the validation "
+                "loss on this grid, so this threshold only matters for a run that wants "
+                f"clipping (e.g. a longer or larger one){where}")
+    if math.isfinite(max_norm) and nearest_swept(rec) == max_norm:
+        return f"it agrees with the decision's max_norm {max_norm:g}{where}"
+    return (f"the decision chose max_norm {max_norm:g} from the validation loss; this threshold "
+            f"comes from the clip-off runs' norms and was not itself tested{where}")
+
+
 def recommend(runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.DataFrame],
-              cfg: ClipAdviceConfig) -> list[Recommendation]:
+              cfg: ClipAdviceConfig, chosen: Any = None) -> list[Recommendation]:
     """One recommendation per accumulation setting that has finished clip-off runs with norms.
 
     Args:
@@ -70,6 +91,8 @@ def recommend(runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.Dat
         configs: the ranked config table (for the swept max_norm values).
         steps: ``{run_id: steps table}`` (runs without one are left out).
         cfg: the target share of clipped steps.
+        chosen: the decision's config row (``clip_enabled``, ``max_norm``, ``accum_steps``);
+            each recommendation then says how it stands to that choice (``against``).
     """
     if "clip.enabled" not in runs or "train.accum_steps" not in runs:
         return []  # clipping not swept (a run that does not record it): no clip-off runs known
@@ -92,6 +115,9 @@ def recommend(runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.Dat
             int(accum), cfg.target_share, float(np.median(list(q.values()))), min(q.values()),
             max(q.values()), q, len(pooled), {m: float((pooled > m).mean()) for m in swept},
             pooled))
+    if chosen is not None:
+        out = [replace(r, decided=against(r, bool(chosen.clip_enabled), float(chosen.max_norm),
+                                          int(chosen.accum_steps))) for r in out]
     return out
 
 

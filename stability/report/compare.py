@@ -235,7 +235,8 @@ def versus(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0.95,
 
     The paired t-test (``p_vs_winner``, unadjusted) and Wilcoxon p, ``within_ci`` (mean inside
     the winner's CI), ``within_noise`` (paired t not significant at ``alpha``), ``mdd_vs_winner``
-    (the smallest difference those paired seeds detect with ``power``) and
+    (the smallest difference those paired seeds detect with ``power`` at the selection-adjusted
+    ``alpha / pairs``, the procedure of "How sure": one pair, one number) and
     ``verdict_vs_winner`` (helps / hurts / equivalent / undecided: paired t and TOST against
     ``margin``, each selection-adjusted, ``p_adj_vs_winner``; a config with unfinished seeds
     is never equivalent). Configs with an infinite mean are never within noise: by the +inf
@@ -259,7 +260,7 @@ def versus(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0.95,
     out = [VersusWinner(results[0].n, math.nan, math.nan, math.nan, math.nan, False, False,
                         float(p_diff[0]), float(p_eq[0]), "winner")]
     out += [VersusWinner(r.n, r.mean_diff, r.p_t, r.p_wilcoxon,
-                         min_detectable(r.sd, r.n, alpha, power), bool(within_ci[i]),
+                         min_detectable(r.sd, r.n, alpha / family, power), bool(within_ci[i]),
                          bool(within_noise[i]), float(p_diff[i]), float(p_eq[i]), str(words[i]))
             for i, r in enumerate(results) if i]
     return tuple(out)

@@ -21,7 +21,7 @@ matplotlib.use("Agg")  # no display: the report runs on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
 DASH = "—"
-SMALL = 5e-4  # below this a difference is printed in scientific notation, never as +0.0000
+SMALL = 5e-5  # four decimals everywhere; below this (where they would print 0.0000) scientific
 DPI = 130
 
 Blank = Literal["never", "nan", "nonfinite"]  # which values print as DASH
@@ -34,7 +34,7 @@ def _blank(x: float, blank: Blank) -> bool:
 
 
 def signed(x: float, blank: Blank = "nan") -> str:
-    """A signed loss difference with enough digits to not print a real one as +0.0000.
+    """A signed loss difference: four decimals, scientific only where they would print +0.0000.
 
     Args:
         x: the difference.
@@ -47,7 +47,7 @@ def signed(x: float, blank: Blank = "nan") -> str:
 
 
 def size(x: float, blank: Blank = "nan") -> str:
-    """An unsigned size (a margin, a detectable difference) with enough digits for small losses.
+    """An unsigned size (a margin, a detectable difference): four decimals, scientific below 5e-5.
 
     Args:
         x: the size.

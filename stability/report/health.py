@@ -11,7 +11,6 @@ Thresholds live in ``conf/report.yaml`` (``verdict:``), each with the reason for
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -245,24 +244,31 @@ def judge(runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.DataFra
                           stability_reason=[v.stability_reason for v in found])
 
 
-def summary_sentence(configs: ConfigTable) -> str:
-    """"The winner is stable; 4 fp16 configs are marginal: scale backoffs in 30% of steps"."""
+def summary_sentence(configs: ConfigTable, named: int = 5) -> str:
+    """"The winner is stable; 2 fp16 configs are marginal: `a` (clipped 95% of steps), ...".
+
+    Each config is named with its own reason (configs sharing one are listed together, at most
+    ``named`` labels per reason, then a count), so no config is given a reason of another's.
+    """
     w = configs.winner
     text = f"the winner is {w.stability}" + (f" ({w.stability_reason})"
                                              if w.stability_reason else "")
     groups = []
     for verdict in ("unstable", "marginal"):
-        by_precision: dict[str, list[str]] = {}
+        by_precision: dict[str, dict[str, list[str]]] = {}
         for r in configs.others:
             if r.stability == verdict:
-                by_precision.setdefault(r.precision, []).append(r.stability_reason.split(" (")[0])
+                reason = r.stability_reason.split(" (")[0]
+                by_precision.setdefault(r.precision, {}).setdefault(reason, []).append(r.label)
         for precision, reasons in by_precision.items():
-            counts = Counter(reasons)
-            top = max(counts.values())
-            first_reason = min(k for k, n in counts.items() if n == top)  # as pandas' mode
-            n = len(reasons)
+            n = sum(len(labels) for labels in reasons.values())
+            parts = []
+            for reason, labels in sorted(reasons.items()):
+                shown = ", ".join(f"`{label}`" for label in labels[:named])
+                more = f" and {len(labels) - named} more" if len(labels) > named else ""
+                parts.append(f"{shown}{more} ({reason})")
             groups.append(f"{n} {precision} config{'s are' if n > 1 else ' is'} "
-                          f"{verdict} (most often: {first_reason})")
+                          f"{verdict}: {', '.join(parts)}")
     stable = sum(r.stability == "stable" for r in configs.others)
     others = len(configs) - 1
     tail = (f"{'; '.join(groups)}; {stable} of {others} others stable" if groups

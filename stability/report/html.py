@@ -17,8 +17,11 @@ CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px;
        padding: 0 1em; color: #1a1a1a; background: #fff; }
 h1 { font-size: 1.5em; } h2 { border-bottom: 1px solid #ddd; margin-top: 1.6em; }
-table { border-collapse: collapse; font-size: 12px; display: block; overflow-x: auto; }
-th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: left; white-space: nowrap; }
+table { border-collapse: collapse; font-size: 12px; max-width: 100%; }
+th, td { border: 1px solid #ccc; padding: 2px 5px; text-align: left; vertical-align: top;
+         overflow-wrap: break-word; }
+th { font-weight: 600; } td code { white-space: normal; }
+details { margin: 0.6em 0; } summary { cursor: pointer; color: #2a6ebb; }
 th { background: #f2f2f2; } tr:nth-child(even) td { background: #fafafa; }
 code { background: #f4f4f4; padding: 0 3px; border-radius: 3px; }
 pre { background: #f4f4f4; padding: 0.6em; overflow-x: auto; }
@@ -30,6 +33,7 @@ img { max-width: 100%; border: 1px solid #eee; }
 # no form, no base. Opened from disk or mailed to a reviewer, the page still cannot run code.
 CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; "
        "form-action 'none'; frame-ancestors 'self'")
+FOLD_ROWS = 10  # a table with more body rows than this is folded (<details>), closed
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 _FIGURE = re.compile(r"plots/[A-Za-z0-9_-][A-Za-z0-9._-]*\.png")  # the report's own figures
 
@@ -133,20 +137,27 @@ def note_markdown(markdown: str) -> str:
     return re.sub(r"\[([^\]]+)\]\(([^)\s]*)\)", link, out)
 
 
-def _table(rows: list[str]) -> str:
+def _table(rows: list[str], fold: bool = True) -> str:
     cells = [[c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", r.strip())[1:-1]]
              for r in rows]
     head, body = cells[0], cells[2:]  # cells[1] is the |---| separator
     out = ["<table><thead><tr>", *[f"<th>{inline(c)}</th>" for c in head], "</tr></thead><tbody>"]
     for r in body:
         out += ["<tr>", *[f"<td>{inline(c)}</td>" for c in r], "</tr>"]
-    return "".join([*out, "</tbody></table>"])
+    page = "".join([*out, "</tbody></table>"])
+    if not fold or len(body) <= FOLD_ROWS:
+        return page
+    return (f"<details><summary>the table's {len(body)} rows (click to open)</summary>"
+            f"{page}</details>")
 
 
 def to_html(markdown: str, folder: Path, title: str) -> str:
     """The report page: ``markdown`` (as ``render.render`` writes it) with images from ``folder``.
 
-    The ``## Answer`` section is wrapped in ``<section id="answer">`` so it stands out.
+    The ``## Answer`` section is wrapped in ``<section id="answer">`` so it stands out; a
+    table of more than ``FOLD_ROWS`` rows outside it is folded (``<details>``) so the figures
+    stay near the top (the answer's own table never is); cells wrap, so no table is wider
+    than the page.
     """
     lines, out, i = markdown.splitlines(), [], 0
     in_answer = False
@@ -173,7 +184,7 @@ def to_html(markdown: str, folder: Path, title: str) -> str:
             j = i
             while j < len(lines) and lines[j].startswith("|"):
                 j += 1
-            out.append(_table(lines[i:j]))
+            out.append(_table(lines[i:j], fold=not in_answer))  # the answer's table stays open
             i = j
             continue
         elif line.startswith("- "):

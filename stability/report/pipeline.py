@@ -24,6 +24,7 @@ from stability.report import (
     adoption,
     advice,
     compare,
+    describe,
     factors,
     fetch,
     health,
@@ -177,7 +178,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             lr_found = lr.curves(runs, configs)
             lr_text = lr.sentences(lr_found, {f.name: f.reference
                                               for f in chosen.analysis.factors if f.name != lr.LR})
-            recs = advice.recommend(runs, configs, steps, cfg.advice)
+            recs = advice.recommend(runs, configs, steps, cfg.advice, table.winner)
             publish.tag_findings(c, report_run, table.winner, recs)
             # The sealed test: opened once, after selection, for the winner's seeds only.
             test = evaluate_winner(c, runs, str(winner["fingerprint"]), cache / "winner",
@@ -214,6 +215,8 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             "configs": float(len(table)), "training_runs": float(len(runs)),
             "report_elapsed_s": time.perf_counter() - t0}
         publish.finish_report_run(c, report_run, folder, metrics, own_files)
+        describe.describe_report_run(c, sweep, report_run, table.winner.label,
+                                     "\n".join(first_screen(study)))
         publish.annotate_parent(c, sweep, report_run, table.winner, answer_markdown(study),
                                 study.model_uri)
     except BaseException as err:

@@ -44,7 +44,7 @@ class Figure:
 class Series:
     """One plotted config: its role in the report, label and colour."""
 
-    role: str  # "winner", "baseline", "best fp16"...
+    role: str  # "chosen", "baseline", "best fp16"...
     label: str
     color: str
     max_norm: float = math.nan  # NaN when clipping is off
@@ -62,40 +62,43 @@ def _log_if_wide(ax: plt.Axes, values: Sequence[float] | np.ndarray, axis: str =
 
 def grad_norm(curves: Sequence[tuple[Series, pd.DataFrame]], folder: Path,
               thresholds: Sequence[float] = ()) -> Figure | None:
-    """Pre-clip gradient norm over optimizer steps, with each clipped config's max_norm.
+    """Pre-clip gradient norm over optimizer steps: one panel per config (small multiples).
 
-    ``thresholds`` (the sweep's max_norm values) are drawn faintly, so the plot shows where
-    clipping would act even when no plotted config clips.
+    Each panel holds one config's curve and, dashed, its own max_norm; ``thresholds`` (the
+    sweep's max_norm values) are drawn faintly in every panel, so the plot shows where clipping
+    would act even when the config does not clip. Panels share both axes.
     """
     curves = [(s, df) for s, df in curves if len(df)]
     if not curves:
         return None
-    fig, ax = plt.subplots(figsize=(11, 4.8))
-    values = []
-    used = {s.max_norm for s, _ in curves}
-    for i, t in enumerate(sorted(set(thresholds) - used)):
-        ax.axhline(t, color="gray", ls=":", lw=1,
-                   label="other max_norm values in the sweep" if i == 0 else None)
-    for s, df in curves:
+    fig, axes = plt.subplots(len(curves), 1, figsize=(10, 1.9 * len(curves) + 1.0),
+                             sharex=True, sharey=True, squeeze=False)
+    values = [v for _, df in curves for v in df[COLUMN.grad_l2_pre_clip] if np.isfinite(v)]
+    for ax, (s, df) in zip(axes[:, 0], curves, strict=True):
         ok = df[np.isfinite(df[COLUMN.grad_l2_pre_clip])]
-        ax.plot(ok[COLUMN.step], ok[COLUMN.grad_l2_pre_clip], lw=0.8, alpha=0.75, color=s.color,
-                label=f"{s.role}: {s.label}")
-        values.extend(ok[COLUMN.grad_l2_pre_clip])
+        for i, t in enumerate(sorted(set(thresholds) - {s.max_norm})):
+            ax.axhline(t, color="gray", ls=":", lw=1,
+                       label="other swept max_norm values" if i == 0 else None)
+        ax.plot(ok[COLUMN.step], ok[COLUMN.grad_l2_pre_clip], lw=0.8, color=s.color,
+                label="pre-clip norm")
         if math.isfinite(s.max_norm):
-            ax.axhline(s.max_norm, color=s.color, ls="--", lw=1.2,
-                       label=f"max_norm={s.max_norm:g} ({s.role})")
-    _log_if_wide(ax, [*values, *thresholds])
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(title="Pre-clip gradient norm per optimizer step (one representative seed per config)",
-           xlabel="optimizer step", ylabel="global L2 norm of gradients before clipping")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: lines are dense
-    ax.grid(alpha=0.3)
+            ax.axhline(s.max_norm, color=s.color, ls="--", lw=1.4,
+                       label=f"its max_norm={s.max_norm:g}")
+        ax.set_title(f"{s.role}: {s.label}", fontsize=9, loc="left")
+        ax.legend(fontsize=7, loc="upper right")
+        ax.grid(alpha=0.3)
+    _log_if_wide(axes[0, 0], [*values, *thresholds])
+    axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[-1, 0].set_xlabel("optimizer step")
+    fig.supylabel("global L2 norm of gradients before clipping", fontsize=9)
+    fig.suptitle("Pre-clip gradient norm per optimizer step (one representative seed per config)",
+                 fontsize=10)
     name = save(fig, folder, "grad_norm.png")
     return Figure(name, "Pre-clip gradient norm",
-                  "Global L2 gradient norm before clipping at each optimizer step, for the seed "
-                  "with the median best validation loss of each config; dashed lines are the "
-                  "thresholds of the plotted clipped configs, dotted grey lines the sweep's other "
-                  "max_norm values. Skipped (non-finite) steps are not drawn.")
+                  "Global L2 gradient norm before clipping at each optimizer step, one panel per "
+                  "plotted config (the seed with the median best validation loss); dashed: the "
+                  "config's own max_norm, dotted grey: the sweep's other max_norm values. "
+                  "Skipped (non-finite) steps are not drawn.")
 
 
 def clip_fraction(configs: pd.DataFrame, folder: Path) -> Figure | None:
@@ -112,8 +115,12 @@ def clip_fraction(configs: pd.DataFrame, folder: Path) -> Figure | None:
             ax.errorbar(g["max_norm"], g["clip_fraction_mean"], yerr=g["clip_fraction_std"],
                         marker="o", capsize=3, color=PRECISION_COLORS.get(precision),
                         label=str(precision))
-        ax.set_xscale("log", base=2)
-        ax.set(title=f"accum_steps={acc}", xlabel="clip.max_norm (log2 axis)", ylim=(-0.03, 1.03))
+        ax.set_xscale("log")
+        swept = sorted(on["max_norm"].unique())
+        ax.set_xticks(swept, [f"{m:g}" for m in swept])  # the swept values, not powers of 2
+        ax.minorticks_off()
+        ax.set(title=f"accum_steps={acc}", xlabel="clip.max_norm (log axis, ticks: swept values)",
+               ylim=(-0.03, 1.03))
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("fraction of optimizer steps clipped")
     axes[0][-1].legend(title="precision")
@@ -150,7 +157,8 @@ def val_loss_curves(curves: Sequence[tuple[Series, dict[int, pd.Series]]],
     ax.grid(alpha=0.3)
     name = save(fig, folder, "val_loss_curves.png")
     return Figure(name, "Validation loss curves",
-                  "Winner vs baseline vs the best config of each precision; seeds that "
+                  "The chosen config against the baseline and the configs whose validation mean "
+                  "is nearest its own (their rank by validation mean in the legend); seeds that "
                   "diverged are not averaged in (they count as +inf in the ranking).")
 
 
@@ -180,7 +188,8 @@ def scaler_scale(curves: Sequence[tuple[Series, pd.DataFrame]], folder: Path) ->
 
 
 def skipped_steps(configs: pd.DataFrame, folder: Path) -> Figure | None:
-    """Mean skipped optimizer steps per run, one bar per config."""
+    """Mean skipped optimizer steps per run, one bar per config that skipped; None if none did."""
+    configs = configs[configs["skip_count_mean"].fillna(0) > 0]
     if configs.empty:
         return None
     # Grouped like the grid (precision, accumulation, clip off then thresholds), read top down:
@@ -191,9 +200,6 @@ def skipped_steps(configs: pd.DataFrame, folder: Path) -> Figure | None:
     fig, ax = plt.subplots(figsize=(8, 0.22 * len(df) + 1.6))
     ax.barh(df["label"], df["skip_count_mean"].fillna(0), xerr=df["skip_count_std"].fillna(0),
             color=[PRECISION_COLORS.get(p, "gray") for p in df["precision"]], capsize=2)
-    if not (df["skip_count_mean"].fillna(0) > 0).any():
-        ax.text(0.5, 0.5, "no config skipped a step", transform=ax.transAxes, ha="center")
-        ax.set_xlim(0, 1)
     ax.set_xlim(left=0)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(title="Skipped optimizer steps per run (mean over seeds, error bars: ±1 std)",
@@ -205,7 +211,7 @@ def skipped_steps(configs: pd.DataFrame, folder: Path) -> Figure | None:
     name = save(fig, folder, "skipped_steps.png")
     return Figure(name, "Skipped steps per config",
                   "Steps skipped for a non-finite loss or gradient (parameters, optimizer "
-                  "state and LR schedule untouched).")
+                  "state and LR schedule untouched); only the configs that skipped a step.")
 
 
 def heatmap(configs: pd.DataFrame, folder: Path,
@@ -226,16 +232,18 @@ def heatmap(configs: pd.DataFrame, folder: Path,
                              figsize=(1.6 + 1.2 * len(cols) * len(precisions) + 1.4,
                                       0.6 * len(rows) + 2.2), layout="constrained")
     image = None
-    winner = configs.iloc[0]["fingerprint"]
+    chosen = configs.iloc[0]["fingerprint"]  # the decision's choice (row 0), not rank 1
     for ax, p in zip(axes[0], precisions, strict=True):
         grid = np.full((len(rows), len(cols)), np.nan)
         verdicts: dict[tuple[int, int], str] = {}
-        for _, c in norm[norm["precision"] == p].sort_values("rank", ascending=False).iterrows():
+        mine = norm[norm["precision"] == p].assign(_chosen=lambda d: d["fingerprint"] == chosen)
+        # best-ranked last wins a shared cell (another factor swept), the chosen config always
+        for _, c in mine.sort_values(["_chosen", "rank"], ascending=[True, False]).iterrows():
             r = 0 if not c["clip_enabled"] else rows.index(f"{c['max_norm']:g}")
             k = cols.index(c["accum_steps"])
-            grid[r, k] = c["loss_mean"]  # best-ranked last: wins a shared cell
+            grid[r, k] = c["loss_mean"]
             verdicts[(r, k)] = str(c.get("stability", "stable"))
-            if c["fingerprint"] == winner:
+            if c["fingerprint"] == chosen:
                 ax.add_patch(plt.Rectangle((k - 0.5, r - 0.5), 1, 1, fill=False, ec="red", lw=2.5))
         image = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis_r", vmin=vmin, vmax=vmax,
                           aspect="auto")
@@ -252,59 +260,10 @@ def heatmap(configs: pd.DataFrame, folder: Path,
         ax.set(title=p, xlabel="train.accum_steps")
     axes[0][0].set_ylabel("clipping")
     fig.colorbar(image, ax=axes[0].tolist(), label=f"mean best validation loss ({loss_name})")
-    fig.suptitle("Mean best validation loss by clipping x accumulation\n(red box: winner; "
-                 "a cell's second line: its verdict when not stable)", fontsize=10)
+    fig.suptitle("Mean best validation loss by clipping x accumulation\n(red box: the chosen "
+                 "config; a cell's second line: its verdict when not stable)", fontsize=10)
     save(fig, folder, "heatmap.png", tight=False)  # constrained layout: no tight_layout
     return Figure("heatmap.png", "Best validation loss heatmap",
                   "Mean over seeds of each config's best validation loss; 'diverged' marks a "
                   "config with a seed that did not finish (+inf), 'n/a' a cell not in the sweep; "
                   "'marginal' / 'unstable' is the config's stability verdict.")
-
-
-def max_norm_advice(recs: Sequence, folder: Path) -> Figure | None:
-    """Pre-clip norm distribution of the clip-off runs with the recommended max_norm, per accum.
-
-    ``recs`` are ``advice.Recommendation``; one panel per accumulation setting.
-    """
-    recs = [r for r in recs if len(r.norms)]
-    if not recs:
-        return None
-    name = save(draw_max_norm_advice(recs), folder, "max_norm_advice.png")
-    return Figure(name, "Recommended max_norm",
-                  "Distribution of pre-clip gradient norms of every finished clip-off run (all "
-                  "seeds and precisions of an accumulation setting, skipped steps left out). The "
-                  "red line is the max_norm that clips the target share of steps (median over "
-                  "seeds), the band its range over seeds.")
-
-
-def draw_max_norm_advice(recs: Sequence) -> plt.Figure:
-    """The max_norm advice figure, unsaved (``max_norm_advice`` saves it; tests inspect it).
-
-    Args:
-        recs: ``advice.Recommendation`` with norms, one panel each.
-
-    Returns:
-        The matplotlib figure: one axis per recommendation.
-    """
-    fig, axes = plt.subplots(1, len(recs), figsize=(4.6 * len(recs) + 0.6, 4), squeeze=False)
-    for ax, r in zip(axes[0], recs, strict=True):
-        lo, hi = max(r.norms.min(), 1e-12), r.norms.max()
-        bins = np.geomspace(lo, hi * 1.0001, 40) if hi > lo else 20
-        ax.hist(r.norms, bins=bins, color="tab:blue", alpha=0.7)
-        if hi > lo:
-            ax.set_xscale("log")
-        ax.axvspan(r.low, r.high, color="tab:red", alpha=0.15, label="spread over seeds")
-        ax.axvline(r.max_norm, color="tab:red", lw=2,
-                   label=f"recommended {r.max_norm:.3g} (clips {r.target_share:.0%})")
-        for i, (m, share) in enumerate(sorted(r.swept_share.items())):
-            ax.axvline(m, color="gray", ls=":", lw=1.2,
-                       label="swept max_norm values" if i == 0 else None)
-            ax.annotate(f"{m:g}: {share:.0%}", (m, 1), xycoords=("data", "axes fraction"),
-                        rotation=90, va="top", ha="right", fontsize=7, color="dimgray")
-        ax.set(title=f"accum_steps={r.accum_steps} ({len(r.per_seed)} seeds, {r.steps} steps)",
-               xlabel="pre-clip global gradient L2 norm (log axis)", ylabel="optimizer steps")
-        ax.legend(fontsize=7, loc="best")  # away from the bars
-        ax.grid(alpha=0.3)
-    fig.suptitle("Where to clip: gradient norms of the clip-off runs, recommended max_norm in red "
-                 "(grey: swept values, % of these steps each would clip)", fontsize=10)
-    return fig

@@ -23,6 +23,11 @@ from stability.report.table import ConfigTable
 
 log = logging.getLogger(__name__)
 
+# Figures shown right under the answer (the first screen: the answer and why), not under
+# "Figures": the main effects are the answer's table drawn.
+LEAD_FIGURES = ("main_effects.png",)
+BEHIND = "Behind the decision:"  # where the answer's first screen ends (sections/answer.py)
+
 @dataclass(frozen=True)
 class Written:
     """What the sections produced.
@@ -101,11 +106,21 @@ def render(study: Study, written: Written, header: Header, notes: Sequence[str])
         f"{header.elapsed_s:.1f} s; MLflow report run `{header.report_run_id}`"
         + (f", registered model version {header.model_version}." if header.model_version
            else "."), "",
-        *written.body,
     ]
     # Problems, remarks and captions quote run data (a column name, a reason): each is one
     # line (the data in a remark or caption made inert where it was read), so a newline in it
     # can never start a section of its own
+    lead = [f for f in written.figures if f.file in LEAD_FIGURES]
+    for i, text in enumerate(written.body):
+        if i == 0 and lead:  # the answer's first screen, its figure, then what is behind it
+            first, behind = (text.split(BEHIND, 1) + [""])[:2]
+            parts.append(first.rstrip("\n") + "\n")
+            for f in lead:
+                parts += _figure(f)
+            if behind:
+                parts.append(BEHIND + behind)
+            continue
+        parts.append(text)
     if notes:
         parts += ["## Problems while writing this report", "",
                   *[f"- {one_line(note)}" for note in notes], ""]
@@ -113,8 +128,8 @@ def render(study: Study, written: Written, header: Header, notes: Sequence[str])
     for remark in written.remarks:
         parts += [_flat(remark), ""]
     for f in written.figures:
-        parts += [f"### {f.title}", "", f"![{f.title}](plots/{f.file})", "",
-                  _flat(f.caption), ""]
+        if f not in lead:
+            parts += _figure(f)
     parts += ["## Reproduce", "", "```bash",
               f"python experiments/report.py experiment={s.experiment} sweep_id={s.sweep_id}",
               "```", "", "`summary.csv` holds the ranked table with every aggregate above.", ""]
@@ -134,6 +149,11 @@ def _cell(value: object) -> object:
         return value
     except ValueError:
         return "'" + value
+
+
+def _figure(f: Figure) -> list[str]:
+    """One figure's lines: its title, the image (alt text: the title) and its caption."""
+    return [f"### {f.title}", "", f"![{f.title}](plots/{f.file})", "", _flat(f.caption), ""]
 
 
 def write_summary(configs: ConfigTable, path: Path) -> None:

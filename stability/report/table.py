@@ -193,7 +193,8 @@ class ConfigTable:
         return pd.DataFrame([asdict(r) for r in self.rows], columns=list(COLUMNS))
 
     def summary(self) -> pd.DataFrame:
-        """``summary.csv``'s table: the csv columns and ``winner`` (rank 1)."""
+        """``summary.csv``'s table: the csv columns and ``winner`` (the decision's choice, the
+        first row; ``rank`` is the validation-mean order, whose 1 may be another config)."""
         out = self.frame()[list(SUMMARY_COLUMNS)]
-        return out.assign(winner=out["rank"] == 1)
+        return out.assign(winner=out["fingerprint"] == self.winner.fingerprint)
 

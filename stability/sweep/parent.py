@@ -21,7 +21,14 @@ from stability.core.config import TrackingConfig
 from stability.sweep.schedule import CostKey, observed_costs
 from stability.tracking import adoption, children
 from stability.tracking.artifacts import upload_artifacts
-from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
+from stability.tracking.contract import (
+    UI_TRAINING_VIEW,
+    Artifact,
+    Kind,
+    Outcome,
+    Tag,
+    search_filter,
+)
 from stability.tracking.credentials import has_password
 from stability.tracking.folders import journal_names, tagged_folder, under
 from stability.tracking.journal import now_ms
@@ -141,10 +148,12 @@ class SweepRun:
     def view_hint(self) -> str:
         """How to look at this sweep in the MLflow UI."""
         uri = redact_uri(self.uri)
+        page = f"/#/experiments/{self.experiment_id}{UI_TRAINING_VIEW}"  # on its runs table
         if uri.startswith(("http://", "https://")):
-            return f"{uri.rstrip('/')}/#/experiments/{self.experiment_id}"
+            return f"{uri.rstrip('/')}{page}"
         if uri == default_store_uri():
-            return "stability ui  (in the repository also: make ui), then http://127.0.0.1:5000"
+            return ("stability ui  (in the repository also: make ui), then "
+                    f"http://127.0.0.1:5000{page}")
         return f"mlflow ui --backend-store-uri {uri} --workers 1"
 
     def outcomes(self) -> Counter[str]:

@@ -84,6 +84,16 @@ class Tag:
     STRATEGY = "stability.strategy"  # on a sweep's parent: how it planned (absent: the grid)
     ADAPTIVE_PLAN = "stability.adaptive_plan"  # on an adaptive sweep's parent: its settings (JSON)
     CHECK_OUTCOME = "stability.check_outcome"  # check run: pass | fail (any probe failed)
+    # An experiment tag (MLflow 3.x UI): the experiment's type. Set to EXPERIMENT_KIND_TRAINING,
+    # the UI opens the experiment on its runs table (model training), not on GenAI traces.
+    EXPERIMENT_KIND = "mlflow.experimentKind"
+
+
+EXPERIMENT_KIND_TRAINING = "custom_model_development"  # the UI's "machine learning" kind
+# MLflow 3.17's UI picks GenAI or model training per browser (a toggle kept in local storage,
+# GenAI by default) and reads the experiment's kind only without that toggle; this query on an
+# experiment link (``#/experiments/<id>?workflowType=machine_learning``) opens its runs table.
+UI_TRAINING_VIEW = "?workflowType=machine_learning"
 
 
 # Per optimizer step (MLflow step = optimizer step): the ``StepLog`` fields marked

@@ -14,10 +14,16 @@ modules not imported yet (a process that already loaded pandas, like the report,
 in full). The embedded SQLite store is left as it is. In a process whose MLflow was imported
 lean, model logging stays unavailable (``mlflow.models.infer_signature``, ``mlflow.pyfunc``):
 that is the report's job, which runs in its own process.
+
+MLflow's own log lines (``INFO mlflow.store.db.utils: Creating initial MLflow database
+tables...``) go where ours go (``route_mlflow_logs``): into the Hydra job's log file, on the
+terminal only from WARNING up (``-v`` shows INFO), unless ``MLFLOW_LOGGING_LEVEL`` is set.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 
 # What MLflow imports only because it is installed; none of it is on a worker's REST path.
@@ -35,9 +41,11 @@ def import_mlflow(server: bool) -> None:
             as usual: the database stores are not part of the skinny MLflow).
     """
     if "mlflow" in sys.modules:
+        route_mlflow_logs()
         return
     if not server:
         import mlflow.tracking  # noqa: F401
+        route_mlflow_logs()
         return
     # A None entry makes `import pandas` raise ModuleNotFoundError, which MLflow catches as
     # in a skinny install. Only for the duration of this import: afterwards pandas imports
@@ -51,3 +59,24 @@ def import_mlflow(server: bool) -> None:
         for name in hidden:
             if sys.modules.get(name, ...) is None:
                 del sys.modules[name]
+    route_mlflow_logs()
+
+
+def route_mlflow_logs() -> None:
+    """MLflow's loggers through the process's own handlers instead of their stderr handler.
+
+    MLflow gives its ``mlflow`` logger a handler to stderr at INFO and stops propagation, so
+    its INFO lines reach the user's terminal past Hydra's logging. Dropped here, the records
+    propagate to the root logger: in a Hydra job its file handler takes INFO and its console
+    handler only WARNING (``hydra.job_logging`` in ``conf/``); without a log file only WARNING
+    and up pass. Called on every ``import_mlflow``. A user who sets
+    ``MLFLOW_LOGGING_LEVEL`` keeps MLflow's own handling.
+    """
+    if os.environ.get("MLFLOW_LOGGING_LEVEL"):
+        return
+    logger = logging.getLogger("mlflow")
+    logger.handlers = []
+    logger.propagate = True
+    # No log file to take INFO (a sweeper's own process): the terminal gets WARNING up only.
+    to_file = any(isinstance(h, logging.FileHandler) for h in logging.getLogger().handlers)
+    logger.setLevel(logging.INFO if to_file else logging.WARNING)

@@ -25,6 +25,7 @@ from typing import Any
 from stability.core.config import ConfigError, RunConfig
 from stability.core.identity import config_label, flatten
 from stability.tracking import origins
+from stability.tracking.contract import EXPERIMENT_KIND_TRAINING, Tag
 from stability.tracking.credentials import (  # noqa: F401 - part of the URI policy
     has_userinfo,
     redact_uri,
@@ -218,6 +219,9 @@ def already_exists(err: BaseException) -> bool:
 def ensure_experiment(uri: str, name: str, check: bool = True) -> str:
     """Create the store (and its schema) and the experiment if needed; returns its id.
 
+    A new experiment is tagged as model training (``Tag.EXPERIMENT_KIND``), so MLflow 3's UI
+    opens it on its runs.
+
     Safe from several processes at once: on SQLite the whole check-and-create holds
     ``store_lock``; a server that reports the experiment as just created is asked again.
     ``check=False`` skips the ``/health`` probe (a caller that retries on its own). An
@@ -237,13 +241,23 @@ def ensure_experiment(uri: str, name: str, check: bool = True) -> str:
         exp = c.get_experiment_by_name(name)
         if exp is None:
             try:
-                return c.create_experiment(name, local_artifact_root(uri, name))
+                return c.create_experiment(name, local_artifact_root(uri, name),
+                                           tags={Tag.EXPERIMENT_KIND: EXPERIMENT_KIND_TRAINING})
             except MlflowException:  # another process (another machine) created it meanwhile
                 exp = c.get_experiment_by_name(name)
                 if exp is None:
                     raise
         origins.check(uri, exp.artifact_location, f"experiment '{name}'")
         return exp.experiment_id
+
+
+def mark_training_experiment(c: Any, experiment_id: str) -> None:
+    """Tag an existing experiment as model training (``Tag.EXPERIMENT_KIND``) unless it has a
+    kind already: MLflow's UI then opens it on its runs, the answer in the runs' descriptions.
+    """
+    exp = c.get_experiment(experiment_id)
+    if Tag.EXPERIMENT_KIND not in (exp.tags or {}):
+        c.set_experiment_tag(experiment_id, Tag.EXPERIMENT_KIND, EXPERIMENT_KIND_TRAINING)
 
 
 def local_artifact_root(uri: str, experiment: str) -> str | None:

@@ -1,4 +1,9 @@
-"""The "All configs, ranked" section: each config's aggregates and its paired comparison."""
+"""The "All configs, ranked" section: each config's aggregates and its paired comparison.
+
+The rows are in the order of the validation mean (the ``rank`` column, 1 = lowest mean); the
+decision's choice is marked in its row (``→ chosen``) wherever its mean ranks it, so no row
+reads as "rank 11 on top of ranks 1–10".
+"""
 
 from __future__ import annotations
 
@@ -9,38 +14,56 @@ from stability.report.sections.section import Part, lines
 from stability.report.study import Study
 from stability.report.table import ConfigRow, ConfigTable
 
+CHOSEN = "**→ chosen**"
+
 
 def _wall(c: ConfigRow) -> str:
     median, top = c.wall_time_s_median, c.wall_time_s_max
     return "—" if math.isnan(median) else f"{median:.1f} ({top:.1f})"
 
 
-def _table(configs: ConfigTable, loss_name: str) -> str:
+def _seeds(c: ConfigRow) -> str:
+    """``3/3``, with the unfinished seeds when there are any (``2/3, 1 unfinished``)."""
+    return f"{c.seeds_finished}/{c.seeds}" + (f", {c.unfinished} unfinished"
+                                              if c.unfinished else "")
+
+
+def _table(configs: ConfigTable, loss_name: str, power: float) -> str:
+    chosen = configs.winner.fingerprint
     rows = []
-    for c in configs:
+    for c in sorted(configs, key=lambda r: r.rank):
+        mine = c.fingerprint == chosen
         rows.append([
-            str(c.rank), f"`{c.label}`", c.stability, f"{c.seeds_finished}/{c.seeds}",
-            str(c.unfinished), pm(c.loss_mean, c.loss_std), ci(c.loss_ci_low, c.loss_ci_high),
+            str(c.rank), f"{CHOSEN} `{c.label}`" if mine else f"`{c.label}`", c.stability,
+            _seeds(c), pm(c.loss_mean, c.loss_std), ci(c.loss_ci_low, c.loss_ci_high),
             pm(c.acc_mean, c.acc_std, 3), fmt(c.clip_fraction_mean, 3),
             fmt(c.skip_count_mean, 1), fmt(c.underflow_mean, 4), _wall(c),
-            signed(c.diff_vs_winner), pval(c.p_adj_vs_winner), size(c.mdd_vs_winner),
-            c.flag or "",
+            "chosen" if mine else signed(c.diff_vs_winner), pval(c.p_adj_vs_winner),
+            size(c.mdd_vs_winner), c.flag or "",
         ])
-    return table(["rank", "config", "stability", "finished", "unfinished",
-                  f"best val loss ({loss_name})", "CI",
-                  "val acc", "clip frac", "skips", "fp16 underflow", "wall s (median, max)",
-                  "diff vs winner", "p vs winner (selection-adjusted)", "detectable vs winner",
-                  "flag"], rows)
+    return table(["rank (validation mean)", "config", "stability", "seeds finished",
+                  f"best val loss ({loss_name})", "95% CI", "val acc", "clip frac", "skips",
+                  "fp16 underflow", "wall s (median, max)", "diff vs chosen",
+                  "p vs chosen (selection-adjusted)",
+                  f"detectable vs chosen ({power:.0%} power, selection-adjusted)", "flag"], rows)
 
 
 def markdown(st: Study) -> str:
     """The ranked table and what its columns mean."""
+    w = st.winner
     return lines(
-        "## All configs, ranked", "", _table(st.configs, st.loss_name), "",
-        "`unfinished` seeds count as +inf in `best val loss`; `val acc` is at each seed's best "
-        "epoch, over finished seeds; `p vs winner` is the unadjusted paired t-test; `wall s` is "
-        "the median run time over seeds (a worker's first run also pays its cold start: imports, "
-        "first kernels) with the slowest seed in brackets.", "")
+        "## All configs, ranked", "",
+        f"Ordered by mean best validation loss (`rank`: 1 = lowest, the descriptive order); the "
+        f"decision's choice `{w.label}` ranks {w.rank} and is marked {CHOSEN}: it is chosen "
+        "factor by factor (see the answer), not by its rank.", "",
+        _table(st.configs, st.loss_name, st.options.power), "",
+        "Unfinished seeds (counted in `seeds finished`) are +inf in `best val loss`; `val acc` "
+        "is at each seed's best epoch, over finished seeds; `p vs chosen` is the paired t-test, "
+        "Bonferroni over the "
+        "pairs of configs; `detectable` is the smallest difference the paired seeds detect at "
+        "that adjusted level, the same procedure and number as \"How sure\" for the same pair; "
+        "`wall s` is the median run time over seeds (a worker's first run also pays its cold "
+        "start: imports, first kernels) with the slowest seed in brackets.", "")
 
 
 SECTION = Part("all configs", lambda st: st, markdown=markdown)

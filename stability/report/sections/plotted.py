@@ -1,7 +1,8 @@
 """Which configs the run-level figures plot, in which role and colour, and from which seed.
 
-The winner, the baseline and the best config of each precision (a config in two roles is
-plotted once, both roles named), plus for fp16 the best config and the one that skipped most.
+The chosen config (the decision's), the baseline and the best config of each precision (a
+config in two roles is plotted once, both roles named), plus for fp16 the best config and the
+one that skipped most; ``rivals`` are the configs whose validation mean is nearest the chosen's.
 Each is drawn from one representative seed (``select.representative_seed``).
 """
 
@@ -22,8 +23,8 @@ ROLE_COLORS = ("tab:red", "tab:blue", "tab:purple", "tab:olive", "tab:cyan")
 
 
 def roles(configs: pd.DataFrame) -> list[tuple[str, str]]:
-    """``(role, fingerprint)`` of the plotted configs: winner, baseline, best of each precision."""
-    wanted = [("winner", configs.iloc[0]["fingerprint"]), ("baseline", select.baseline(configs))]
+    """``(role, fingerprint)`` of the plotted configs: chosen, baseline, best of each precision."""
+    wanted = [("chosen", configs.iloc[0]["fingerprint"]), ("baseline", select.baseline(configs))]
     wanted += [(f"best {p}", select.best_of(configs, configs["precision"] == p))
                for p in SIMPLEST_FIRST]
     named: dict[str, str] = {}
@@ -31,6 +32,14 @@ def roles(configs: pd.DataFrame) -> list[tuple[str, str]]:
         if fp is not None:
             named[fp] = f"{named[fp]} = {role}" if fp in named else role
     return [(role, fp) for fp, role in named.items()]
+
+
+def rivals(configs: ConfigTable, n: int = 3) -> list[str]:
+    """The ``n`` finished configs whose mean best validation loss is nearest the chosen's."""
+    w = configs.winner
+    near = [r for r in configs.others if math.isfinite(r.loss_mean)]
+    near.sort(key=lambda r: (abs(r.loss_mean - w.loss_mean), r.rank))
+    return [r.fingerprint for r in near[:n]]
 
 
 def _series(configs: ConfigTable, role: str, fp: str, color: str) -> Series:

@@ -1,4 +1,9 @@
-"""Figure: the validation loss per epoch of every finished seed of each plotted config."""
+"""Figure: the validation loss per epoch of the chosen config against its closest rivals.
+
+The chosen config, the baseline and the (up to) three configs whose validation mean is nearest
+the chosen's (``plotted.rivals``): the configs a reviewer weighs it against, not every config
+of the grid as overlapping bands.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +12,34 @@ from pathlib import Path
 
 import pandas as pd
 
-from stability.report import fetch, plots
-from stability.report.sections.plotted import plotted
+from stability.report import fetch, plots, select
+from stability.report.plots import Series
+from stability.report.sections.plotted import rivals
 from stability.report.sections.section import Drawn, Part, drawn
 from stability.report.study import Study
 
+RIVAL_COLORS = ("tab:purple", "tab:olive", "tab:cyan")
+
+
+def shown(st: Study) -> list[tuple[str, Series]]:
+    """``(fingerprint, legend entry)`` of the configs the figure draws, chosen first."""
+    configs = st.configs
+    w = configs.winner
+    out = [(w.fingerprint, Series("chosen", w.label, "tab:red"))]
+    base = select.baseline(configs.frame())
+    if base is not None and base != w.fingerprint:
+        out.append((base, Series("baseline", configs.row(base).label, "tab:blue")))
+    for i, fp in enumerate(f for f in rivals(configs) if f not in {fp for fp, _ in out}):
+        r = configs.row(fp)
+        out.append((fp, Series(f"rival, rank {r.rank}", r.label, RIVAL_COLORS[i % 3])))
+    return out
+
 
 def figures(st: Study, folder: Path) -> Sequence[Drawn]:
-    """Fetch the plotted configs' ``val_loss`` histories (only theirs) and draw them."""
-    p = plotted(st)
+    """Fetch the shown configs' ``val_loss`` histories (only theirs) and draw them."""
+    which = shown(st)
     runs = st.runs
-    finished = runs[runs["fingerprint"].isin([fp for _, fp in p.roles])
+    finished = runs[runs["fingerprint"].isin([fp for fp, _ in which])
                     & (runs["outcome"] == "finished")]
     histories = fetch.metric_histories(st.client, finished["run_id"], "val_loss",
                                        st.options.history_workers)
@@ -29,8 +51,8 @@ def figures(st: Study, folder: Path) -> Sequence[Drawn]:
         g = seeds_of.get_group(fp)
         return {int(s): histories[r] for s, r in zip(g["seed"], g["run_id"], strict=True)}
 
-    return drawn(plots.val_loss_curves([(p.series[fp], curves(fp)) for _, fp in p.roles],
-                                       folder, st.loss_name))
+    return drawn(plots.val_loss_curves([(s, curves(fp)) for fp, s in which], folder,
+                                       st.loss_name))
 
 
 SECTION = Part("validation curves", lambda st: st, figures=figures)
