@@ -136,7 +136,7 @@ def test_v2_outputs_verdicts_html_max_norm_tag_and_the_parent_run_note(reported)
     page = (out.folder / "report.html").read_text()
     assert "Train with <code>bf16 clip=1 acc=2</code>" in page and "data:image/png;base64," in page
     md = (out.folder / "report.md").read_text()
-    assert "- Stability: The winner is stable;" in md and "max_norm_advice.png" in md
+    assert "\nStability: The winner is stable;" in md and "max_norm_advice.png" in md
     tags = c.get_run(out.report_run_id).data.tags
     assert tags["stability.winner_stability"] == "stable"
     # Clip-off runs at accum 1 (baseline, flaky fp16): one recommendation.
