@@ -31,6 +31,7 @@ from tests.test_report_planted import (
     recorded_sweep,
     report,
 )
+from tests.test_sweep_planted import TINY
 
 MEMORY_BOUND_MB = 600  # the report's growth in peak RSS with every kind planted
 KINDS = ("killed_tagged_finished", "unplanned_failed_seed", "forged_copy", "forty_params",
@@ -95,9 +96,7 @@ def test_every_kind_at_once_stops_neither_the_report_nor_the_next_sweep(
         _plant(kind, c, exp_id, parent, "hs", tmp_path, i)
     result, _ = report(uri, "hs", tmp_path / "out")
     assert result.winner == fingerprint(run_config(WINNER, 0, tmp_path))
-    done = in_process(["sweep", "-m", "data.num_samples=200", "device=cpu", "train.epochs=1",
-                       "clip.enabled=false", "precision=fp32", "train.accum_steps=1",
-                       "hydra/launcher=basic", "seed=0", f"tracking.uri={uri}",
+    done = in_process(["sweep", "-m", *TINY, "seed=0", f"tracking.uri={uri}",
                        "tracking.experiment=hs", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
                       capsys)
     assert done.code == 0, done.stdout[-2000:] + done.stderr[-2000:]
