@@ -511,3 +511,41 @@ def test_each_task_yaml_repeats_its_task_defaults() -> None:
     lm = conf("char_lm")
     assert lm["data"] == dataclasses.asdict(CorpusConfig())
     assert lm["model"] == dataclasses.asdict(TransformerConfig())
+
+
+def test_the_gpu_study_composes_a_model_where_precision_matters(tmp_path: Path) -> None:
+    """``+study=gpu_lm``: the char_lm Transformer at 6 x 512 with 256-character contexts, on
+    CUDA, within the report's data cap; the grid is precision x clipping x accumulation."""
+    cfg = _preset(tmp_path, study="gpu_lm")  # _preset sets device=cpu, as the CPU test runs it
+    model, data = dict(cfg.model), dict(cfg.data)
+    assert (model["d_model"], model["n_layers"], data["seq_len"]) == (512, 6, 256)
+    assert cfg.task.target == "stability.tasks.char_lm.CharLMTask"
+    text = (ROOT / "conf" / "study" / "gpu_lm.yaml").read_text()
+    assert "\ndevice: cuda" in text and "precision: fp32,bf16,fp16" in text
+    from stability.tracking.trusted import DATA_BYTES_PER_ELEMENT
+    bytes_ = data["num_samples"] * data["seq_len"] * DATA_BYTES_PER_ELEMENT[cfg.task.target]
+    assert bytes_ < 4 * 2**30
+
+
+@pytest.mark.slow
+def test_the_gpu_study_runs_shrunk_on_cpu_and_reports_precisions_speed_and_memory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The GPU preset with a tiny model on CPU: a sweep over fp32 / bf16 and its report, whose
+    answer gives each precision's time against the chosen one and its peak memory."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = in_process(["sweep", "-m", "+study=gpu_lm", "device=cpu", "model.d_model=16",
+                        "model.n_layers=1", "model.n_heads=2", "data.num_samples=64",
+                        "data.seq_len=16", "data.words=50", "train.epochs=1",
+                        "train.batch_size=8", "precision=fp32,bf16", "clip.enabled=false",
+                        "train.accum_steps=1", "seed=0,1", "hydra/launcher=basic",
+                        f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                       capsys)
+    assert sweep.code == 0, sweep.stdout[-2000:] + sweep.stderr[-2000:]
+    report = in_process(["report", "experiment=gpu_lm", f"tracking.uri={uri}",
+                         "registry.enabled=false", "plots=false"], capsys)
+    assert report.code == 0, report.stderr[-2000:]
+    assert "Precision" in report.stdout and "bf16" in report.stdout
+    md = next(tmp_path.glob("reports/*/report.md")).read_text()
+    assert "Peak memory by precision" in md and "fp32 " in md

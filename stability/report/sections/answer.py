@@ -92,9 +92,9 @@ def _answer(st: Study) -> list[str]:
                 *[f"- {t}" for t in st.lr_sentences or
                   ["no other factor was swept beside the learning rate."]], ""]
     out += _warnings(st)
-    saved = memory.accumulation_memory(st.configs.frame())
-    if saved:
-        out.append(f"- {saved}")
+    frame = st.configs.frame()
+    out += [f"- {line}" for line in (memory.accumulation_memory(frame),
+                                     memory.precision_memory(frame)) if line]
     for r in st.advice:
         near = nearest_swept(r)
         out.append(f"- Recommended clipping threshold (from the clip-off runs' pre-clip norms), "
