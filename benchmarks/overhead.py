@@ -145,7 +145,10 @@ def prepare_experiment(uri: str, name: str, artifact_root: Path) -> None:
 
     c = client(uri)
     if c.get_experiment_by_name(name) is None:
-        location = None if uri.startswith("http") else artifact_root.as_uri()
+        # A SQLite store's artifacts live beside its database file: a store reads nothing
+        # outside its own folder (tracking/origins.py), whatever root the caller offered.
+        location = None if uri.startswith("http") else (
+            Path(uri.removeprefix("sqlite:///")).parent / artifact_root.name).as_uri()
         c.create_experiment(name, artifact_location=location)
 
 

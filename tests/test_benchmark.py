@@ -224,14 +224,15 @@ def test_a_bad_option_exits_2_naming_it_before_anything_runs(
 
 
 @pytest.mark.slow
-def test_workcount_sees_the_per_layer_host_read_of_every_step() -> None:
-    """Counted, not timed: per-layer norms add one host read per optimizer step (docs/tasks.md)
-    and some operators; the update ratio adds operators but shares that read."""
+def test_workcount_sees_the_per_layer_table_read_at_its_flush_not_every_step() -> None:
+    """Counted, not timed: per-layer norms stay on the device until the table's flush (each
+    epoch's end), so they add a read per flush, not per optimizer step, and some operators;
+    the update ratio adds operators but shares that read."""
     from benchmarks.workcount import count
 
     on, off = count([]), count(["telemetry.per_layer=false"])
     no_ratio = count(["telemetry.update_ratio=false"])
     assert on["steps"] == off["steps"] > 0
-    assert on["host_reads"] - off["host_reads"] == on["steps"]
+    assert 0 < on["host_reads"] - off["host_reads"] <= on["steps"] // 10
     assert no_ratio["host_reads"] == on["host_reads"]
     assert off["aten"] < no_ratio["aten"] < on["aten"]

@@ -11,8 +11,8 @@ parameter name                       what the check passes
 ``optimizer``                        a fresh plain SGD (AdamW for the skip probe)
 ``scaler``                           a ``torch.amp.GradScaler`` at the probe's scale
 ``scheduler`` / ``lr_scheduler``     a warmup ``LambdaLR`` in the skip probe, else None
-``window`` / ``batches`` /           the micro-batches of this step (a list; the short
-``micro_batches``                    window probe passes fewer than ``accum_steps``)
+``window`` / ``batches``             the micro-batches of this step (a list; the short
+                                     window probe passes fewer than ``accum_steps``)
 ``accum_steps`` /                    the configured window size
 ``gradient_accumulation_steps``
 ``max_norm``                         the clip threshold (None: do not clip)
@@ -57,7 +57,6 @@ SUPPLIED: dict[str, Callable[[Rig, Sequence[Any]], Any]] = {
     "lr_scheduler": lambda r, w: r.scheduler,
     "window": lambda r, w: list(w),
     "batches": lambda r, w: list(w),
-    "micro_batches": lambda r, w: list(w),
     "accum_steps": lambda r, w: r.accum_steps,
     "gradient_accumulation_steps": lambda r, w: r.accum_steps,
     "max_norm": lambda r, w: r.max_norm,
