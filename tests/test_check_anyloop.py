@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import runpy
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import torch
 
 import stability.check
 from stability.check.anyloop import SUPPLIED
+from tests.helpers.examples import example_module
 
 ROOT = Path(__file__).resolve().parents[1]
 ANY = ROOT / "examples" / "any_loop"
@@ -25,12 +25,7 @@ ANY = ROOT / "examples" / "any_loop"
 
 @pytest.fixture(scope="module")
 def gpt():
-    sys.path.insert(0, str(ANY))
-    try:
-        import nanogpt_loop as module
-    finally:
-        sys.path.remove(str(ANY))
-    return module
+    return example_module(ANY, "nanogpt_loop")
 
 
 def _batches(gpt, k=4):

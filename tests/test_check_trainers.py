@@ -27,6 +27,7 @@ from stability.check.result import Status
 from stability.check.rig import Template
 from stability.check.sanity import probe_determinism
 from stability.check.subject import no_dropout
+from tests.helpers.examples import example_module
 
 ROOT = Path(__file__).resolve().parents[1]
 LIGHTNING = ROOT / "examples" / "lightning_task"
@@ -39,12 +40,7 @@ def _by_name(results):
 
 @pytest.fixture(scope="module")
 def spirals():
-    sys.path.insert(0, str(LIGHTNING))
-    try:
-        import spirals as module
-    finally:
-        sys.path.remove(str(LIGHTNING))
-    return module
+    return example_module(LIGHTNING, "spirals")
 
 
 def _lightning(spirals, k=4, b=8):
