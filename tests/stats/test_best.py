@@ -104,3 +104,41 @@ def test_the_shown_interval_is_the_t_interval_over_seeds():
                                                        diff.mean() + T_975_4 * se), abs=2e-6)
     ci = stats.ttest_1samp(diff, 0).confidence_interval(0.95)
     assert (float(low), float(high)) == pytest.approx((ci.low, ci.high), abs=1e-12)
+
+
+# Student's sleep data (Cushny & Peebles 1905; R's ``sleep``): extra hours of sleep of ten
+# patients under two drugs. R's documented ``t.test(extra[group == 1], extra[group == 2],
+# paired = TRUE)`` prints t = -4.0621, df = 9, p-value = 0.002833, mean difference -1.58 and
+# the 95 percent confidence interval -2.4598858 -0.7001142.
+SLEEP_1 = np.array([0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0])
+SLEEP_2 = np.array([1.9, 0.8, 1.1, 0.1, -0.1, 4.4, 5.5, 1.6, 4.6, 3.4])
+
+
+def test_two_levels_reproduce_the_published_paired_t_interval_of_the_sleep_data():
+    """With two levels MCB is the paired t interval (one comparison): at alpha = 0.025 each
+    one-sided bound is an end of R's published two-sided 95% interval."""
+    y = np.stack([SLEEP_1, SLEEP_2])[:, None, :]  # patients are the blocks (our seeds)
+    b = mcb.mcb(mcb.pairwise(y), delta=0.5, alpha=0.025)
+    assert b.upper[1] == pytest.approx(2.4598858, abs=5e-8)  # drug 2 - drug 1 <= 2.46
+    assert b.lower[1] == pytest.approx(0.7001142, abs=5e-8)  # ... and >= 0.70 > delta
+    assert b.upper[0] == 0.0  # drug 1 - best <= max(0, -0.70)
+    assert b.gap[1] == pytest.approx(1.58)
+    assert list(b.status) == [mcb.WITHIN, mcb.WORSE]
+
+
+def test_every_pair_bound_is_scipys_paired_t_bound_at_the_bonferroni_level():
+    """An independent implementation: for five levels and eight seeds, ``U_i`` and ``L_i`` are
+    the max over j of ``scipy.stats.ttest_rel``'s one-sided bounds at ``alpha / (k - 1)``."""
+    rng = np.random.default_rng(7)
+    k, seeds, alpha = 5, 8, 0.05
+    y = (rng.normal(size=(1, seeds)) + rng.normal(scale=0.3, size=(k, seeds))
+         + np.linspace(0, 0.4, k)[:, None])[:, None, :]
+    b = mcb.mcb(mcb.pairwise(y), delta=0.1, alpha=alpha)
+    level = 1 - alpha / (k - 1)
+    for i in range(k):
+        hi = [stats.ttest_rel(y[i, 0], y[j, 0], alternative="less")
+              .confidence_interval(level).high for j in range(k) if j != i]
+        lo = [stats.ttest_rel(y[i, 0], y[j, 0], alternative="greater")
+              .confidence_interval(level).low for j in range(k) if j != i]
+        assert b.upper[i] == pytest.approx(max(0.0, max(hi)), rel=1e-10)
+        assert b.lower[i] == pytest.approx(max(lo), rel=1e-10)
