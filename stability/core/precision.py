@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import contextlib
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from stability.core.validation import ConfigError
-
-if TYPE_CHECKING:  # config.py imports the enum from here
-    from stability.core.config import PrecisionConfig
 
 
 class Precision(StrEnum):
@@ -91,7 +88,16 @@ def autocast(precision: str, device: str) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type=device, dtype=dtype)
 
 
-def make_scaler(precision: PrecisionConfig, device: str) -> torch.amp.GradScaler:
+class ScalerSettings(Protocol):
+    """What the scaler is built from (``config.PrecisionConfig``; config.py imports the enum
+    from here, so this module names the fields it reads instead of importing the class)."""
+
+    name: str
+    init_scale: float
+    growth_interval: int
+
+
+def make_scaler(precision: ScalerSettings, device: str) -> torch.amp.GradScaler:
     """A GradScaler that is enabled for fp16 only (disabled, every call is a pass-through)."""
     return torch.amp.GradScaler(
         device,
