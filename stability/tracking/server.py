@@ -73,8 +73,9 @@ def server_command(port: int, extra: list[str] | None = None, workers: int = 1) 
 # server runs up to 40 requests at once (anyio's thread limit). With SQLAlchemy's default pool
 # (5 + 10 overflow) 16 or more concurrent writers each hold one connection and wait for a
 # second one until the pool times out (30 s): 32 simulated writers logged nothing for the whole
-# window (docs/performance.md, "Ten times the study"). 5 + 40 > 40 cannot deadlock; a value the
-# user exported wins. docker/mlflow-server.sh sets the same for the team server.
+# window (docs/CHANGELOG-performance.md, 2026-12-01, "the earlier capacity benchmark").
+# 5 + 40 > 40 cannot deadlock; a value the user exported wins. docker/mlflow-server.sh sets the
+# same for the team server.
 POOL_ENV = {"MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW": "40"}
 
 
