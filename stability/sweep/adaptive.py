@@ -31,7 +31,7 @@ import numpy as np
 
 from stability.core.config import ConfigError
 from stability.core.identity import flatten
-from stability.design.design import Design
+from stability.design.design import NEVER, Design
 from stability.design.margin import Margin
 from stability.stats import looks
 from stability.stats import sequential as sq
@@ -108,21 +108,39 @@ def configs(points: Sequence[SweepPoint]) -> dict[str, SweepPoint]:
     return out
 
 
+def design_of(points: Sequence[SweepPoint]) -> Design:
+    """The design of the grid's points (seeds ignored): ``Design.of`` their configs' params
+    (``core.identity.flatten``), the grid's override keys as the swept keys. The report builds
+    the same ``Design`` from these configs' runs (``report.factors.design_of``)."""
+    by_fp = configs(points)
+    return Design.of({fp: flatten(p.cfg) for fp, p in by_fp.items()}, swept_keys(points))
+
+
+def swept_keys(points: Sequence[SweepPoint]) -> set[str]:
+    """The override keys whose value differs between the grid's points (the seed included)."""
+    values: dict[str, set[str]] = {}
+    for p in points:
+        for o in p.overrides:
+            values.setdefault(override_key(o), set()).add(o.split("=", 1)[1])
+    return {k for k, v in values.items() if len(v) > 1}
+
+
 def design(points: Sequence[SweepPoint]) -> Design:
-    """The factorial design of the grid's points (seeds ignored): ``Design.of`` their configs'
-    params, the grid's override keys as the swept keys.
+    """The factorial design of the grid's points (``design_of``), checked.
 
     Raises:
-        ConfigError: the configs are not a full factorial, or no factor has two levels.
+        ConfigError: the configs are not a full factorial, or no factor has two levels (a
+            swept key that is never a factor, e.g. ``train.threads``, names itself).
     """
-    by_fp = configs(points)
-    swept = {override_key(o) for p in by_fp.values() for o in p.overrides}
-    d = Design.of({fp: flatten(p.cfg) for fp, p in by_fp.items()}, swept)
+    d = design_of(points)
     if not d.full:
+        never = sorted(k for k in swept_keys(points) if k.startswith(NEVER) and k != "seed")
+        why = (f"; {', '.join(never)} {'is' if len(never) == 1 else 'are'} swept but never a "
+               "factor (not a setting of training)") if never else ""
         raise ConfigError(
             "hydra.sweeper.strategy=adaptive is invalid for this grid: allowed grids are a full "
             f"factorial of at least one factor with two levels (got {len(d.cells)} configs over "
-            f"{' x '.join(map(str, d.shape)) or 'no factor'})")
+            f"{' x '.join(map(str, d.shape)) or 'no factor'}{why})")
     return d
 
 
