@@ -3,7 +3,7 @@
 The sweep records every grid and command-line override on its parent run as a ``grid.<key>``
 param (``sweep/parent.py``). A key whose value is a sweep (``a,b``, ``range(...)``,
 ``choice(...)``...) is swept; the report's factors are the swept keys only
-(``stability.design.Design.of``), never every param that happens to vary: forty extra params
+(``stability.design.design.Design.of``), never every param that happens to vary: forty extra params
 planted on two runs would otherwise be forty factors and a cube of 3^40 cells. A run whose
 value of a setting the sweep did not sweep differs from the one the sweep's own runs share is
 no point of the grid: it is set aside with one line. A sweep without a recorded grid (no
