@@ -9,6 +9,8 @@ equal ``Design`` objects, including for grids that vary a param that is never a 
 
 from __future__ import annotations
 
+import itertools
+
 import pandas as pd
 import pytest
 
@@ -83,3 +85,30 @@ def test_the_runs_of_an_unknown_sweep_vary_any_setting_but_never_a_bookkeeping_o
     assert d.names == ("train.lr",) and d.configs == ("a", "b") and d.cells == ((0,), (1,))
     assert d.level("b", "train.lr") == "0.2" and d.level("b", "clipping") == "off"
     assert Design.of(params, swept=["train.threads"]).factors == ()
+
+
+def test_the_heatmap_takes_rows_columns_and_panels_from_the_design(tmp_path, monkeypatch) -> None:
+    """Clipping rows x accumulation columns, a panel per level of every other factor: a plain
+    swept factor (here ``optim.weight_decay``) gets its panels with no figure code."""
+    from stability.report import plots
+
+    params, rows = {}, []
+    for i, (clip, acc, prec, wd) in enumerate(itertools.product(
+            (False, True), (1, 4), ("fp32", "bf16"), ("0.0", "0.1"))):
+        params[f"c{i}"] = {"clip.enabled": clip, "clip.max_norm": 5.0, "train.accum_steps": acc,
+                           "precision.name": prec, "optim.weight_decay": wd}
+        rows.append({"fingerprint": f"c{i}", "loss_mean": 0.4 + 0.01 * i, "rank": i + 1})
+    d = Design.of(params, ["clip.enabled", "train.accum_steps", "precision",
+                           "optim.weight_decay"])
+    seen = {}
+
+    def save(fig, folder, name, tight=True):
+        seen["titles"] = [ax.get_title() for ax in fig.axes if ax.get_title()]
+        seen["rows"] = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+        seen["columns"] = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+
+    monkeypatch.setattr(plots, "save", save)
+    assert plots.heatmap(pd.DataFrame(rows), tmp_path, d) is not None
+    assert seen == {"titles": ["fp32, optim.weight_decay=0.0", "fp32, optim.weight_decay=0.1",
+                               "bf16, optim.weight_decay=0.0", "bf16, optim.weight_decay=0.1"],
+                    "rows": ["clip off", "max_norm 5"], "columns": ["1", "4"]}
