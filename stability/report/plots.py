@@ -241,6 +241,8 @@ def heatmap(configs: pd.DataFrame, folder: Path, design: Design,
                   tuple(design.level(fp, f.name) for f in panel_fs)) for fp in norm["fingerprint"]}
     panels = [p for p in itertools.product(*(f.levels for f in panel_fs))
               if any(w[2] == p for w in where.values())]
+    # A panel is titled by the panel factors that vary (none: the first, e.g. its precision).
+    titled = [i for i, f in enumerate(panel_fs) if len(f.levels) > 1] or ([0] if panel_fs else [])
     finite = norm["loss_mean"][np.isfinite(norm["loss_mean"])]
     vmin, vmax = (finite.min(), finite.max()) if len(finite) else (0, 1)
     fig, axes = plt.subplots(1, len(panels), sharey=True, squeeze=False,
@@ -273,7 +275,7 @@ def heatmap(configs: pd.DataFrame, folder: Path, design: Design,
         ax.set_yticks(range(len(rows)), [row_f.name_of(r) for r in rows])
         if row_f.name == CLIP:
             ax.axhline(0.5, color="white", lw=3)  # clip-off row is its own block
-        ax.set(title=", ".join(f.name_of(lv) for f, lv in zip(panel_fs, p, strict=True)),
+        ax.set(title=", ".join(panel_fs[i].name_of(p[i]) for i in titled),
                xlabel=kind(col_f.name).axis)
     axes[0][0].set_ylabel(kind(row_f.name).axis)
     fig.colorbar(image, ax=axes[0].tolist(), label=f"mean best validation loss ({loss_name})")
