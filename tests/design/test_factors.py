@@ -21,7 +21,7 @@ def test_each_factor_owns_its_params_and_nothing_else() -> None:
 
 
 def test_levels_are_read_from_params_as_a_config_or_mlflow_writes_them() -> None:
-    clip, accum, precision = fv.FIRST_CLASS
+    clip, accum, precision = (fv.kind(n) for n in (fv.CLIP, fv.ACCUM, fv.PRECISION))
     assert clip.level({"clip.enabled": False, "clip.max_norm": 5.0}) == "off"
     assert clip.level({"clip.enabled": "True", "clip.max_norm": "5.0"}) == "max_norm 5"
     assert clip.level({"clip.enabled": True, "clip.method": "value",
