@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from stability.design import factors as vocabulary
 from stability.report import compare, factors, winner
 from stability.report.select import aggregate, per_seed, put_first
 from stability.stats import best as mcb
@@ -150,7 +151,7 @@ def test_the_report_path_reaches_the_same_choices_with_unfinished_missing_and_ex
             SECONDS[..., :1], arr[None].shape))
         grouped = {c.factors for c in dec.choices}
         for axis, (b, _, pick) in enumerate(batch):
-            name = (factors.CLIP, factors.ACCUM, factors.PRECISION)[axis]
+            name = (vocabulary.CLIP, vocabulary.ACCUM, vocabulary.PRECISION)[axis]
             if (name,) not in grouped:
                 continue  # decided jointly in this study: not the single-factor rule
             c = next(c for c in dec.choices if c.factors == (name,))

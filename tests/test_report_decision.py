@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stability.design import factors as vocabulary
+from stability.design.margin import Margin
 from stability.report import decision, factors, winner
 from stability.report.compare import versus_winner
 from stability.report.options import ReportError, to_report_config
@@ -49,9 +51,9 @@ def test_every_factor_sentence_opens_its_verdict_with_one_of_four_words():
     _, an = analysed(runs, 0.005)
     text = " ".join(decision.factor_sentences(an))
     assert "no significant difference" not in text.lower()
-    clip = next(e for e in an.main if e.factor == factors.CLIP)
+    clip = next(e for e in an.main if e.factor == vocabulary.CLIP)
     assert clip.verdict == fx.HELPS and "max_norm 5 **helps**: lowers the loss by" in text
-    prec = next(e for e in an.main if e.factor == factors.PRECISION)
+    prec = next(e for e in an.main if e.factor == vocabulary.PRECISION)
     assert sum(text.count(w) for w in WORDS) == len(an.main)
     # fp16 costs what it costs, and the sentence says so
     assert prec.cost_ratio == pytest.approx(6.0)
@@ -75,7 +77,7 @@ def test_the_cheaper_level_within_the_margin_is_chosen_over_the_lowest_mean():
                  noise=0.0002)
     assert aggregate(runs).iloc[0]["precision"] == "fp16"  # the lowest mean
     dec = _decide(runs, 0.005)
-    assert _chosen(dec, factors.PRECISION) == "fp32" and dec.guaranteed
+    assert _chosen(dec, vocabulary.PRECISION) == "fp32" and dec.guaranteed
     assert dec.fingerprint == "fp32-None"  # clip off: equally cheap, simpler
     _, an = analysed(runs, 0.005)
     lines = decision.choice_lines(dec, an)
@@ -91,8 +93,8 @@ def test_a_level_shown_worse_than_the_best_is_never_chosen_however_cheap():
     runs = study({"fp16-None": -0.02, "fp16-5.0": -0.02}, {"fp32": 0.01, "fp16": 0.06},
                  noise=0.001)
     dec = _decide(runs, 0.005)
-    c = next(c for c in dec.choices if c.factors == (factors.PRECISION,))
-    assert c.status == ("worse", "within") and _chosen(dec, factors.PRECISION) == "fp16"
+    c = next(c for c in dec.choices if c.factors == (vocabulary.PRECISION,))
+    assert c.status == ("worse", "within") and _chosen(dec, vocabulary.PRECISION) == "fp16"
 
 
 def test_without_evidence_the_level_estimated_near_the_best_is_a_named_best_guess():
@@ -102,7 +104,7 @@ def test_without_evidence_the_level_estimated_near_the_best_is_a_named_best_gues
     runs = study({"fp16-None": -0.004, "fp16-5.0": -0.004}, {"fp32": 0.01, "fp16": 0.011},
                  noise=0.01)
     dec = _decide(runs, 0.0005)
-    c = next(c for c in dec.choices if c.factors == (factors.PRECISION,))
+    c = next(c for c in dec.choices if c.factors == (vocabulary.PRECISION,))
     assert set(c.status) == {"open"} and not dec.guaranteed
     assert c.gap[c.chosen] <= 0.0005 and c.basis == winner.CHOSEN_NEAR
     assert c.gap[c.chosen] == min(c.gap)
@@ -124,14 +126,14 @@ def test_cost_differences_inside_the_run_to_run_spread_do_not_decide():
     cheaper = noisy["clip.enabled"]
     assert _chosen(_decide(noisy.assign(step_time_median_s=np.where(
         cheaper, noisy["step_time_median_s"] * 0.95, noisy["step_time_median_s"])), 0.005),
-        factors.CLIP) == "off"
+        vocabulary.CLIP) == "off"
     assert _chosen(_decide(noisy.assign(step_time_median_s=np.where(
         cheaper, noisy["step_time_median_s"] * 0.5, noisy["step_time_median_s"])), 0.005),
-        factors.CLIP) == "max_norm 5"
+        vocabulary.CLIP) == "max_norm 5"
     exact = runs.assign(step_time_median_s=np.where(
         runs["clip.enabled"], runs["step_time_median_s"] * 0.95, runs["step_time_median_s"]))
-    assert _chosen(_decide(exact, 0.005), factors.CLIP) == "max_norm 5"  # no spread: 5% counts
-    assert _chosen(_decide(exact, 0.005, tolerance=0.1), factors.CLIP) == "off"
+    assert _chosen(_decide(exact, 0.005), vocabulary.CLIP) == "max_norm 5"  # no spread: 5% counts
+    assert _chosen(_decide(exact, 0.005, tolerance=0.1), vocabulary.CLIP) == "off"
 
 
 def test_a_config_with_an_unfinished_seed_is_never_the_winner():
@@ -152,9 +154,9 @@ def test_old_runs_without_cost_metrics_fall_back_to_wall_time():
 
 
 def test_margin_is_a_share_of_the_lowest_config_mean_or_loss_units():
-    assert decision.margin_of("5%", 0.08) == pytest.approx(0.004)
-    assert decision.margin_of(0.002, 0.08) == 0.002
-    assert math.isnan(decision.margin_of("5%", math.inf))  # no finite winner: no equivalence
+    assert Margin.parse("5%").of(0.08) == pytest.approx(0.004)
+    assert Margin.parse(0.002).of(0.08) == 0.002
+    assert math.isnan(Margin.parse("5%").of(math.inf))  # no finite winner: no equivalence
     assert to_report_config({"margin": "2%"}).margin == "2%"
     assert to_report_config({"margin": 0.003}).margin == 0.003
     for bad in ("five", "0%", -1.0, "150%"):
@@ -176,7 +178,7 @@ def test_an_undecided_contrast_quotes_seeds_at_which_its_test_has_the_power():
 def test_the_reports_equivalence_verdict_is_tost_at_alpha_not_twice_it():
     """A one-contrast family whose TOST p is 0.07: not equivalent at alpha = 0.05 (a TOST run
     at 2 alpha would call it so); 0.03 is."""
-    base = factors.Effect(factor=factors.CLIP, level="max_norm 5", reference="off", mean=0.001,
+    base = factors.Effect(factor=vocabulary.CLIP, level="max_norm 5", reference="off", mean=0.001,
                           low=-0.002, high=0.004, p=0.5, p_equiv=0.07, df=4, sd_seed=0.002,
                           cells=1, seeds=5)
     [e] = factors._decide([base], 0.05, 0.8, 0.004)

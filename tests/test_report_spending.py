@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stability.design import factors as vocabulary
+from stability.design.margin import Margin
 from stability.report import decision, factors
 from stability.report.compare import versus_winner
 from stability.report.sections import spending
@@ -67,7 +69,7 @@ def test_the_plan_is_read_from_the_parent_run_as_untrusted_data() -> None:
             "base_seed": 7}
     tags = {Tag.STRATEGY: "adaptive", Tag.ADAPTIVE_PLAN: json.dumps(good)}
     plan, margin, base = spending.plan_of(tags)
-    assert (plan.looks, margin, base) == ((3, 5, 7, 9), "5%", 7)
+    assert (plan.looks, margin, base) == ((3, 5, 7, 9), Margin(5.0, relative=True), 7)
     assert spending.plan_of({}) is None  # a grid sweep: no section
     for bad in ("not json", json.dumps(good | {"max_seeds": 10**9}),
                 json.dumps(good | {"n0": 1}), json.dumps(good | {"margin": [1]})):
@@ -124,7 +126,7 @@ def test_an_adaptive_sweeps_factor_table_and_answer_give_the_replayed_verdicts()
         assert r[7] == (f"{d.verdict} (look {d.look}{without})" if d.look
                         else f"{d.verdict} (after the last look{without})")
         # a verdict reached after accum 8 left is about the design without it, and says so
-        late = (d.look or len(PLAN.looks)) > 2 and d.factor != factors.ACCUM
+        late = (d.look or len(PLAN.looks)) > 2 and d.factor != vocabulary.ACCUM
         assert ("accum 8" in d.left) == late
     assert "accum 8 **hurts (look 2)**" in " ".join(decision.factor_sentences(an, seq))
     assert [r[7] for r in decision.factor_table(an)] == list(fixed.values())  # grid: unchanged

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stability.design import factors as vocabulary
 from stability.report import factors
 from stability.report.compare import versus_winner
 from stability.report.select import aggregate
@@ -144,7 +145,7 @@ def test_the_report_runs_the_same_rule():
     configs = versus_winner(runs, aggregate(runs))
     an = factors.analyse(runs, configs, MARGIN)
     v = fx.study_verdicts(y, 3, MARGIN, ALPHA)
-    assert [f.name for f in an.factors] == [factors.CLIP, factors.ACCUM, factors.PRECISION]
+    assert [f.name for f in an.factors] == [vocabulary.CLIP, vocabulary.ACCUM, vocabulary.PRECISION]
     assert [e.level for e in an.main] == ["max_norm 1", "max_norm 5", "max_norm 10", "2", "4",
                                           "8", "bf16", "fp16"]
     assert [e.mean for e in an.main] == pytest.approx(list(v.mean))

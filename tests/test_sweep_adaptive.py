@@ -70,9 +70,9 @@ def test_the_default_grid_is_a_4x3x4_factorial_with_the_reports_references() -> 
     s = in_process_sweeper([])
     _, points = s.plan([])
     d = design(points)
-    assert d.factors == ("clipping", "precision", "train.accum_steps")
+    assert d.names == ("clipping", "accumulation", "precision")  # the report's (design.factors)
     assert d.levels == (("off", "max_norm 1", "max_norm 5", "max_norm 10"),
-                        ("fp32", "bf16", "fp16"), ("1", "2", "4", "8"))
+                        ("1", "2", "4", "8"), ("fp32", "bf16", "fp16"))
     assert len(d.configs) == 48
     with pytest.raises(ConfigError, match="budget_runs=100 is invalid: allowed values are at "
                                           "least the first round, 48 configs x n0=3 = 144 runs"):

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 
-from stability.report.decision import TITLES, Sequential, level_name
+from stability.design.factors import level_name, title
+from stability.report.decision import Sequential
 from stability.report.factors import Effect, FactorAnalysis
 from stability.report.format import DASH, signed, size, table
 from stability.report.winner import Choice, Decision
@@ -61,13 +62,13 @@ def rows(dec: Decision, an: FactorAnalysis | None, seq: Sequential | None = None
     """The answer table's rows (``HEADER``), chosen level first within each factor."""
     out = []
     for c in dec.choices:
-        title = " × ".join(TITLES.get(f, f) for f in c.factors)
+        heading = " × ".join(title(f) for f in c.factors)
         order = [c.chosen] + [i for i in range(len(c.levels)) if i != c.chosen
                               and c.status[i] != "absent"]
         for n, i in enumerate(order):
             name = f"→ {_level(c, i)}" if i == c.chosen else _level(c, i)
             upper = c.upper[i]
-            out.append([title if n == 0 else "", name, signed(c.gap[i]) if c.gap[i] else "0",
+            out.append([heading if n == 0 else "", name, signed(c.gap[i]) if c.gap[i] else "0",
                         size(upper) if math.isfinite(upper) else DASH,
                         *_versus(an, c, i, seq), _time(c, i)])
     return out

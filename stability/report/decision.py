@@ -12,13 +12,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from stability.design.factors import level_name, title
 from stability.report import format as fm
-from stability.report.factors import ACCUM, CLIP, PRECISION, Effect, FactorAnalysis
+from stability.report.factors import Effect, FactorAnalysis
 from stability.report.winner import CHOSEN_NEAR, CHOSEN_WITHIN, Choice, Decision
 from stability.stats.effects import EQUIVALENT, HELPS, HURTS
-
-TITLES = {CLIP: "Clipping", ACCUM: "Accumulation", PRECISION: "Precision",
-          "train.lr": "Learning rate"}
 
 
 def _num(x: float) -> str:
@@ -27,17 +25,6 @@ def _num(x: float) -> str:
 
 def _size(x: float) -> str:
     return fm.size(x, "nonfinite")
-
-
-def level_name(factor: str, level: str) -> str:
-    """``accum 8``, ``max_norm 5``, ``bf16``, ``train.lr=0.01``."""
-    if factor == ACCUM:
-        return f"accum {level}"
-    if factor == CLIP:
-        return "clip off" if level == "off" else level
-    if factor == PRECISION:
-        return level
-    return f"{factor}={level}"
 
 
 WITHHELD = "withheld (not valid after adaptive seeding)"
@@ -174,7 +161,7 @@ def factor_sentences(an: FactorAnalysis, seq: Sequential | None = None) -> list[
         pooled = ("pooled over every other setting and seed" if seq is None else
                   "pooled over the other settings still in play at the deciding look (named "
                   "where a level had left)")
-        text = (f"- **{TITLES.get(f.name, f.name)}** vs {level_name(f.name, f.reference)}, "
+        text = (f"- **{title(f.name)}** vs {level_name(f.name, f.reference)}, "
                 f"{pooled}: {parts}.")
         lost = [e for e in effects if e.unfinished != (0, 0)]
         for e in lost:
@@ -195,7 +182,7 @@ def factor_table(an: FactorAnalysis, seq: Sequential | None = None) -> list[list
     """
     rows = []
     for e in an.main:
-        rows.append([TITLES.get(e.factor, e.factor), contrast_name(e), _num(e.mean),
+        rows.append([title(e.factor), contrast_name(e), _num(e.mean),
                      f"[{_num(e.low)}, {_num(e.high)}]", f"{e.p:.2g}", f"{e.p_holm:.2g}",
                      "—" if math.isnan(e.p_equiv_holm) else f"{e.p_equiv_holm:.2g}",
                      e.verdict if seq is None else seq.word(e), f"{e.cells} × {e.seeds}",
@@ -203,7 +190,7 @@ def factor_table(an: FactorAnalysis, seq: Sequential | None = None) -> list[list
                      f"{e.unfinished[0]} / {e.unfinished[1]}", _size(e.detectable),
                      "—" if math.isnan(e.cost_ratio) else f"{e.cost_ratio:.2f}×"])
     for name, r in (seq.unpaired(an) if seq is not None else {}).items():
-        rows.append([TITLES.get(r.factor, r.factor), name, _num(r.mean),
+        rows.append([title(r.factor), name, _num(r.mean),
                      f"[{_num(r.low)}, {_num(r.high)}]", *["—"] * 3, r.word, *["—"] * 5])
     return rows
 
@@ -265,16 +252,16 @@ def choice_lines(dec: Decision, an: FactorAnalysis, seq: Sequential | None = Non
     """One line per decided factor (or interacting group): the level, why, what each does."""
     lines = []
     for c in dec.choices:
-        title = " × ".join(TITLES.get(f, f) for f in c.factors)
+        heading = " × ".join(title(f) for f in c.factors)
         joint = " (decided jointly: they interact)" if len(c.factors) > 1 else ""
         effects = "; ".join(_effects_of(an, f, seq) for f in c.factors)
-        lines.append(f"- **{title} → {_level_word(c, c.chosen)}**{joint} "
+        lines.append(f"- **{heading} → {_level_word(c, c.chosen)}**{joint} "
                      f"({_basis(c, dec.margin)}): {effects}.")
     return lines
 
 
 def _names(choices: list[Choice]) -> str:
-    return ", ".join(" × ".join(TITLES.get(f, f).lower() for f in c.factors) for c in choices)
+    return ", ".join(" × ".join(title(f).lower() for f in c.factors) for c in choices)
 
 
 def guarantee(dec: Decision) -> str:
@@ -317,14 +304,3 @@ def adaptive_line(seq: Sequential | None) -> list[str]:
             "descriptive (unadjusted), not tests; so are the interactions. A contrast the "
             "final runs cannot pair (its level left early) shows the estimate and plain 95% t "
             "interval at its deciding look.", ""]
-
-
-def margin_of(spec: str | float, loss: float) -> float:
-    """``report.margin``: ``"5%"`` of ``loss`` (the report passes the lowest config mean, fixed
-    before anything is chosen), or an absolute loss difference."""
-    if isinstance(spec, str) and spec.endswith("%"):
-        # No finite winner (every config lost a seed): no margin, so nothing is "equivalent".
-        share = float(spec[:-1]) / 100
-        return share * abs(loss) if math.isfinite(loss) else math.nan
-    return float(spec)
-

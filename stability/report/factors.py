@@ -1,12 +1,12 @@
 """Factor effects of the whole study: every run is evidence, seeds are blocks.
 
-Each config is a point of the design: a level of every swept factor (clipping: off or a
-threshold; accumulation; precision; any other key the sweep varied, e.g. ``train.lr``). For a
-factor's level against its reference (clip off, accum 1, fp32, the smallest value otherwise)
-every cell of the other factors and every seed gives one paired difference of best validation
-loss; ``stability.stats.effects`` turns the cells x seeds table into an effect, a CI, Holm-
-adjusted p-values and a verdict (helps / hurts / equivalent / undecided). Two-way interactions
-are the same analysis on 2 x 2 differences of differences.
+Each config is a point of the design (``stability.design``): a level of every swept factor
+(clipping: off or a threshold; accumulation; precision; any other key the sweep varied, e.g.
+``train.lr``). For a factor's level against its reference (clip off, accum 1, fp32, the
+smallest value otherwise) every cell of the other factors and every seed gives one paired
+difference of best validation loss; ``stability.stats.effects`` turns the cells x seeds table
+into an effect, a CI, Holm-adjusted p-values and a verdict (helps / hurts / equivalent /
+undecided). Two-way interactions are the same analysis on 2 x 2 differences of differences.
 
 A run that did not finish (diverged, failed, killed) has no best validation loss. It is not
 dropped: it counts as the worst finished loss of the study (a floor on how bad it was), its
@@ -23,30 +23,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from stability.design.design import Design, Factor
+from stability.design.factors import CLIP
 from stability.report.fetch import SWEPT
-from stability.report.grid import in_grid
-from stability.report.select import PRECISION_ORDER, effective_loss, train_seconds
+from stability.report.select import effective_loss, train_seconds
 from stability.stats import effects as fx
 from stability.stats.paired import min_detectable
-
-# Keys that are part of a named factor, or never a factor (where and how runs were tracked).
-_NAMED = ("clip.", "train.accum_steps", "precision.")
-_NEVER = ("tracking.", "telemetry.", "output_dir", "device", "world_size", "train.num_workers",
-          "train.threads", "fault.", "monitor.")  # fault injection and the monitor: not settings
-CLIP, ACCUM, PRECISION = "clipping", "accumulation", "precision"
-
-
-@dataclass(frozen=True)
-class Factor:
-    """A swept factor: its levels in display order, the first is the reference."""
-
-    name: str
-    levels: tuple[str, ...]
-
-    @property
-    def reference(self) -> str:
-        """The level every other level is compared with."""
-        return self.levels[0]
 
 
 @dataclass(frozen=True)
@@ -91,48 +73,30 @@ class FactorAnalysis:
     dropped_cells: int = 0
 
 
-def _clip_level(row: pd.Series) -> str:
-    if not row["clip_enabled"]:
-        return "off"
-    if row.get("clip_method", "norm") == "value":
-        return f"value {float(row['clip.clip_value']):g}"
-    return f"max_norm {row['max_norm']:g}"
+def design_of(runs: pd.DataFrame, configs: pd.Series | None = None) -> Design:
+    """The study's ``Design``: ``Design.of`` each config's params (its first run's), the
+    sweep's swept keys (``runs.attrs["swept"]``, set by ``fetch.fetch_runs``; None: unknown)
+    as the keys a plain factor may be, never a param that only a planted run varies.
 
-
-def _sort_key(name: str, level: str) -> tuple:
-    if name == CLIP:
-        return (level != "off", level.split()[0], float(level.split()[-1]) if level != "off"
-                else 0.0)
-    if name == PRECISION:
-        return (PRECISION_ORDER.get(level, 9), level)
-    try:
-        return (0, float(level), level)
-    except ValueError:
-        return (1, 0.0, level)
+    Args:
+        runs: one row per training run.
+        configs: the config ids (fingerprints) to place; None: every config of ``runs``.
+    """
+    first = runs.drop_duplicates("fingerprint").set_index("fingerprint")
+    ids = first.index if configs is None else configs
+    return Design.of({fp: first.loc[fp].to_dict() for fp in ids}, runs.attrs.get(SWEPT))
 
 
 def design(runs: pd.DataFrame, configs: pd.DataFrame) -> tuple[pd.DataFrame, list[Factor]]:
     """One row per run with its factor levels (strings), seed, loss and training seconds.
 
-    The factors besides clipping, accumulation and precision are the params that vary and
-    that the sweep swept (``runs.attrs["swept"]``, set by ``fetch.fetch_runs``), never a param
-    that only a planted run varies.
+    The factors are ``design_of``'s for ``configs``' fingerprints: clipping, accumulation and
+    precision (``stability.design.factors``), and the params that vary and that the sweep swept.
 
     Returns:
         ``(table, factors)``; factors with a single level are not factors and are left out.
     """
-    first = runs.drop_duplicates("fingerprint").set_index("fingerprint")
-    cols: dict[str, dict[str, str]] = {CLIP: {}, ACCUM: {}, PRECISION: {}}
-    for _, c in configs.iterrows():
-        fp = c["fingerprint"]
-        cols[CLIP][fp] = _clip_level(pd.concat([c, first.loc[fp]]))
-        cols[ACCUM][fp] = str(int(c["accum_steps"]))
-        cols[PRECISION][fp] = str(c["precision"])
-    swept = runs.attrs.get(SWEPT)  # the sweep's own grid (report/grid.py); None: unknown
-    other = [k for k in first.columns if "." in k and not k.startswith(_NAMED + _NEVER)
-             and (swept is None or in_grid(k, swept)) and first[k].astype(str).nunique() > 1]
-    for key in other:
-        cols[key] = {fp: str(first.loc[fp, key]) for fp in first.index}
+    d = design_of(runs, configs["fingerprint"])
     loss = effective_loss(runs)
     finite = loss[np.isfinite(loss)]
     worst = float(finite.max()) if len(finite) else math.nan
@@ -142,13 +106,9 @@ def design(runs: pd.DataFrame, configs: pd.DataFrame) -> tuple[pd.DataFrame, lis
         "seconds": train_seconds(runs),
         "clip_fraction": pd.to_numeric(runs.get("clip_fraction", math.nan), errors="coerce"),
     })
-    factors = []
-    for name, by_fp in cols.items():
-        table[name] = table["fingerprint"].map(by_fp)
-        levels = sorted(set(by_fp.values()), key=lambda v, n=name: _sort_key(n, v))
-        if len(levels) > 1:
-            factors.append(Factor(name, tuple(levels)))
-    return table, factors
+    for f in d.factors:
+        table[f.name] = table["fingerprint"].map({fp: d.level(fp, f.name) for fp in d.configs})
+    return table, list(d.factors)
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,11 @@
 The sweep records every grid and command-line override on its parent run as a ``grid.<key>``
 param (``sweep/parent.py``). A key whose value is a sweep (``a,b``, ``range(...)``,
 ``choice(...)``...) is swept; the report's factors are the swept keys only
-(``factors.design``), never every param that happens to vary: forty extra params planted on
-two runs would otherwise be forty factors and a cube of 3^40 cells. A run whose value of a
-setting the sweep did not sweep differs from the one the sweep's own runs share is no point
-of the grid: it is set aside with one line. A sweep without a recorded grid (no parent run)
-is read as before.
+(``stability.design.design.Design.of``), never every param that happens to vary: forty extra params
+planted on two runs would otherwise be forty factors and a cube of 3^40 cells. A run whose
+value of a setting the sweep did not sweep differs from the one the sweep's own runs share is
+no point of the grid: it is set aside with one line. A sweep without a recorded grid (no
+parent run) is read as before.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from stability.design.design import NEVER, set_by
 from stability.report.html import one_line
 
 log = logging.getLogger(__name__)
@@ -25,9 +26,6 @@ log = logging.getLogger(__name__)
 GRID_PREFIX = "grid."
 # Hydra's sweep forms besides a comma list (its override grammar's sweep functions)
 SWEEP_FUNCTIONS = re.compile(r"^\s*(range|choice|glob|interval|tag|shuffle|sort)\s*\(")
-# params that differ between a sweep's runs without being settings (as factors leaves them)
-NOT_SETTINGS = ("tracking.", "telemetry.", "output_dir", "device", "world_size",
-                "train.num_workers", "train.threads", "fault.", "monitor.")
 
 
 def swept_keys(c: Any, parent_run_id: str | None) -> tuple[str, ...] | None:
@@ -43,11 +41,6 @@ def swept_keys(c: Any, parent_run_id: str | None) -> tuple[str, ...] | None:
                         if "," in v or SWEEP_FUNCTIONS.match(v)))
 
 
-def in_grid(param: str, swept: Sequence[str]) -> bool:
-    """Whether a run's ``param`` is set by a swept key (a group's key sets ``<key>.*``)."""
-    return any(param == k or param.startswith(k + ".") for k in swept)
-
-
 def outside(runs: Sequence[Any], swept: Sequence[str],
             reference: Sequence[Any]) -> tuple[list[Any], list[str]]:
     """``runs`` that are points of the grid, and one line per run set aside.
@@ -58,7 +51,7 @@ def outside(runs: Sequence[Any], swept: Sequence[str],
         reference: the runs whose shared values are the sweep's (its own, when recorded).
     """
     keys = {k for r in [*runs, *reference] for k in r.data.params
-            if "." in k and not k.startswith(NOT_SETTINGS) and not in_grid(k, swept)}
+            if "." in k and not k.startswith(NEVER) and not set_by(k, swept)}
     shared = {k: Counter(r.data.params.get(k) for r in reference).most_common(1)[0][0]
               for k in keys} if reference else {}
     kept, lines = [], []

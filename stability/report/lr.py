@@ -26,12 +26,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from stability.report.decision import level_name
-from stability.report.factors import CLIP, design
+from stability.design.factors import CLIP, level_name
+from stability.report.factors import design
 from stability.tracking.contract import LOSS_INIT, Outcome
 
 LR = "train.lr"
-TITLES = {CLIP: "clipping"}
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from stability.core.validation import SAFE_NAME_ALLOWED, ConfigError, Errors, is_safe_name
+from stability.design.margin import ALLOWED as MARGIN_ALLOWED
+from stability.design.margin import Margin
 from stability.report.advice import ClipAdviceConfig
 from stability.report.health import Thresholds
 
@@ -104,8 +106,7 @@ class ReportConfig:
                   self.min_effect, "null (a multiple of the winner's seed SD) or a number > 0")
         e.require(isinstance(self.min_effect_sd, float) and self.min_effect_sd > 0,
                   "min_effect_sd", self.min_effect_sd, "a number > 0")
-        e.require(_margin_ok(self.margin), "margin", self.margin,
-                  "a share of the winner's loss such as '5%' (0-100%), or a number > 0")
+        e.require(Margin.ok(self.margin), "margin", self.margin, MARGIN_ALLOWED)
         e.require(isinstance(self.cost_tolerance, float) and 0 <= self.cost_tolerance < 1,
                   "cost_tolerance", self.cost_tolerance, "a share in [0, 1), e.g. 0.1")
         e.require(self.memory_budget_mb is None or (isinstance(self.memory_budget_mb, float)
@@ -146,15 +147,6 @@ class ReportConfig:
             return f"{plain}-winner"
         digest = hashlib.sha256(self.experiment.encode()).hexdigest()[:NAME_HASH]
         return f"{plain or 'experiment'}-{digest}-winner"
-
-
-def _margin_ok(m: object) -> bool:
-    if isinstance(m, str) and m.endswith("%"):
-        try:
-            return 0 < float(m[:-1]) < 100
-        except ValueError:
-            return False
-    return isinstance(m, int | float) and not isinstance(m, bool) and 0 < m < float("inf")
 
 
 def _check_thresholds(t: Thresholds, e: Errors) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from stability.design.margin import Margin
 from stability.report import (
     adoption,
     advice,
@@ -34,7 +35,6 @@ from stability.report import (
     select,
     steps_csv,
 )
-from stability.report.decision import margin_of
 from stability.report.evaluate import evaluate_winner, load_winner
 from stability.report.html import to_html
 from stability.report.options import ReportConfig, ReportError
@@ -112,7 +112,7 @@ def _fetch(c: Any, cfg: ReportConfig,
 def _select(runs: pd.DataFrame, configs: pd.DataFrame, cfg: ReportConfig) -> _Selected:
     """Choose the winner on validation and compare it with the rest, paired by seed."""
     # The margin scales with the lowest config mean, before anything is chosen from it.
-    margin = margin_of(cfg.margin, float(configs.iloc[0]["loss_mean"]))
+    margin = Margin.parse(cfg.margin).of(float(configs.iloc[0]["loss_mean"]))
     analysis = factors.analyse(runs, configs, margin, cfg.alpha, cfg.confidence, cfg.power)
     decided = decide_winner(runs, configs, analysis, margin, cfg.alpha, cfg.cost_tolerance)
     configs = select.put_first(configs, decided.fingerprint)  # row 0 is the winner from here on

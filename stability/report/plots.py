@@ -7,6 +7,7 @@ Every function takes plain DataFrames/Series already fetched, writes one PNG and
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,8 +25,9 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from stability.core.precision import Precision  # noqa: E402
 from stability.core.steplog import COLUMN  # noqa: E402
 from stability.core.task import DEFAULT_LOSS_NAME  # noqa: E402
+from stability.design.design import Design  # noqa: E402
+from stability.design.factors import CLIP, kind, precision_rank  # noqa: E402
 from stability.report.format import save  # noqa: E402
-from stability.report.select import PRECISION_ORDER  # noqa: E402
 
 PRECISION_COLORS = {Precision.FP32: "tab:blue", Precision.BF16: "tab:green",
                     Precision.FP16: "tab:orange"}
@@ -194,7 +196,7 @@ def skipped_steps(configs: pd.DataFrame, folder: Path) -> Figure | None:
         return None
     # Grouped like the grid (precision, accumulation, clip off then thresholds), read top down:
     # barh draws the first row at the bottom, hence the reversal.
-    df = configs.assign(_p=configs["precision"].map(PRECISION_ORDER),
+    df = configs.assign(_p=configs["precision"].map(precision_rank),
                         _m=configs["max_norm"].fillna(0))
     df = df.sort_values(["_p", "accum_steps", "clip_enabled", "_m", "rank"]).iloc[::-1]
     fig, ax = plt.subplots(figsize=(8, 0.22 * len(df) + 1.6))
@@ -214,33 +216,48 @@ def skipped_steps(configs: pd.DataFrame, folder: Path) -> Figure | None:
                   "state and LR schedule untouched); only the configs that skipped a step.")
 
 
-def heatmap(configs: pd.DataFrame, folder: Path,
+def heatmap(configs: pd.DataFrame, folder: Path, design: Design,
             loss_name: str = DEFAULT_LOSS_NAME) -> Figure | None:
-    """Mean best validation loss over clip setting x accum_steps, one panel per precision.
+    """Mean best validation loss over the design's row x column factors, a panel per level of
+    the others (``Kind.heatmap``: clipping x accumulation, a panel per precision).
 
-    ``loss_name`` labels the colour bar (the task's loss).
+    Args:
+        configs: the config table (row 0: the decision's choice).
+        folder: where the PNG goes.
+        design: the study's ``Design`` (its axes give rows, columns and panels).
+        loss_name: labels the colour bar (the task's loss).
     """
-    norm = configs[~configs["clip_enabled"] | np.isfinite(configs["max_norm"])]
+    axes_of = {role: [f for f in design.axes if kind(f.name).heatmap == role]
+               for role in ("rows", "columns", "panels")}
+    if not design.configs or not axes_of["rows"] or not axes_of["columns"]:
+        return None
+    row_f, col_f, panel_fs = axes_of["rows"][0], axes_of["columns"][0], axes_of["panels"]
+    norm = configs[configs["fingerprint"].isin(design.configs)]
     if norm.empty:
         return None
-    rows = ["off", *[f"{m:g}" for m in sorted(norm["max_norm"].dropna().unique())]]
-    cols = sorted(norm["accum_steps"].unique())
-    precisions = [p for p in PRECISION_COLORS if p in set(norm["precision"])]
+    rows, cols = row_f.levels, col_f.levels
+    where = {fp: (row_f.levels.index(design.level(fp, row_f.name)),
+                  col_f.levels.index(design.level(fp, col_f.name)),
+                  tuple(design.level(fp, f.name) for f in panel_fs)) for fp in norm["fingerprint"]}
+    panels = [p for p in itertools.product(*(f.levels for f in panel_fs))
+              if any(w[2] == p for w in where.values())]
+    # A panel is titled by the panel factors that vary (none: the first, e.g. its precision).
+    titled = [i for i, f in enumerate(panel_fs) if len(f.levels) > 1] or ([0] if panel_fs else [])
     finite = norm["loss_mean"][np.isfinite(norm["loss_mean"])]
     vmin, vmax = (finite.min(), finite.max()) if len(finite) else (0, 1)
-    fig, axes = plt.subplots(1, len(precisions), sharey=True, squeeze=False,
-                             figsize=(1.6 + 1.2 * len(cols) * len(precisions) + 1.4,
+    fig, axes = plt.subplots(1, len(panels), sharey=True, squeeze=False,
+                             figsize=(1.6 + 1.2 * len(cols) * len(panels) + 1.4,
                                       0.6 * len(rows) + 2.2), layout="constrained")
     image = None
     chosen = configs.iloc[0]["fingerprint"]  # the decision's choice (row 0), not rank 1
-    for ax, p in zip(axes[0], precisions, strict=True):
+    for ax, p in zip(axes[0], panels, strict=True):
         grid = np.full((len(rows), len(cols)), np.nan)
         verdicts: dict[tuple[int, int], str] = {}
-        mine = norm[norm["precision"] == p].assign(_chosen=lambda d: d["fingerprint"] == chosen)
+        mine = norm[[where[fp][2] == p for fp in norm["fingerprint"]]].assign(
+            _chosen=lambda d: d["fingerprint"] == chosen)
         # best-ranked last wins a shared cell (another factor swept), the chosen config always
         for _, c in mine.sort_values(["_chosen", "rank"], ascending=[True, False]).iterrows():
-            r = 0 if not c["clip_enabled"] else rows.index(f"{c['max_norm']:g}")
-            k = cols.index(c["accum_steps"])
+            r, k, _ = where[c["fingerprint"]]
             grid[r, k] = c["loss_mean"]
             verdicts[(r, k)] = str(c.get("stability", "stable"))
             if c["fingerprint"] == chosen:
@@ -254,14 +271,16 @@ def heatmap(configs: pd.DataFrame, folder: Path,
             dark = np.isfinite(v) and vmax > vmin and (v - vmin) / (vmax - vmin) > 0.6
             ax.text(k, r, text, ha="center", va="center", fontsize=7,
                     color="gray" if not np.isfinite(v) else ("white" if dark else "black"))
-        ax.set_xticks(range(len(cols)), [str(c) for c in cols])
-        ax.set_yticks(range(len(rows)), ["clip off", *[f"max_norm {r}" for r in rows[1:]]])
-        ax.axhline(0.5, color="white", lw=3)  # clip-off row is its own block
-        ax.set(title=p, xlabel="train.accum_steps")
-    axes[0][0].set_ylabel("clipping")
+        ax.set_xticks(range(len(cols)), list(cols))
+        ax.set_yticks(range(len(rows)), [row_f.name_of(r) for r in rows])
+        if row_f.name == CLIP:
+            ax.axhline(0.5, color="white", lw=3)  # clip-off row is its own block
+        ax.set(title=", ".join(panel_fs[i].name_of(p[i]) for i in titled),
+               xlabel=kind(col_f.name).axis)
+    axes[0][0].set_ylabel(kind(row_f.name).axis)
     fig.colorbar(image, ax=axes[0].tolist(), label=f"mean best validation loss ({loss_name})")
-    fig.suptitle("Mean best validation loss by clipping x accumulation\n(red box: the chosen "
-                 "config; a cell's second line: its verdict when not stable)", fontsize=10)
+    fig.suptitle(f"Mean best validation loss by {row_f.name} x {col_f.name}\n(red box: the "
+                 "chosen config; a cell's second line: its verdict when not stable)", fontsize=10)
     save(fig, folder, "heatmap.png", tight=False)  # constrained layout: no tight_layout
     return Figure("heatmap.png", "Best validation loss heatmap",
                   "Mean over seeds of each config's best validation loss; 'diverged' marks a "

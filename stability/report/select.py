@@ -14,10 +14,10 @@ import pandas as pd
 
 from stability.core.cost import RUN_COST_METRICS
 from stability.core.identity import config_label
-from stability.core.precision import SIMPLEST_FIRST, Precision
+from stability.core.precision import Precision
+from stability.design.factors import precision_rank
 from stability.stats.paired import mean_ci
 
-PRECISION_ORDER = {str(p): i for i, p in enumerate(SIMPLEST_FIRST)}
 TIE_DECIMALS = 10  # means equal to 1e-10 are a tie (summation order changes the last bits)
 SELECTION_RULE = (
     "winner = lowest mean best_val_loss over seeds (validation split only); a seed that did "
@@ -186,7 +186,7 @@ def rank(configs: pd.DataFrame) -> pd.DataFrame:
         "loss": configs["loss_mean"].fillna(math.inf).round(TIE_DECIMALS),
         "unfinished": configs["seeds_diverged"] + configs["seeds_failed"],
         "clip": configs["clip_enabled"].astype(int),
-        "precision": configs["precision"].map(PRECISION_ORDER).fillna(len(PRECISION_ORDER)),
+        "precision": configs["precision"].map(precision_rank),
         "accum": configs["accum_steps"],
         "fingerprint": configs["fingerprint"],
     })

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from stability.report.factors import ACCUM, CLIP, PRECISION, Cube, Factor, FactorAnalysis, design
+from stability.design.design import Factor
+from stability.design.factors import simplicity
+from stability.report.factors import Cube, FactorAnalysis, design
 from stability.stats import best as mcb
 from stability.stats import cost as costs
 
@@ -79,15 +81,6 @@ class Decision:
     def guaranteed(self) -> bool:
         """Every chosen level is shown within the margin of its factor's best."""
         return all(c.basis == CHOSEN_WITHIN for c in self.choices)
-
-
-def simplicity(factor: str, level: str, position: int) -> int:
-    """0 for the simplest level: clip off, accum 1 (then smaller), fp32 before bf16 before fp16."""
-    if factor == CLIP:
-        return 0 if level == "off" else 1
-    if factor in (ACCUM, PRECISION):
-        return position
-    return 0  # no level of another factor (e.g. train.lr) is simpler than another
 
 
 def groups(an: FactorAnalysis | None, factors: list[Factor]) -> list[list[int]]:

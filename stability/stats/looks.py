@@ -15,13 +15,14 @@ same decisions off the same runs:
   (seed index ``< n_k``, so that the value too is fixed once the look could be taken), and a
   contrast that reads one is never called equivalent.
 - The equivalence margin is fixed at the first look: an absolute loss difference, or a share
-  of the best config's mean over the first ``n0`` seeds (the report's ``"5%"``). Later looks
+  of the best config's mean over the first ``n0`` seeds (``design.Margin``). Later looks
   keep it, so it cannot drift with the decisions it feeds.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,20 +54,8 @@ class Replay:
         return not self.missing.any()
 
 
-def margin_of(spec: str | float, loss: np.ndarray) -> float:
-    """The margin of ``spec`` (``"5%"``: a share of the best config's mean; else loss units).
-
-    Args:
-        spec: ``report.margin``'s syntax.
-        loss: ``[levels..., seed]`` the first look reads (finite).
-    """
-    if isinstance(spec, str) and spec.strip().endswith("%"):
-        best = float(np.min(loss.mean(axis=-1)))
-        return float(spec.strip()[:-1]) / 100 * abs(best) if math.isfinite(best) else math.nan
-    return float(spec)
-
-
-def replay(loss: np.ndarray, ran: np.ndarray, plan: sq.Plan, margin: str | float) -> Replay:
+def replay(loss: np.ndarray, ran: np.ndarray, plan: sq.Plan,
+           margin: Callable[[float], float]) -> Replay:
     """Every look the recorded runs allow, and the runs the next one needs.
 
     Args:
@@ -75,7 +64,8 @@ def replay(loss: np.ndarray, ran: np.ndarray, plan: sq.Plan, margin: str | float
             ``plan.max_seeds`` (seeds beyond it are never read).
         ran: like ``loss``: which runs were recorded (finished or not).
         plan: the rounds and the error spending.
-        margin: ``"5%"`` (of the best config's mean at the first look) or loss units.
+        margin: the margin in loss units given the best config's mean loss at the first look
+            (``design.Margin.of``: a share of it, or a fixed difference).
 
     Returns:
         The ``Replay``.
@@ -99,7 +89,7 @@ def replay(loss: np.ndarray, ran: np.ndarray, plan: sq.Plan, margin: str | float
         unfinished = ran[..., :n] & ~window
         y = np.where(unfinished, fill, loss[..., :n])
         if not states:
-            value = margin_of(margin, y)
+            value = float(margin(float(np.min(y.mean(axis=-1)))))
         state = sq.look(y, state, plan, value, unfinished)
         states.append(state)
         fills.append(fill if unfinished.any() else math.nan)

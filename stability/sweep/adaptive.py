@@ -15,8 +15,8 @@ losses, replays the same looks and plans the same runs.
 
 Seeds: config ``c`` gets seeds ``base, base + 1, ...`` with ``base`` the grid's smallest seed;
 the grid's other seed values are not used. ``design`` is the adapter between sweep points
-and the arrays the statistics read: factor levels as the report names them (``clipping``:
-``off`` / ``max_norm 5``; any other swept key by its value, the reference first).
+and the arrays the statistics read: ``stability.design.Design`` of the points' configs, the
+same design the report replays from their runs (``report.factors.design``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ from typing import ClassVar
 import numpy as np
 
 from stability.core.config import ConfigError
+from stability.core.identity import flatten
+from stability.design.design import NEVER, Design
+from stability.design.margin import Margin
 from stability.stats import looks
 from stability.stats import sequential as sq
 from stability.sweep.grid import SweepPoint, override_key
@@ -37,9 +40,6 @@ from stability.sweep.strategy_base import NOT_STARTED, PointMaker, PointResult, 
 from stability.tracking.contract import Tag
 
 KEY = "hydra.sweeper.adaptive"
-CLIP = "clipping"
-_REFERENCE_FIRST = {"precision": ("fp32", "bf16", "fp16")}  # the report's order (select.py)
-_NOT_FACTORS = ("seed", "tracking.", "output_dir", "device", "hydra.")
 
 
 @dataclass(frozen=True)
@@ -84,10 +84,7 @@ class Settings:
                                 or not cpu > 0):
             raise ConfigError(f"{KEY}.budget_cpu_s={cpu!r} is invalid: allowed values are "
                               "seconds > 0 or null")
-        if not _margin_ok(self.margin):
-            raise ConfigError(f"{KEY}.margin={self.margin!r} is invalid: allowed values are a "
-                              "share of the best config's mean loss (\"5%\") or a loss "
-                              "difference > 0")
+        Margin.parse(self.margin, f"{KEY}.margin")
         if self.max_seeds < self.n0:
             raise ConfigError(f"{KEY}.max_seeds={self.max_seeds} is invalid: allowed values are "
                               f"an integer >= n0 ({self.n0})")
@@ -103,79 +100,48 @@ class Settings:
         return json.dumps(asdict(self) | {"base_seed": base_seed}, sort_keys=True)
 
 
-def _margin_ok(m: object) -> bool:
-    if isinstance(m, str) and m.strip().endswith("%"):
-        try:
-            return 0 < float(m.strip()[:-1]) < 100
-        except ValueError:
-            return False
-    return not isinstance(m, bool) and isinstance(m, int | float) and m > 0
+def configs(points: Sequence[SweepPoint]) -> dict[str, SweepPoint]:
+    """The grid's configs: each fingerprint's first point, in grid order."""
+    out: dict[str, SweepPoint] = {}
+    for p in points:
+        out.setdefault(p.fingerprint, p)
+    return out
 
 
-@dataclass(frozen=True)
-class Design:
-    """The grid's configs as a full factorial: factor names, levels, each config's cell."""
-
-    factors: tuple[str, ...]
-    levels: tuple[tuple[str, ...], ...]
-    configs: tuple[SweepPoint, ...]  # one point per config (its first seed), grid order
-    cells: tuple[tuple[int, ...], ...]  # each config's level index per factor
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """Levels per factor."""
-        return tuple(len(v) for v in self.levels)
+def design_of(points: Sequence[SweepPoint]) -> Design:
+    """The design of the grid's points (seeds ignored): ``Design.of`` their configs' params
+    (``core.identity.flatten``), the grid's override keys as the swept keys. The report builds
+    the same ``Design`` from these configs' runs (``report.factors.design_of``)."""
+    by_fp = configs(points)
+    return Design.of({fp: flatten(p.cfg) for fp, p in by_fp.items()}, swept_keys(points))
 
 
-def clip_level(p: SweepPoint) -> str:
-    """The clipping level as the report names it: ``off``, ``max_norm 5``, ``value 0.5``."""
-    c = p.cfg.clip
-    if not c.enabled:
-        return "off"
-    return f"value {c.clip_value:g}" if c.method == "value" else f"max_norm {c.max_norm:g}"
-
-
-def _order(name: str, level: str) -> tuple:
-    if name == CLIP:
-        return (level != "off", level.split()[0], float(level.split()[-1]) if level != "off"
-                else 0.0)
-    first = _REFERENCE_FIRST.get(name, ())
-    if level in first:
-        return (0, first.index(level), "")
-    try:
-        return (1, float(level), level)
-    except ValueError:
-        return (2, 0.0, level)
+def swept_keys(points: Sequence[SweepPoint]) -> set[str]:
+    """The override keys whose value differs between the grid's points (the seed included)."""
+    values: dict[str, set[str]] = {}
+    for p in points:
+        for o in p.overrides:
+            values.setdefault(override_key(o), set()).add(o.split("=", 1)[1])
+    return {k for k, v in values.items() if len(v) > 1}
 
 
 def design(points: Sequence[SweepPoint]) -> Design:
-    """The factorial design of the grid's points (seeds ignored).
+    """The factorial design of the grid's points (``design_of``), checked.
 
     Raises:
-        ConfigError: the configs are not a full factorial, or no factor has two levels.
+        ConfigError: the configs are not a full factorial, or no factor has two levels (a
+            swept key that is never a factor, e.g. ``train.threads``, names itself).
     """
-    configs: dict[str, SweepPoint] = {}
-    for p in points:
-        configs.setdefault(p.fingerprint, p)
-    rows: list[dict[str, str]] = []
-    for p in configs.values():
-        row = {override_key(o): o.split("=", 1)[1] for o in p.overrides
-               if not override_key(o).startswith(("clip.", *_NOT_FACTORS))}
-        rows.append({CLIP: clip_level(p)} | row)
-    names = sorted({k for r in rows for k in r})
-    varying = [k for k in names if len({r.get(k) for r in rows}) > 1]
-    factors = tuple([CLIP] if CLIP in varying else []) + tuple(k for k in varying if k != CLIP)
-    levels = tuple(tuple(sorted({str(r.get(f)) for r in rows}, key=lambda v, f=f: _order(f, v)))
-                   for f in factors)
-    cells = tuple(tuple(lv.index(str(r.get(f))) for f, lv in zip(factors, levels, strict=True))
-                  for r in rows)
-    full = math.prod(len(v) for v in levels)
-    if not factors or len(set(cells)) != len(cells) or len(cells) != full:
+    d = design_of(points)
+    if not d.full:
+        never = sorted(k for k in swept_keys(points) if k.startswith(NEVER) and k != "seed")
+        why = (f"; {', '.join(never)} {'is' if len(never) == 1 else 'are'} swept but never a "
+               "factor (not a setting of training)") if never else ""
         raise ConfigError(
             "hydra.sweeper.strategy=adaptive is invalid for this grid: allowed grids are a full "
-            f"factorial of at least one factor with two levels (got {len(cells)} configs over "
-            f"{' x '.join(str(len(v)) for v in levels) or 'no factor'})")
-    return Design(factors, levels, tuple(configs.values()), cells)
+            f"factorial of at least one factor with two levels (got {len(d.cells)} configs over "
+            f"{' x '.join(map(str, d.shape)) or 'no factor'}{why})")
+    return d
 
 
 class AdaptiveStrategy:
@@ -198,14 +164,17 @@ class AdaptiveStrategy:
         self.settings = settings or Settings()
         self.plan = self.settings.plan
         self.design = design(points)
+        self.margin = Margin.parse(self.settings.margin, f"{KEY}.margin")
+        self.configs = tuple(configs(points).values())  # grid order
+        self.cells = tuple(self.design.cell(p.fingerprint) for p in self.configs)
         self.make = make
         self.base_seed = min(p.cfg.seed for p in points)
-        self.fingerprints = {p.fingerprint: i for i, p in enumerate(self.design.configs)}
-        first = len(self.design.configs) * self.settings.n0
+        self.fingerprints = {p.fingerprint: i for i, p in enumerate(self.configs)}
+        first = len(self.configs) * self.settings.n0
         budget = self.settings.budget_runs
         if budget is not None and budget < first:
             raise ConfigError(f"{KEY}.budget_runs={budget} is invalid: allowed values are at "
-                              f"least the first round, {len(self.design.configs)} configs x "
+                              f"least the first round, {len(self.configs)} configs x "
                               f"n0={self.settings.n0} = {first} runs")
         self.loss: dict[tuple[int, int], float] = {}  # (config, seed index) -> loss or NaN
         self.seconds: dict[tuple[int, int], float] = {}
@@ -224,9 +193,9 @@ class AdaptiveStrategy:
 
     def initial(self) -> list[SweepPoint]:
         """Round 1: every config, seeds ``base .. base + n0 - 1``."""
-        self._lines.append(f"adaptive: {len(self.design.configs)} configs over "
+        self._lines.append(f"adaptive: {len(self.configs)} configs over "
                            f"{' x '.join(map(str, self.design.shape))} "
-                           f"({', '.join(self.design.factors)}); round 1 gives each "
+                           f"({', '.join(self.design.names)}); round 1 gives each "
                            f"{self.settings.n0} seeds, looks at {self.plan.looks} seeds")
         return self._points(np.ones(self.design.shape + (self.settings.n0,), dtype=bool))
 
@@ -242,7 +211,7 @@ class AdaptiveStrategy:
             if r.seconds is not None and math.isfinite(r.seconds):
                 self.seconds[(c, i)] = float(r.seconds)
         loss, ran = self.arrays()
-        self.replay = looks.replay(loss, ran, self.plan, self.settings.margin)
+        self.replay = looks.replay(loss, ran, self.plan, self.margin.of)
         self._lines += self._said()
         if self.replay.done:
             return None
@@ -266,8 +235,8 @@ class AdaptiveStrategy:
         shape = self.design.shape + (self.plan.max_seeds,)
         loss, ran = np.full(shape, np.nan), np.zeros(shape, dtype=bool)
         for (c, i), v in self.loss.items():
-            loss[self.design.cells[c] + (i,)] = v
-            ran[self.design.cells[c] + (i,)] = True
+            loss[self.cells[c] + (i,)] = v
+            ran[self.cells[c] + (i,)] = True
         return loss, ran
 
     def cpu_seconds(self, todo: np.ndarray) -> tuple[float, float]:
@@ -276,17 +245,17 @@ class AdaptiveStrategy:
         known = list(self.seconds.values())
         overall = float(np.mean(known)) if known else 0.0
         mean = {}
-        for c in range(len(self.design.configs)):
+        for c in range(len(self.configs)):
             mine = [s for (cc, _), s in self.seconds.items() if cc == c]
             mean[c] = float(np.mean(mine)) if mine else overall
         used = sum(self.seconds.get(k, mean[k[0]]) for k in self.loss)
-        more = sum(mean[c] * int(todo[cell].sum()) for c, cell in enumerate(self.design.cells))
+        more = sum(mean[c] * int(todo[cell].sum()) for c, cell in enumerate(self.cells))
         return used, more
 
     def _points(self, want: np.ndarray) -> list[SweepPoint]:
         assert self.make is not None or not want.any()
         out = []
-        for p, cell in zip(self.design.configs, self.design.cells, strict=True):
+        for p, cell in zip(self.configs, self.cells, strict=True):
             for i in np.flatnonzero(want[cell]):
                 seed = self.base_seed + int(i)
                 out.append(p if p.cfg.seed == seed else

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from stability.core.precision import Precision
+from stability.design import factors as vocabulary
 from stability.report import answer_table, decision, memory, winner
 from stability.report.advice import nearest_swept
 from stability.report.format import ci, fmt, pm, size
@@ -60,8 +61,8 @@ def _seeds_line(st: Study) -> list[str]:
     for c in dec.choices if dec is not None else ():
         if c.basis == winner.CHOSEN_WITHIN or math.isnan(c.seeds_needed):
             continue
-        title = " × ".join(decision.TITLES.get(f, f) for f in c.factors)
-        level = ", ".join(decision.level_name(f, lv)
+        title = " × ".join(vocabulary.title(f) for f in c.factors)
+        level = ", ".join(vocabulary.level_name(f, lv)
                           for f, lv in zip(c.factors, c.levels[c.chosen], strict=True))
         parts.append(f"{title.lower()}: {level} within the margin would take about "
                      f"{int(c.seeds_needed)} seeds" if math.isfinite(c.seeds_needed) else

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stability.core.task import DEFAULT_LOSS_NAME
-from stability.report.decision import TITLES, level_name
+from stability.design.factors import level_name, title
 from stability.report.factors import FactorAnalysis
 from stability.report.format import save
 from stability.report.plots import Figure, plt
@@ -48,7 +48,7 @@ def main_effects(an: FactorAnalysis, folder: Path,
                         ha="center", fontsize=8, color=color)
         ax.set_xticks(range(len(f.levels)),
                       [level_name(f.name, lv) for lv in f.levels], rotation=20, fontsize=8)
-        ax.set_title(f"{TITLES.get(f.name, f.name)} (ref {level_name(f.name, f.reference)})")
+        ax.set_title(f"{title(f.name)} (ref {level_name(f.name, f.reference)})")
         ax.grid(axis="y", alpha=0.3)
         ax.margins(y=0.12)  # room for the verdict above the highest interval
     axes[0][0].set_ylabel(f"Δ best val loss vs reference ({loss_name})")

@@ -24,8 +24,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from stability.design.design import Factor
+from stability.design.factors import level_name
+from stability.design.margin import Margin
 from stability.report import factors as fa
-from stability.report.decision import Replayed, Sequential, level_name
+from stability.report.decision import Replayed, Sequential
 from stability.report.format import fixed_signed, save, table
 from stability.report.plots import Figure, plt  # plt: with the Agg backend chosen
 from stability.report.sections.section import Part, drawn, lines
@@ -81,7 +84,7 @@ class Spending:
     seeds: pd.DataFrame = field(default_factory=pd.DataFrame)  # config x round: seeds added
 
 
-def plan_of(tags: Mapping[str, str]) -> tuple[sq.Plan, str | float, int] | None:
+def plan_of(tags: Mapping[str, str]) -> tuple[sq.Plan, Margin, int] | None:
     """The adaptive plan a sweep's parent recorded; None for any other sweep.
 
     Raises:
@@ -94,15 +97,11 @@ def plan_of(tags: Mapping[str, str]) -> tuple[sq.Plan, str | float, int] | None:
                    alpha=float(raw["alpha"]), power=float(raw["power"]))
     if plan.max_seeds > MAX_SEEDS_READ:
         raise ValueError(f"max_seeds {plan.max_seeds} > {MAX_SEEDS_READ}")
-    margin = raw.get("margin", "5%")
-    if not isinstance(margin, str | int | float) or isinstance(margin, bool):
-        raise ValueError(f"margin {margin!r}")
-    if isinstance(margin, str) and not margin.strip().endswith("%"):
-        margin = float(margin)
+    margin = Margin.parse(raw.get("margin", "5%"))  # a ValueError (ConfigError) if it is none
     return plan, margin, int(raw.get("base_seed", 0))
 
 
-def analyse(runs: pd.DataFrame, configs: pd.DataFrame, plan: sq.Plan, margin: str | float,
+def analyse(runs: pd.DataFrame, configs: pd.DataFrame, plan: sq.Plan, margin: Margin | float,
             base_seed: int) -> Spending:
     """Replay the sweep's looks on its runs and count what each round spent."""
     table, factors = fa.design(runs, configs)
@@ -124,7 +123,8 @@ def analyse(runs: pd.DataFrame, configs: pd.DataFrame, plan: sq.Plan, margin: st
         ran[at + (k,)] = True
         loss[at + (k,)] = row["loss"] if row["finished"] else np.nan
         secs[at + (k,)] = wall[i] if math.isfinite(wall[i]) else 0.0
-    rep = looks.replay(loss, ran, plan, margin)
+    rep = looks.replay(loss, ran, plan, (margin if isinstance(margin, Margin)
+                                         else Margin.parse(margin)).of)
     pairs = sq.contrasts(shape)
     names = [(f"{level_name(factors[i].name, factors[i].levels[a])} vs "
               f"{level_name(factors[i].name, factors[i].reference)}", factors[i].name)
@@ -149,7 +149,7 @@ def analyse(runs: pd.DataFrame, configs: pd.DataFrame, plan: sq.Plan, margin: st
                     float(np.nansum(per_config) * width), outside, seeds)
 
 
-def _left(rep: looks.Replay, at: int, factors: list[fa.Factor], own: str) -> str:
+def _left(rep: looks.Replay, at: int, factors: list[Factor], own: str) -> str:
     """``accum 8, fp16``: the other factors' levels that had left the study before look ``at``.
 
     A look averages each contrast over the levels still in play, so once a level has left, the
@@ -164,7 +164,7 @@ def _left(rep: looks.Replay, at: int, factors: list[fa.Factor], own: str) -> str
 
 
 def _decisions(rep: looks.Replay, plan: sq.Plan, names: list[tuple[str, str]],
-               factors: list[fa.Factor]) -> list[Decision]:
+               factors: list[Factor]) -> list[Decision]:
     if not rep.states:
         return []
     last = rep.states[-1]

@@ -1,0 +1,1 @@
+"""Tests of ``stability.design``: the factor vocabulary, the Design, the margin."""

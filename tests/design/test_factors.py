@@ -1,0 +1,55 @@
+"""``design.factors``: the first-class factors' registry, their order, titles and level names."""
+
+from __future__ import annotations
+
+from stability.design import factors as fv
+
+
+def test_the_registry_lists_clipping_accumulation_precision_in_that_order() -> None:
+    assert [k.name for k in fv.FIRST_CLASS] == [fv.CLIP, fv.ACCUM, fv.PRECISION]
+    assert [fv.title(k.name) for k in fv.FIRST_CLASS] == ["Clipping", "Accumulation",
+                                                          "Precision"]
+    assert fv.title("train.lr") == "Learning rate"
+    assert fv.title("optim.weight_decay") == "optim.weight_decay"  # a plain factor: its key
+
+
+def test_each_factor_owns_its_params_and_nothing_else() -> None:
+    assert fv.first_class("clip.max_norm") and fv.first_class("precision.init_scale")
+    assert fv.first_class("train.accum_steps")
+    assert not fv.first_class("train.lr") and not fv.first_class("train.accum_stepsize")
+    assert not fv.first_class("clipping")
+
+
+def test_levels_are_read_from_params_as_a_config_or_mlflow_writes_them() -> None:
+    clip, accum, precision = (fv.kind(n) for n in (fv.CLIP, fv.ACCUM, fv.PRECISION))
+    assert clip.level({"clip.enabled": False, "clip.max_norm": 5.0}) == "off"
+    assert clip.level({"clip.enabled": "True", "clip.max_norm": "5.0"}) == "max_norm 5"
+    assert clip.level({"clip.enabled": True, "clip.method": "value",
+                       "clip.clip_value": 0.5}) == "value 0.5"
+    assert clip.level({}) == "off"
+    assert accum.level({"train.accum_steps": "8"}) == "8" and accum.level({}) == "1"
+    assert precision.level({"precision.name": "bf16"}) == "bf16"
+
+
+def test_levels_sort_reference_first_and_are_named_for_sentences() -> None:
+    def ordered(name: str, levels: list[str]) -> list[str]:
+        return sorted(levels, key=lambda v: fv.sort_key(name, v))
+
+    assert ordered(fv.CLIP, ["max_norm 10", "value 0.5", "off", "max_norm 1"]) == [
+        "off", "max_norm 1", "max_norm 10", "value 0.5"]
+    assert ordered(fv.ACCUM, ["8", "1", "2"]) == ["1", "2", "8"]
+    assert ordered(fv.PRECISION, ["fp16", "xx", "fp32", "bf16"]) == ["fp32", "bf16", "fp16", "xx"]
+    assert ordered("train.lr", ["0.1", "cosine", "0.01"]) == ["0.01", "0.1", "cosine"]
+    names = [fv.level_name(f, lv) for f, lv in [(fv.CLIP, "off"), (fv.CLIP, "max_norm 5"),
+                                                  (fv.ACCUM, "8"), (fv.PRECISION, "bf16"),
+                                                  ("train.lr", "0.01")]]
+    assert names == ["clip off", "max_norm 5", "accum 8", "bf16", "train.lr=0.01"]
+
+
+def test_simplicity_is_the_decisions_tie_break() -> None:
+    assert [fv.simplicity(fv.CLIP, lv, i) for i, lv in enumerate(["off", "max_norm 1"])] == [0, 1]
+    assert [fv.simplicity(fv.ACCUM, lv, i) for i, lv in enumerate("1248")] == [0, 1, 2, 3]
+    assert [fv.simplicity(fv.PRECISION, lv, i)
+            for i, lv in enumerate(["fp32", "bf16", "fp16"])] == [0, 1, 2]
+    assert fv.simplicity("train.lr", "0.1", 3) == 0
+    assert [fv.precision_rank(p) for p in ("fp32", "bf16", "fp16", "fp8")] == [0, 1, 2, 3]
