@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stability.report import decision, factors
+from stability.report import decision, factors, spending
 from stability.report.compare import versus_winner
-from stability.report.sections import spending
+from stability.report.sections import spending as spending_section
 from stability.report.select import aggregate
 from stability.stats import sequential as sq
 from stability.tracking.contract import Tag
@@ -57,7 +57,7 @@ def test_the_report_replays_the_looks_the_rule_took() -> None:
     assert (accum8.verdict, accum8.look, accum8.seeds) == ("hurts", 1, PLAN.n0)
     assert accum8.low < accum8.mean < accum8.high
 
-    text = "\n".join(spending.section(sp))
+    text = "\n".join(spending_section.section(sp))
     assert "| 1 | 3 | 48 | 144 |" in text
     assert f"Spent {sp.runs} runs" in text and f"would have taken {48 * 9} runs" in text
 

@@ -14,7 +14,7 @@ import pandas as pd
 
 from stability.report import fetch, plots, select
 from stability.report.plots import Series
-from stability.report.sections.plotted import rivals
+from stability.report.plotted import rivals
 from stability.report.sections.section import Drawn, Part, drawn
 from stability.report.study import Study
 
