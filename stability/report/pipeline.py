@@ -120,9 +120,10 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     except BaseException as err:
         publish.fail_report_run(c, report_run, err)
         raise
-    return ReportOutcome(folder, sweep.sweep_id, str(winner["fingerprint"]), str(winner["label"]),
-                         report_run, registered.version, registered.created,
-                         time.perf_counter() - t0, presented.answer)
+    return ReportOutcome(folder=folder, sweep_id=sweep.sweep_id, winner=str(winner["fingerprint"]),
+                         winner_label=str(winner["label"]), report_run_id=report_run,
+                         model_version=registered.version, model_created=registered.created,
+                         elapsed_s=time.perf_counter() - t0, answer=presented.answer)
 
 
 def _present(study: Study, staging: Path, report_run: str, commit: str, t0: float,

@@ -135,14 +135,17 @@ def analyse(runs: pd.DataFrame, configs: pd.DataFrame, plan: sq.Plan, margin: st
         if not got.any():
             break
         added[r + 1] = {fp: int(got[at].sum()) for fp, at in cell.items()}
-        rounds.append(RoundSpent(r + 1, hi, int(got.any(axis=-1).sum()), int(got.sum()),
-                                 float(secs[..., lo:hi][got].sum()), r < len(rep.states),
-                                 tuple(d for d in decisions if d.look == r + 1)))
+        rounds.append(RoundSpent(round=r + 1, seeds=hi, configs=int(got.any(axis=-1).sum()),
+                                 runs=int(got.sum()), cpu_s=float(secs[..., lo:hi][got].sum()),
+                                 looked=r < len(rep.states),
+                                 decided=tuple(d for d in decisions if d.look == r + 1)))
     per_config = np.where(ran.sum(-1) > 0, secs.sum(-1) / np.maximum(ran.sum(-1), 1), np.nan)
     seeds = pd.DataFrame(added).rename(index=lambda fp: str(labels.get(fp, fp))).sort_index()
-    return Spending(plan, rep.margin, tuple(rounds), tuple(decisions), int(ran.sum()),
-                    float(secs[ran].sum()), int(np.prod(shape)) * width,
-                    float(np.nansum(per_config) * width), outside, seeds)
+    return Spending(plan=plan, margin=rep.margin, rounds=tuple(rounds),
+                    decisions=tuple(decisions), runs=int(ran.sum()),
+                    cpu_s=float(secs[ran].sum()), fixed_runs=int(np.prod(shape)) * width,
+                    fixed_cpu_s=float(np.nansum(per_config) * width), outside=outside,
+                    seeds=seeds)
 
 
 def _left(rep: looks.Replay, at: int, factors: list[fa.Factor], own: str) -> str:
@@ -170,10 +173,11 @@ def _decisions(rep: looks.Replay, plan: sq.Plan, names: list[tuple[str, str]],
         n = plan.looks[at - 1]
         half = stats.t.ppf(0.975, n - 1) * last.se[j]
         futile = next((k + 1 for k, s in enumerate(rep.states) if s.futile[j]), 0)
-        out.append(ContrastVerdict(name, sq.VERDICTS[last.verdict[j]], int(last.decided_at[j]), n,
-                            float(last.mean[j]), float(last.mean[j] - half),
-                            float(last.mean[j] + half), futile, factor,
-                            _left(rep, at, factors, factor)))
+        out.append(ContrastVerdict(contrast=name, verdict=sq.VERDICTS[last.verdict[j]],
+                                   look=int(last.decided_at[j]), seeds=n,
+                                   mean=float(last.mean[j]), low=float(last.mean[j] - half),
+                                   high=float(last.mean[j] + half), futile_at=futile,
+                                   factor=factor, left=_left(rep, at, factors, factor)))
     return out
 
 
@@ -208,5 +212,6 @@ def replayed(c: object, parent_run_id: str | None, runs: pd.DataFrame, configs: 
         return None, Sequential(replayed=False) if adaptive else None
     if sp is None:
         return None, None
-    return sp, Sequential({d.contrast: Replayed(d.factor, d.verdict, d.look, d.mean, d.low,
-                                                d.high, d.left) for d in sp.decisions})
+    return sp, Sequential({d.contrast: Replayed(factor=d.factor, verdict=d.verdict, look=d.look,
+                                                mean=d.mean, low=d.low, high=d.high,
+                                                left=d.left) for d in sp.decisions})
