@@ -103,9 +103,9 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             registered = (_register(c, uri, cfg, fetched, findings.configs.winner, test,
                                     report_run, cache / "model", registry_notes)
                           if cfg.register else Registered())
-            study = Study(options=cfg, tracking_uri=redact_uri(uri), client=c, cache=cache,
-                          fetched=fetched, evidence=evidence, decided=decided,
-                          findings=findings, test=test, registered=registered)
+            study = Study(options=cfg, tracking_uri=redact_uri(uri), fetched=fetched,
+                          evidence=evidence, decided=decided, findings=findings, test=test,
+                          registered=registered)
             presented = _present(study, staging, report_run, commit, t0, registry_notes)
             publish.install(staging, folder, list(presented.own_files))
         metrics = publish.summary_metrics(test) | {

@@ -20,6 +20,7 @@ import pandas as pd
 from stability.report import (
     adoption,
     advice,
+    check_runs,
     compare,
     factors,
     fetch,
@@ -30,6 +31,7 @@ from stability.report import (
     select,
     spending,
     steps_csv,
+    val_curves,
 )
 from stability.report.decision import margin_of
 from stability.report.options import ReportConfig, ReportError
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from stability.report.layer_norms import LayerNorms
     from stability.report.lr import LrCurve
     from stability.report.spending import Spending
+    from stability.report.val_curves import ValCurves
     from stability.report.winner import Decision
 
 
@@ -176,6 +179,10 @@ class Findings:
         advice: the recommended clipping thresholds.
         plotted: the configs the run-level figures show, and their representative runs.
         layer_norms: those runs' per-layer norms; None when no figures are drawn.
+        val_curves: the chosen config's and its rivals' validation curves; None when no
+            figures are drawn.
+        check_lines: a failed ``stability check`` of the same task, if the experiment holds
+            one (``check_runs.lines``).
         notes: unreadable runs, missing costs and other users' runs, one line each.
     """
 
@@ -186,6 +193,8 @@ class Findings:
     advice: tuple[Recommendation, ...]
     plotted: Plotted
     layer_norms: LayerNorms | None
+    val_curves: ValCurves | None
+    check_lines: tuple[str, ...]
     notes: tuple[str, ...]
 
 
@@ -231,11 +240,14 @@ def examine(c: Any, cfg: ReportConfig, fetched: Fetched, evidence: Evidence, dec
         if evidence.analysis is not None else {}
     recs = advice.recommend(runs, frame, steps, cfg.advice, table.winner)
     shown = plotted(table, runs)
-    layers = None
-    if cfg.plots:  # only the heatmap reads them: not downloaded for a report without figures
+    layers, curves_read = None, None
+    if cfg.plots:  # only figures read them: not downloaded for a report without figures
         layers = layer_norms.gather(c, [(shown.series[fp], r) for fp, r in shown.rep.items()
                                         if r is not None],
                                     steps, cache / "layers", cfg.history_workers)
+        curves_read = val_curves.gather(c, table, runs, fetched.loss_name, cfg.history_workers)
+    checks = check_runs.lines(c, fetched.sweep.experiment_id, runs, fetched.sweep.parent_run_id)
     return Findings(steps=steps, configs=table, lr_curves=tuple(curves),
                     lr_sentences=tuple(lr.sentences(curves, references)), advice=tuple(recs),
-                    plotted=shown, layer_norms=layers, notes=tuple(notes))
+                    plotted=shown, layer_norms=layers, val_curves=curves_read,
+                    check_lines=tuple(checks), notes=tuple(notes))

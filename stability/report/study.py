@@ -4,16 +4,15 @@
 weigh the validation evidence (``Evidence``), decide (``Decided``), examine the runs' steps
 (``Findings``), then the sealed test of the winner (``WinnerTestResult``) and its registration
 (``Registered``). The ``Study`` holds those records; its properties are the names the sections
-read. A section never changes it; whatever a section needs from MLflow beyond it (a figure's
-downloads) goes through ``client`` into ``cache``.
+read. A section only presents: it never changes the study and reads nothing from MLflow (the
+stages fetched whatever it shows), so the study holds no client.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -32,6 +31,7 @@ if TYPE_CHECKING:
     from stability.report.plotted import Plotted
     from stability.report.spending import Spending
     from stability.report.stages import Decided, Evidence, Fetched, Findings
+    from stability.report.val_curves import ValCurves
     from stability.report.winner import Decision
 
 
@@ -57,8 +57,6 @@ class Study:
     Attributes:
         options: the report's settings (``conf/report.yaml``).
         tracking_uri: where the sweep was read, credentials redacted.
-        client: the MLflow client, for a figure's own downloads.
-        cache: a scratch folder for those downloads (deleted with the report's temp folder).
         fetched: the sweep's runs and configs.
         evidence: the margin, the factor analysis and an adaptive sweep's replay.
         decided: the winner and each config against it.
@@ -69,8 +67,6 @@ class Study:
 
     options: ReportConfig
     tracking_uri: str
-    client: Any
-    cache: Path
     fetched: Fetched
     evidence: Evidence
     decided: Decided
@@ -157,6 +153,11 @@ class Study:
     def layer_norms(self) -> LayerNorms | None:
         """The representative runs' per-layer norms; None when no figures are drawn."""
         return self.findings.layer_norms
+
+    @property
+    def val_curves(self) -> ValCurves | None:
+        """The chosen config's and its rivals' validation curves; None when no figures."""
+        return self.findings.val_curves
 
     @property
     def model_version(self) -> str:
