@@ -136,6 +136,13 @@ def test_only_the_presenter_imports_a_report_section(graph: grimp.ImportGraph) -
     assert _protected_hits(graph, _contract("protected")) == []
 
 
+def test_a_report_section_reads_nothing_from_mlflow(graph: grimp.ImportGraph) -> None:
+    contract = next(c for c in CONTRACTS["contracts"]
+                    if c["type"] == "forbidden" and c["source_modules"] == [
+                        "stability.report.sections"])
+    assert _forbidden_hits(graph, contract) == []
+
+
 def test_every_forbidden_contract_holds(graph: grimp.ImportGraph) -> None:
     """E.g. the report never imports a trainer or its callbacks (only ``integrations.study``)."""
     contracts = [c for c in CONTRACTS["contracts"] if c["type"] == "forbidden"]
