@@ -96,17 +96,14 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             cache, staging = Path(tmp), Path(staged)
             findings = stages.examine(c, cfg, fetched, evidence, decided, cache)
             publish.tag_findings(c, report_run, findings.configs.winner, list(findings.advice))
-            # The sealed test: opened once, after selection, for the winner's seeds only.
-            test = evaluate_winner(c, fetched.runs, str(winner["fingerprint"]), cache / "winner",
-                                   cfg.device, cfg.history_workers, allowed_tasks(cfg.task))
-            registry_notes: list[str] = []
+            test = _sealed_test(c, cfg, fetched, decided, cache / "winner")
             registered = (_register(c, uri, cfg, fetched, findings.configs.winner, test,
-                                    report_run, cache / "model", registry_notes)
+                                    report_run, cache / "model")
                           if cfg.register else Registered())
             study = Study(options=cfg, tracking_uri=redact_uri(uri), fetched=fetched,
                           evidence=evidence, decided=decided, findings=findings, test=test,
                           registered=registered)
-            presented = _present(study, staging, report_run, commit, t0, registry_notes)
+            presented = _present(study, staging, report_run, commit, t0)
             publish.install(staging, folder, list(presented.own_files))
         metrics = publish.summary_metrics(test) | {
             "winner_best_val_loss_mean": float(winner["loss_mean"]),
@@ -126,16 +123,23 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
                          elapsed_s=time.perf_counter() - t0, answer=presented.answer)
 
 
-def _present(study: Study, staging: Path, report_run: str, commit: str, t0: float,
-             registry_notes: list[str]) -> _Presented:
+def _sealed_test(c: Any, cfg: ReportConfig, fetched: stages.Fetched, decided: stages.Decided,
+                 dest: Path) -> WinnerTestResult:
+    """The sealed test: opened once, after the winner is fixed, for the winner's seeds only."""
+    return evaluate_winner(c, fetched.runs, str(decided.winner["fingerprint"]), dest, cfg.device,
+                           cfg.history_workers, allowed_tasks(cfg.task))
+
+
+def _present(study: Study, staging: Path, report_run: str, commit: str,
+             t0: float) -> _Presented:
     """Draw the sections and write summary.csv, report.md and report.html into ``staging``."""
     cfg = study.options
     written = write_sections(study, staging / "plots" if cfg.plots else None)
     header = Header(report_run, study.model_version, time.perf_counter() - t0,
                     datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit)
     write_summary(study.configs, staging / Artifact.SUMMARY_CSV)
-    notes = [*study.fetched.set_aside, *study.findings.notes, *registry_notes, *written.notes,
-             *study.evidence.notes]
+    notes = [*study.fetched.set_aside, *study.findings.notes, *study.registered.notes,
+             *written.notes, *study.evidence.notes]
     markdown = render(study, written, header, notes)
     (staging / Artifact.REPORT_MD).write_text(markdown)
     (staging / Artifact.REPORT_HTML).write_text(
@@ -146,14 +150,13 @@ def _present(study: Study, staging: Path, report_run: str, commit: str, t0: floa
 
 
 def _register(c: Any, uri: str, cfg: ReportConfig, fetched: stages.Fetched, winner: ConfigRow,
-              test: WinnerTestResult, report_run: str, workdir: Path,
-              notes: list[str]) -> Registered:
-    """Register the winner's best seed (chosen on validation); a failure is a line in ``notes``."""
+              test: WinnerTestResult, report_run: str, workdir: Path) -> Registered:
+    """Register the winner's best seed (chosen on validation); a failure is one of its notes."""
     runs = fetched.runs
+    notes: list[str] = []
     mine = runs[(runs["fingerprint"] == winner.fingerprint) & (runs["outcome"] == "finished")]
     if mine.empty:
-        notes.append("no finished run of the winner: nothing registered")
-        return Registered()
+        return Registered(notes=("no finished run of the winner: nothing registered",))
     best = mine.sort_values(["best_val_loss", "seed"]).iloc[0]  # chosen on validation
     try:
         loadable = load_winner(c, str(best["run_id"]), workdir, winner.fingerprint,
@@ -165,6 +168,6 @@ def _register(c: Any, uri: str, cfg: ReportConfig, fetched: stages.Fetched, winn
         log.warning("model not registered: %s: %s", type(err).__name__, err)  # one line
         log.debug("model registration failed", exc_info=True)
         notes.append(f"Model Registry: {type(err).__name__}: {err}")
-        return Registered()
-    uri_ = f"models:/{cfg.registered_model}@{publish.CHAMPION}" if version else ""
-    return Registered(version=version, created=created, uri=uri_)
+        return Registered(notes=tuple(notes))
+    model_uri = f"models:/{cfg.registered_model}@{publish.CHAMPION}" if version else ""
+    return Registered(version=version, created=created, uri=model_uri, notes=tuple(notes))

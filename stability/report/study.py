@@ -43,11 +43,13 @@ class Registered:
         version: the registered version; "" when not registered.
         created: a new version was made (not an existing one reused).
         uri: ``models:/<name>@champion``; "" when not registered.
+        notes: why it was not registered, or a signature warning, one line each (Problems).
     """
 
     version: str = ""
     created: bool = False
     uri: str = ""
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
