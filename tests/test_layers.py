@@ -120,6 +120,29 @@ def test_stats_imports_none_of_ours_nor_a_tracker(graph: grimp.ImportGraph) -> N
     assert _forbidden_hits(graph, _contract("forbidden")) == []
 
 
+def _protected_hits(graph: grimp.ImportGraph, contract: dict) -> list[tuple[str, str]]:
+    """Direct imports of a ``protected`` module by one outside it and not allowed to."""
+
+    def within(module: str, names: list[str]) -> bool:
+        return any(module == n or module.startswith(n + ".") for n in names)
+
+    protected, allowed = contract["protected_modules"], contract["allowed_importers"]
+    return sorted((m, t) for m in graph.modules if not within(m, protected + allowed)
+                  for t in graph.find_modules_directly_imported_by(m) if within(t, protected))
+
+
+def test_only_the_presenter_imports_a_report_section(graph: grimp.ImportGraph) -> None:
+    """The report's stages compute and its sections present: no stage reads a section."""
+    assert _protected_hits(graph, _contract("protected")) == []
+
+
+def test_a_report_section_reads_nothing_from_mlflow(graph: grimp.ImportGraph) -> None:
+    contract = next(c for c in CONTRACTS["contracts"]
+                    if c["type"] == "forbidden" and c["source_modules"] == [
+                        "stability.report.sections"])
+    assert _forbidden_hits(graph, contract) == []
+
+
 def test_every_forbidden_contract_holds(graph: grimp.ImportGraph) -> None:
     """E.g. the report never imports a trainer or its callbacks (only ``integrations.study``)."""
     contracts = [c for c in CONTRACTS["contracts"] if c["type"] == "forbidden"]

@@ -10,9 +10,9 @@ import pytest
 
 from stability.design import factors as vocabulary
 from stability.design.margin import Margin
-from stability.report import decision, factors
+from stability.report import decision, factors, spending
 from stability.report.compare import versus_winner
-from stability.report.sections import spending
+from stability.report.sections import spending as spending_section
 from stability.report.select import aggregate
 from stability.stats import sequential as sq
 from stability.tracking.contract import Tag
@@ -59,7 +59,7 @@ def test_the_report_replays_the_looks_the_rule_took() -> None:
     assert (accum8.verdict, accum8.look, accum8.seeds) == ("hurts", 1, PLAN.n0)
     assert accum8.low < accum8.mean < accum8.high
 
-    text = "\n".join(spending.section(sp))
+    text = "\n".join(spending_section.section(sp))
     assert "| 1 | 3 | 48 | 144 |" in text
     assert f"Spent {sp.runs} runs" in text and f"would have taken {48 * 9} runs" in text
 

@@ -61,17 +61,17 @@ def _skip_schedule(r: ProbeResult, by: dict[str, ProbeResult], k: int) -> bool:
 
 
 KNOWN = (
-    Known("lightning.short_window", "lightning", "accumulation.short_window",
-          "Lightning divides each micro-batch's loss by accumulate_grad_batches, also in an "
-          "epoch's shorter last window", "Lightning #19987",
-          "make the epoch's batch count a multiple of accumulate_grad_batches (trim the "
-          "dataset or drop_last), or scale the loss in training_step by k / j on the last "
-          "window", _short_window),
-    Known("lightning.skip_schedule", "lightning", "skip.is_skip",
-          "Lightning steps the LR scheduler after the GradScaler skipped the optimizer step",
-          "Lightning #5558, #16228",
-          "override LightningModule.lr_scheduler_step to skip when the scaler's scale dropped "
-          "on this step, or use manual optimization", _skip_schedule),
+    Known(name="lightning.short_window", trainer="lightning", probe="accumulation.short_window",
+          what="Lightning divides each micro-batch's loss by accumulate_grad_batches, also in "
+          "an epoch's shorter last window", issue="Lightning #19987",
+          workaround="make the epoch's batch count a multiple of accumulate_grad_batches (trim "
+          "the dataset or drop_last), or scale the loss in training_step by k / j on the last "
+          "window", matches=_short_window),
+    Known(name="lightning.skip_schedule", trainer="lightning", probe="skip.is_skip",
+          what="Lightning steps the LR scheduler after the GradScaler skipped the optimizer "
+          "step", issue="Lightning #5558, #16228",
+          workaround="override LightningModule.lr_scheduler_step to skip when the scaler's scale "
+          "dropped on this step, or use manual optimization", matches=_skip_schedule),
 )
 ACCEPTABLE = tuple(k.name for k in KNOWN)
 

@@ -198,4 +198,6 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
                          trainer.grad_syncs, trainer.step_count, status)
     wall = time.perf_counter() - t0
     summary["wall_time_s"] = wall
-    return RunResult(status, reason, run.best[0], run.best[1], run.epochs, summary, out, wall)
+    return RunResult(status=status, reason=reason, best_val_loss=run.best[0],
+                     best_epoch=run.best[1], epochs=run.epochs, summary=summary, output_dir=out,
+                     wall_time_s=wall)

@@ -182,10 +182,13 @@ def measure(params: Iterable[nn.Parameter], clip: ClipConfig,
     if not finite:
         post_f, underflow = pre_f, math.nan  # nothing was clipped or sampled that counts
     if bad_loss is not None:
-        return Measurement(pre_f, post_f, bad_loss, False, False, scale, math.nan, "", False)
+        return Measurement(grad_l2_pre_clip=pre_f, grad_l2_post_clip=post_f, loss=bad_loss,
+                           finite=False, clipped=False, scaler_scale=scale,
+                           underflow_frac=math.nan, nonfinite_param="", loss_finite=False)
     nonfinite = "" if finite or model is None else _first_non_finite(model, with_grad, per_tensor)
-    return Measurement(pre_f, post_f, loss_f, finite, finite and clip.enabled and post_f < pre_f,
-                       scale, underflow, nonfinite)
+    return Measurement(grad_l2_pre_clip=pre_f, grad_l2_post_clip=post_f, loss=loss_f,
+                       finite=finite, clipped=finite and clip.enabled and post_f < pre_f,
+                       scaler_scale=scale, underflow_frac=underflow, nonfinite_param=nonfinite)
 
 
 class StepMeter:

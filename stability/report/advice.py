@@ -112,9 +112,10 @@ def recommend(runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.Dat
         q = {s: float(np.quantile(v, 1 - cfg.target_share)) for s, v in sorted(per_seed.items())}
         pooled = np.concatenate(list(per_seed.values()))
         out.append(Recommendation(
-            int(accum), cfg.target_share, float(np.median(list(q.values()))), min(q.values()),
-            max(q.values()), q, len(pooled), {m: float((pooled > m).mean()) for m in swept},
-            pooled))
+            accum_steps=int(accum), target_share=cfg.target_share,
+            max_norm=float(np.median(list(q.values()))), low=min(q.values()),
+            high=max(q.values()), per_seed=q, steps=len(pooled),
+            swept_share={m: float((pooled > m).mean()) for m in swept}, norms=pooled))
     if chosen is not None:
         out = [replace(r, decided=against(r, bool(chosen.clip_enabled), float(chosen.max_norm),
                                           int(chosen.accum_steps))) for r in out]

@@ -159,8 +159,9 @@ def comparisons(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0
     family = selection_family(configs)
     for question, kind, ref, other in _questions(configs):
         result = paired(per_seed(runs, ref), per_seed(runs, other), confidence)
-        out.append(Comparison(question, kind, _label(configs, ref), _label(configs, other), ref,
-                              other, _unfinished(configs, other), result,
+        out.append(Comparison(question=question, kind=kind, reference=_label(configs, ref),
+                              other=_label(configs, other), reference_fp=ref, other_fp=other,
+                              other_unfinished=_unfinished(configs, other), result=result,
                               p_adj=selected(result.p_t, family),
                               p_equiv_adj=selected(_equiv_p(result, margin), family),
                               margin=margin, confidence=confidence,
@@ -257,11 +258,16 @@ def versus(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0.95,
                                                            strict=True)]), family)
     diff = np.array([math.nan] + [r.mean_diff for r in results[1:]], dtype=float)
     words = fx.decide(-diff, np.nan_to_num(p_diff, nan=1.0), np.nan_to_num(p_eq, nan=1.0), alpha)
-    out = [VersusWinner(results[0].n, math.nan, math.nan, math.nan, math.nan, False, False,
-                        float(p_diff[0]), float(p_eq[0]), "winner")]
-    out += [VersusWinner(r.n, r.mean_diff, r.p_t, r.p_wilcoxon,
-                         min_detectable(r.sd, r.n, alpha / family, power), bool(within_ci[i]),
-                         bool(within_noise[i]), float(p_diff[i]), float(p_eq[i]), str(words[i]))
+    out = [VersusWinner(n_paired=results[0].n, diff_vs_winner=math.nan, p_vs_winner=math.nan,
+                        p_wilcoxon_vs_winner=math.nan, mdd_vs_winner=math.nan, within_ci=False,
+                        within_noise=False, p_adj_vs_winner=float(p_diff[0]),
+                        p_equiv_vs_winner=float(p_eq[0]), verdict_vs_winner="winner")]
+    out += [VersusWinner(n_paired=r.n, diff_vs_winner=r.mean_diff, p_vs_winner=r.p_t,
+                         p_wilcoxon_vs_winner=r.p_wilcoxon,
+                         mdd_vs_winner=min_detectable(r.sd, r.n, alpha / family, power),
+                         within_ci=bool(within_ci[i]), within_noise=bool(within_noise[i]),
+                         p_adj_vs_winner=float(p_diff[i]), p_equiv_vs_winner=float(p_eq[i]),
+                         verdict_vs_winner=str(words[i]))
             for i, r in enumerate(results) if i]
     return tuple(out)
 

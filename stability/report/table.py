@@ -5,8 +5,9 @@ over seeds (``select.aggregate``), its paired comparison with the winner (``Vers
 from ``compare.versus``) and its stability verdict (``StabilityVerdict``, from
 ``health.verdicts``). The pipeline assembles each row once from those parts
 (``ConfigTable.assemble``); sections read typed attributes. Each field's name is the column
-name of ``summary.csv`` and of ``ConfigTable.frame()``, the one place a DataFrame is made for
-what needs pandas (figures, the factor design, CSV export).
+name of ``summary.csv`` and of ``ConfigTable.frame()``: the table's DataFrame for what needs
+pandas (figures, the factor design, CSV export), made once at assembly from the same parts as
+the rows (never rebuilt from them).
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ class ConfigTable:
     """
 
     rows: tuple[ConfigRow, ...]
+    table: pd.DataFrame | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def assemble(cls, aggregates: pd.DataFrame, versus: Sequence[VersusWinner],
@@ -156,9 +158,12 @@ class ConfigTable:
             verdicts: each config's stability verdict (``health.verdicts``), aligned.
         """
         records = aggregates.to_dict("records")
-        rows = [ConfigRow(**{k: rec[k] for k in AGGREGATE_COLUMNS}, **asdict(v), **asdict(s))
-                for rec, v, s in zip(records, versus, verdicts, strict=True)]
-        return cls(tuple(rows))
+        parts = [asdict(v) | asdict(s) for v, s in zip(versus, verdicts, strict=True)]
+        rows = [ConfigRow(**{k: rec[k] for k in AGGREGATE_COLUMNS}, **part)
+                for rec, part in zip(records, parts, strict=True)]
+        return cls(tuple(rows), pd.DataFrame([rec | part for rec, part in zip(records, parts,
+                                                                              strict=True)],
+                                             columns=list(COLUMNS)))
 
     @property
     def winner(self) -> ConfigRow:
@@ -189,8 +194,13 @@ class ConfigTable:
         return len(self.rows)
 
     def frame(self) -> pd.DataFrame:
-        """A DataFrame with exactly the schema's columns, one row per config, in table order."""
-        return pd.DataFrame([asdict(r) for r in self.rows], columns=list(COLUMNS))
+        """A DataFrame with exactly the schema's columns, one row per config, in table order.
+
+        A copy of the one made at assembly (a table made of rows alone makes it from them).
+        """
+        if self.table is None:
+            return pd.DataFrame([asdict(r) for r in self.rows], columns=list(COLUMNS))
+        return self.table.copy()
 
     def summary(self) -> pd.DataFrame:
         """``summary.csv``'s table: the csv columns and ``winner`` (the decision's choice, the

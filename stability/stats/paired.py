@@ -80,18 +80,22 @@ def paired(reference: Mapping[int, float], other: Mapping[int, float],
     d = np.asarray([other[s] - reference[s] for s in seeds], dtype=float)
     n = len(d)
     if n == 0:
-        return Paired(0, seeds, math.nan, math.nan, math.nan, math.nan, math.nan)
+        return Paired(n=0, seeds=seeds, mean_diff=math.nan, low=math.nan, high=math.nan,
+                      p_t=math.nan, p_wilcoxon=math.nan)
     ci = mean_ci(d, confidence)
     if n < 2:
-        return Paired(n, seeds, ci.mean, math.nan, math.nan, math.nan, math.nan)
+        return Paired(n=n, seeds=seeds, mean_diff=ci.mean, low=math.nan, high=math.nan,
+                      p_t=math.nan, p_wilcoxon=math.nan)
     if np.all(d == 0):  # identical results: no evidence of any difference
-        return Paired(n, seeds, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0)
+        return Paired(n=n, seeds=seeds, mean_diff=0.0, low=0.0, high=0.0, p_t=1.0,
+                      p_wilcoxon=1.0, sd=0.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # constant differences: t is infinite
         p_t = float(stats.ttest_1samp(d, 0.0).pvalue)
     if math.isnan(p_t):  # zero spread with a non-zero mean: every seed moved the same way
         p_t = 0.0
-    return Paired(n, seeds, ci.mean, ci.low, ci.high, p_t, wilcoxon_p(d), ci.std)
+    return Paired(n=n, seeds=seeds, mean_diff=ci.mean, low=ci.low, high=ci.high, p_t=p_t,
+                  p_wilcoxon=wilcoxon_p(d), sd=ci.std)
 
 
 def wilcoxon_p(d: np.ndarray) -> float:

@@ -233,9 +233,11 @@ class StabilitySweeper(BasicSweeper):
                                sweep_dir)
         session.tag(strategy.tags())
         state_dir = sweep_dir / f".pool-{sweep_id}"  # stop file, jobs' start marks (pool)
-        how = Launching(self.launcher, self._streams(), self.batch_size(), self.batch_size(),
-                        self._job_dirs_known(), sweep_dir, state_dir, sweep_id, self.progress,
-                        self.progress_every_s, self.stream)
+        how = Launching(launcher=self.launcher, streams=self._streams(),
+                        batch_size=self.batch_size(), workers=self.batch_size(),
+                        job_dirs=self._job_dirs_known(), sweep_dir=sweep_dir,
+                        state_dir=state_dir, title=sweep_id, progress=self.progress,
+                        progress_every_s=self.progress_every_s, stream=self.stream)
         stop = StopRequest(in_process=self._launcher_target().endswith("BasicLauncher"),
                            stop_file=state_dir / pool.STOP_FILE, say=self.say)
         rounds: list[RoundOutcome] = []

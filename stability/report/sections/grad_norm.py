@@ -7,14 +7,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stability.report import plots
-from stability.report.sections.plotted import plotted
 from stability.report.sections.section import Drawn, Part, drawn
 from stability.report.study import Study
 
 
 def figures(st: Study, folder: Path) -> Sequence[Drawn]:
     """One curve per plotted config that has a ``steps.csv``; the swept max_norms as lines."""
-    p = plotted(st)
+    p = st.plotted
     swept = list(dict.fromkeys(r.max_norm for r in st.configs if not math.isnan(r.max_norm)))
     ids = p.rep_ids
     return drawn(plots.grad_norm([(p.series[fp], st.steps[ids[fp]]) for _, fp in p.roles

@@ -1,20 +1,14 @@
-"""The per-layer gradient-norm heatmap: ``layer_norms.csv`` of the representative runs.
+"""The per-layer gradient-norm heatmap: parameters x steps of the representative runs.
 
-``telemetry.per_layer`` (on by default) writes every parameter's pre-clip gradient norm per
-optimizer step into the run's ``layer_norms.csv`` artifact (``stability/core/layers.py``).
-The report fetches that table only for the runs it already plots, one representative seed
-per plotted config (``sections.plotted``), and draws parameters x steps with the colour the
-log10 norm. A skipped step keeps its ``inf``/``nan``: those cells are marked, and on the first
-skipped step with one the first non-finite parameter (in ``named_parameters`` order, the order
-``TrainStep`` checks them in) is named. Runs from before the table existed, or with it off,
-have none; when no plotted run has it the report says so in one line and draws nothing.
+Draws what the ``layer_norms`` stage read (``stability.report.layer_norms``): one panel per
+representative run, the colour the log10 norm. Non-finite cells are marked, and the first
+non-finite parameter of the first skipped step with one is named. When no plotted run has a
+``layer_norms.csv`` the report says so in one line and draws nothing.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -23,113 +17,16 @@ import pandas as pd
 from matplotlib.colors import ListedColormap
 from matplotlib.ticker import MaxNLocator
 
-from stability.core.steplog import COLUMN
-from stability.report import fetch
 from stability.report.format import save
-from stability.report.html import one_line
-from stability.report.plots import Figure, Series, plt  # plt: with the Agg backend chosen
-from stability.report.sections.plotted import plotted
+from stability.report.layer_norms import LayerNorms, Panel
+from stability.report.plots import Figure, plt  # plt: with the Agg backend chosen
 from stability.report.sections.section import Drawn, Part
-from stability.report.study import Study
-from stability.tracking import origins
-from stability.tracking.adoption import MAX_STEPS_BYTES
 from stability.tracking.contract import Artifact
-
-log = logging.getLogger(__name__)
 
 FILE = PurePosixPath(Artifact.LAYER_NORMS_FIGURE).name  # under the report's plots/ folder
 TITLE = "Per-layer gradient norms"
 NONFINITE_COLOR = "red"
 SKIP_COLOR = "tab:orange"
-
-
-@dataclass(frozen=True)
-class FirstNonFinite:
-    """Where a run first went non-finite: the step and the parameter."""
-
-    step: int
-    parameter: str
-
-
-@dataclass(frozen=True)
-class Panel:
-    """One representative run: its config's series, its seed and its norm table."""
-
-    series: Series
-    seed: int
-    table: pd.DataFrame  # ``step``, then one column per parameter (``layer_norms.csv``)
-    skipped: frozenset[int] | None = None  # steps.csv's skipped steps; None: not known
-
-
-def read_table(path: Path) -> pd.DataFrame:
-    """``layer_norms.csv`` as floats (``inf``/``nan`` as written), sorted by step.
-
-    Its column names are run data that reach the caption and the figure: each becomes one
-    inert line (``html.one_line``: no newline, no link, no image, no closing backtick). A
-    file over ``MAX_STEPS_BYTES`` is refused before it is read.
-    """
-    size = path.stat().st_size
-    if size > MAX_STEPS_BYTES:
-        raise ValueError(f"{path.name} is {size:,} bytes, over the report's cap of "
-                         f"{MAX_STEPS_BYTES:,}")
-    table = pd.read_csv(path)
-    table.columns = [c if c == "step" else one_line(str(c)) for c in table.columns]
-    norms = table.drop(columns="step").astype(float)
-    return pd.concat([table[["step"]].astype(int), norms], axis=1).sort_values(
-        "step", kind="stable").reset_index(drop=True)
-
-
-def fetch_tables(c: Any, run_ids: Sequence[str], dest: Path,
-                 workers: int = 8) -> dict[str, pd.DataFrame]:
-    """``{run_id: table}`` for the runs that have a ``layer_norms.csv`` artifact.
-
-    The artifact list is read first, so a run without the table (an older run, or
-    ``telemetry.per_layer=false``) costs one request and no failed download. A run that cannot
-    be read is left out with a warning: the heatmap is never worth failing the report.
-    """
-
-    def one(run_id: str) -> pd.DataFrame | None:
-        try:
-            repo = origins.repo(c, run_id)  # a run whose artifacts are elsewhere: not read
-            if Artifact.LAYER_NORMS not in {a.path for a in repo.list_artifacts()}:
-                return None
-            (dest / run_id).mkdir(parents=True, exist_ok=True)
-            return read_table(Path(repo.download_artifacts(Artifact.LAYER_NORMS,
-                                                           str(dest / run_id))))
-        except Exception as err:  # an unreadable table must not end the report
-            log.warning("run %s: %s not read (%s)", run_id, Artifact.LAYER_NORMS, err)
-            return None
-
-    tables = fetch.parallel(one, run_ids, workers)
-    return {k: v for k, v in tables.items() if v is not None}
-
-
-def first_non_finite(table: pd.DataFrame,
-                     skipped: Collection[int] | None = None) -> FirstNonFinite | None:
-    """The first skipped step whose row holds a non-finite norm, and its first such parameter.
-
-    Args:
-        table: ``step`` then one column per parameter, in ``named_parameters`` order.
-        skipped: the run's skipped steps (``steps.csv``); ``None`` treats every row with a
-            non-finite norm as skipped, which is what such a row means: ``TrainStep`` takes
-            no step on a non-finite gradient.
-
-    Returns:
-        ``None`` when no (skipped) row holds a non-finite value; a step skipped for a
-        non-finite loss has no gradients (its row reads 0) and is passed over.
-    """
-    names = [c for c in table.columns if c != "step"]
-    if not names:
-        return None
-    bad = ~np.isfinite(table[names].to_numpy(dtype=float))
-    rows = bad.any(axis=1)
-    if skipped is not None:
-        rows &= table["step"].isin(list(skipped)).to_numpy()
-    hits = np.flatnonzero(rows)
-    if not len(hits):
-        return None
-    i = hits[0]
-    return FirstNonFinite(int(table["step"].iloc[i]), names[int(np.argmax(bad[i]))])
 
 
 def _grid(table: pd.DataFrame) -> tuple[list[str], np.ndarray, np.ndarray, int]:
@@ -176,7 +73,7 @@ def _draw_panel(ax: plt.Axes, p: Panel, vmin: float, vmax: float) -> tuple[Any, 
         steps = sorted(s for s in p.skipped if first <= s <= last)
         ax.scatter(steps, [-0.5] * len(steps), marker="v", s=22, color=SKIP_COLOR,
                    clip_on=False, zorder=4)
-    mark = first_non_finite(p.table, p.skipped)
+    mark = p.mark
     note = ""
     if mark is not None:
         row = names.index(mark.parameter)
@@ -232,39 +129,15 @@ def heatmap(panels: Sequence[Panel], folder: Path) -> tuple[Figure | None, list[
     return Figure(FILE, TITLE, ""), notes
 
 
-def figure(c: Any, runs: Sequence[tuple[Series, pd.Series]], steps: dict[str, pd.DataFrame],
-           folder: Path, dest: Path, workers: int, remarks: list[str]) -> Figure | None:
-    """Fetch the representative runs' tables and draw them; a line in ``remarks`` if none has one.
-
-    Args:
-        c: the MLflow client.
-        runs: ``(series, run row)`` of each representative run, in the report's role order.
-        steps: the fetched ``steps.csv`` tables by run id (their ``skipped`` column).
-        folder: the report's ``plots/`` folder.
-        dest: a scratch folder for the downloads.
-        workers: parallel downloads.
-        remarks: one-line statements for the report's figure section.
-    """
-    runs = list({str(r["run_id"]): (s, r) for s, r in runs}.values())
-    tables = fetch_tables(c, [str(r["run_id"]) for _, r in runs], dest, workers)
-    if not tables:
-        remarks.append(f"{TITLE}: none of the {len(runs)} representative runs has "
-                       f"`{Artifact.LAYER_NORMS}` (recorded with `telemetry.per_layer=true`; "
-                       "older runs and runs with it off have none), so no heatmap is drawn.")
-        return None
-    panels = []
-    for s, r in runs:
-        table = tables.get(str(r["run_id"]))
-        if table is None:
-            continue
-        df = steps.get(str(r["run_id"]))
-        skipped = (frozenset(int(x) for x in df.loc[df[COLUMN.skipped] == 1, COLUMN.step])
-                   if df is not None and COLUMN.skipped in df else None)
-        panels.append(Panel(s, int(r["seed"]), table, skipped))
-    fig, notes = heatmap(panels, folder)
+def figures(ln: LayerNorms, folder: Path) -> Sequence[Drawn]:
+    """The heatmap with its caption, or one line saying why none is drawn."""
+    if not ln.panels:
+        return [f"{TITLE}: none of the {ln.runs} representative runs has "
+                f"`{Artifact.LAYER_NORMS}` (recorded with `telemetry.per_layer=true`; "
+                "older runs and runs with it off have none), so no heatmap is drawn."]
+    fig, notes = heatmap(ln.panels, folder)
     if fig is None:
-        return None
-    missing = [f"{s.role}: {s.label}" for s, r in runs if str(r["run_id"]) not in tables]
+        return []
     caption = (
         "log10 of each parameter's pre-clip gradient L2 norm (`layer_norms.csv`) at each "
         "optimizer step, for the seed with the median best validation loss of each plotted "
@@ -273,16 +146,9 @@ def figure(c: Any, runs: Sequence[tuple[Series, pd.Series]], steps: dict[str, pd
         "grey: a zero norm (no gradient, e.g. a step skipped for a non-finite loss) or a step "
         "not recorded. "
         + ("; ".join(notes) + "." if notes else "No plotted run has a non-finite norm.")
-        + (f" Without `{Artifact.LAYER_NORMS}`: {', '.join(missing)}." if missing else ""))
-    return Figure(fig.file, fig.title, caption)
+        + (f" Without `{Artifact.LAYER_NORMS}`: {', '.join(ln.missing)}." if ln.missing else ""))
+    return [Figure(fig.file, fig.title, caption)]
 
 
-def _figures(st: Study, folder: Path) -> Sequence[Drawn]:
-    p = plotted(st)
-    remarks: list[str] = []
-    fig = figure(st.client, [(p.series[fp], r) for fp, r in p.rep.items() if r is not None],
-                 dict(st.steps), folder, st.cache / "layers", st.options.history_workers, remarks)
-    return [*remarks, *([fig] if fig is not None else [])]
-
-
-SECTION = Part("per-layer norms", lambda st: st, figures=_figures)
+# ``st.layer_norms`` is None when the report draws no figures (``report.plots=false``).
+SECTION = Part("per-layer norms", lambda st: st.layer_norms, figures=figures)

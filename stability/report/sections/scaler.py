@@ -6,14 +6,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stability.report import plots
-from stability.report.sections.plotted import plotted
 from stability.report.sections.section import Drawn, Part, drawn
 from stability.report.study import Study
 
 
 def figures(st: Study, folder: Path) -> Sequence[Drawn]:
     """One curve per fp16 config shown whose representative run has a ``steps.csv``."""
-    p = plotted(st)
+    p = st.plotted
     ids = p.rep_ids
     return drawn(plots.scaler_scale([(p.series[fp], st.steps[ids[fp]]) for fp in p.scaler
                                      if ids.get(fp) in st.steps], folder))

@@ -1,4 +1,4 @@
-"""Which configs the run-level figures plot, in which role and colour, and from which seed.
+"""The plotted stage: which configs the run-level figures plot, in which role and colour.
 
 The chosen config (the decision's), the baseline and the best config of each precision (a
 config in two roles is plotted once, both roles named), plus for fp16 the best config and the
@@ -16,7 +16,6 @@ import pandas as pd
 from stability.core.precision import SIMPLEST_FIRST, Precision
 from stability.report import select
 from stability.report.plots import Series
-from stability.report.study import Study
 from stability.report.table import ConfigTable
 
 ROLE_COLORS = ("tab:red", "tab:blue", "tab:purple", "tab:olive", "tab:cyan")
@@ -69,9 +68,8 @@ class Plotted:
         return {fp: r["run_id"] for fp, r in self.rep.items() if r is not None}
 
 
-def plotted(st: Study) -> Plotted:
-    """The study's plotted configs and their representative runs."""
-    configs, runs = st.configs, st.runs
+def plotted(configs: ConfigTable, runs: pd.DataFrame) -> Plotted:
+    """The study's plotted configs and their representative runs (``Study.plotted``)."""
     found = roles(configs.frame())
     series = {fp: _series(configs, role, fp, ROLE_COLORS[i % len(ROLE_COLORS)])
               for i, (role, fp) in enumerate(found)}

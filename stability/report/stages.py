@@ -1,0 +1,253 @@
+"""The report's stages up to the sealed test, each returning one frozen record.
+
+``fetch_sweep`` (``Fetched``: the sweep's runs and their config aggregates, ranked on
+validation) → ``weigh`` (``Evidence``: the equivalence margin, the factor analysis and an
+adaptive sweep's replayed looks) → ``decide`` (``Decided``: the winner and every config
+against it) → ``examine`` (``Findings``: the step tables, the config table, stability, LR
+curves, clipping advice, the plotted runs). Each reads only the records before it; none reads
+the test split, which ``pipeline`` opens afterwards for the winner alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from stability.design.margin import Margin
+from stability.report import (
+    adoption,
+    advice,
+    check_runs,
+    compare,
+    factors,
+    fetch,
+    health,
+    layer_norms,
+    lr,
+    memory,
+    select,
+    spending,
+    steps_csv,
+    val_curves,
+)
+from stability.report.options import ReportConfig, ReportError
+from stability.report.plotted import Plotted, plotted
+from stability.report.table import ConfigTable, VersusWinner
+from stability.report.trust import allowed_tasks
+from stability.report.winner import decide as decide_winner
+
+if TYPE_CHECKING:
+    from stability.report.advice import Recommendation
+    from stability.report.decision import Sequential
+    from stability.report.factors import FactorAnalysis
+    from stability.report.layer_norms import LayerNorms
+    from stability.report.lr import LrCurve
+    from stability.report.spending import Spending
+    from stability.report.val_curves import ValCurves
+    from stability.report.winner import Decision
+
+
+class NothingToReport(ReportError):
+    """The sweep exists but no run finished: there is no winner (exit code 3, not 2)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Fetched:
+    """The sweep as read: its runs and their configs, ranked on validation.
+
+    Attributes:
+        sweep: the sweep's ids and experiment.
+        runs: one row per training run (``fetch.fetch_runs``), within the memory budget.
+        configs: ``select.aggregate`` of those runs, lowest validation mean first.
+        set_aside: one line per run left out (another sweep's, or over the memory budget).
+    """
+
+    sweep: fetch.Sweep
+    runs: pd.DataFrame
+    configs: pd.DataFrame
+    set_aside: tuple[str, ...]
+
+    @property
+    def loss_name(self) -> str:
+        """The task's loss, on every loss axis and table head."""
+        return fetch.loss_name(self.runs)
+
+
+def _outcomes(runs: pd.DataFrame) -> str:
+    counts = runs["outcome"].value_counts()
+    return ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
+
+
+def fetch_sweep(c: Any, cfg: ReportConfig) -> Fetched:
+    """The sweep, its runs and their config aggregates, within ``cfg.memory_budget_mb``.
+
+    Raises:
+        NothingToReport: no run of the sweep finished.
+    """
+    set_aside: list[str] = []
+    sweep = fetch.find_sweep(c, cfg.experiment, cfg.sweep_id)
+    runs = fetch.fetch_runs(c, sweep, allowed_tasks(cfg.task), cfg.history_workers, set_aside)
+    runs["val_acc_at_best"] = fetch.val_acc_at_best(c, runs, cfg.history_workers)
+    configs = select.aggregate(runs, cfg.confidence)
+    if not (runs["outcome"] == "finished").any():
+        raise NothingToReport(
+            f"nothing to recommend: none of the {len(runs)} training runs of sweep "
+            f"{sweep.sweep_id!r} finished ({_outcomes(runs)})")
+    runs, configs, over = memory.within_budget(runs, configs, cfg.memory_budget_mb,
+                                               cfg.confidence)
+    return Fetched(sweep=sweep, runs=runs, configs=configs, set_aside=(*set_aside, *over))
+
+
+@dataclass(frozen=True, eq=False)
+class Evidence:
+    """What the validation numbers say, before anything is chosen from them.
+
+    Attributes:
+        margin: the equivalence margin in loss units (scaled by the lowest config mean).
+        analysis: the factor effects from every run.
+        spending: an adaptive sweep's replayed rounds; None for a fixed grid.
+        sequential: an adaptive sweep's replayed verdicts; None for a fixed grid.
+        notes: one line if the adaptive plan could not be replayed.
+    """
+
+    margin: float
+    analysis: FactorAnalysis | None
+    spending: Spending | None
+    sequential: Sequential | None
+    notes: tuple[str, ...]
+
+
+def weigh(c: Any, fetched: Fetched, cfg: ReportConfig) -> Evidence:
+    """The factor analysis and, for an adaptive sweep, the replay of the looks it took."""
+    runs, configs = fetched.runs, fetched.configs
+    margin = Margin.parse(cfg.margin).of(float(configs.iloc[0]["loss_mean"]))
+    analysis = factors.analyse(runs, configs, margin, cfg.alpha, cfg.confidence, cfg.power)
+    notes: list[str] = []
+    spent, sequential = spending.replayed(c, fetched.sweep.parent_run_id, runs, configs, notes)
+    return Evidence(margin=margin, analysis=analysis, spending=spent, sequential=sequential,
+                    notes=tuple(notes))
+
+
+@dataclass(frozen=True, eq=False)
+class Decided:
+    """The winner, fixed from validation, and every config against it, paired by seed.
+
+    Attributes:
+        decision: the factor-by-factor choice of the winner.
+        configs: ``Fetched.configs`` with the winner first (``select.put_first``).
+        versus: each config against the winner, in that order.
+        comparisons: the winner against its named alternatives.
+    """
+
+    decision: Decision
+    configs: pd.DataFrame
+    versus: tuple[VersusWinner, ...]
+    comparisons: tuple[compare.Comparison, ...]
+
+    @property
+    def winner(self) -> pd.Series:
+        """The winner's aggregate row."""
+        return self.configs.iloc[0]
+
+
+def decide(fetched: Fetched, evidence: Evidence, cfg: ReportConfig) -> Decided:
+    """Choose the winner on validation and compare it with the rest, paired by seed."""
+    runs, margin = fetched.runs, evidence.margin
+    decision = decide_winner(runs, fetched.configs, evidence.analysis, margin, cfg.alpha,
+                             cfg.cost_tolerance)
+    configs = select.put_first(fetched.configs, decision.fingerprint)  # row 0: the winner
+    versus = compare.versus(runs, configs, cfg.confidence, cfg.alpha, cfg.power, margin)
+    comparisons = compare.comparisons(runs, configs, cfg.confidence, cfg.alpha, cfg.power,
+                                      cfg.min_effect, cfg.min_effect_sd, margin)
+    return Decided(decision=decision, configs=configs, versus=tuple(versus),
+                   comparisons=tuple(comparisons))
+
+
+@dataclass(frozen=True, eq=False)
+class Findings:
+    """What the training runs show about the decided study (validation and steps only).
+
+    Attributes:
+        steps: each judged run's ``steps.csv`` by run id.
+        configs: one typed row per config, the winner first, with its comparison and verdict.
+        lr_curves: one per setting when the learning rate was swept.
+        lr_sentences: how each other factor moves the stable LR range.
+        advice: the recommended clipping thresholds.
+        plotted: the configs the run-level figures show, and their representative runs.
+        layer_norms: those runs' per-layer norms; None when no figures are drawn.
+        val_curves: the chosen config's and its rivals' validation curves; None when no
+            figures are drawn.
+        check_lines: a failed ``stability check`` of the same task, if the experiment holds
+            one (``check_runs.lines``).
+        notes: unreadable runs, missing costs and other users' runs, one line each.
+    """
+
+    steps: Mapping[str, pd.DataFrame]
+    configs: ConfigTable
+    lr_curves: tuple[LrCurve, ...]
+    lr_sentences: tuple[str, ...]
+    advice: tuple[Recommendation, ...]
+    plotted: Plotted
+    layer_norms: LayerNorms | None
+    val_curves: ValCurves | None
+    check_lines: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def _steps(c: Any, cfg: ReportConfig, runs: pd.DataFrame, dest: Path,
+           notes: list[str]) -> dict[str, pd.DataFrame]:
+    """The judged runs' ``steps.csv``; a run that cannot be read is a line in ``notes``."""
+    judged = runs[runs["outcome"].isin(["finished", "diverged"])]
+    unreadable: dict[str, str] = {}
+    steps = steps_csv.steps_tables(c, judged["run_id"], dest, cfg.history_workers,
+                                   dict(zip(judged["run_id"], judged["artifact_uri"],
+                                            strict=True)),
+                                   unreadable)
+    notes += [f"run {rid} is unreadable, left out of the stability verdicts: {why}"
+              for rid, why in sorted(unreadable.items())]
+    notes += [f"run {r.run_id} is unreadable, counted as not finished: {r.reason}"
+              for r in runs[runs["outcome"] == fetch.UNREADABLE].itertuples()]
+    notes += select.missing_costs(runs)
+    return steps
+
+
+def examine(c: Any, cfg: ReportConfig, fetched: Fetched, evidence: Evidence, decided: Decided,
+            cache: Path) -> Findings:
+    """Read the judged runs' steps and build the config table and what is drawn from it.
+
+    Args:
+        c: the MLflow client.
+        cfg: the report's settings.
+        fetched: the sweep's runs.
+        evidence: the factor analysis (its references name the LR sentences' levels).
+        decided: the winner and the configs against it.
+        cache: a scratch folder for the downloads.
+    """
+    runs = fetched.runs
+    notes: list[str] = []
+    steps = _steps(c, cfg, runs, cache / "steps", notes)
+    notes += adoption.other_users(c, fetched.sweep.parent_run_id, runs)
+    # Each config's row, once, from what selection and the stability check found.
+    table = ConfigTable.assemble(decided.configs, decided.versus,
+                                 health.verdicts(runs, decided.configs, steps, cfg.verdict))
+    frame = table.frame()  # for the analyses that read a DataFrame (made once, at assembly)
+    curves = lr.curves(runs, frame)
+    references = {f.name: f.reference for f in evidence.analysis.factors if f.name != lr.LR} \
+        if evidence.analysis is not None else {}
+    recs = advice.recommend(runs, frame, steps, cfg.advice, table.winner)
+    shown = plotted(table, runs)
+    layers, curves_read = None, None
+    if cfg.plots:  # only figures read them: not downloaded for a report without figures
+        layers = layer_norms.gather(c, [(shown.series[fp], r) for fp, r in shown.rep.items()
+                                        if r is not None],
+                                    steps, cache / "layers", cfg.history_workers)
+        curves_read = val_curves.gather(c, table, runs, fetched.loss_name, cfg.history_workers)
+    checks = check_runs.lines(c, fetched.sweep.experiment_id, runs, fetched.sweep.parent_run_id)
+    return Findings(steps=steps, configs=table, lr_curves=tuple(curves),
+                    lr_sentences=tuple(lr.sentences(curves, references)), advice=tuple(recs),
+                    plotted=shown, layer_norms=layers, val_curves=curves_read,
+                    check_lines=tuple(checks), notes=tuple(notes))
