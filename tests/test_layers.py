@@ -121,7 +121,7 @@ def test_stats_imports_none_of_ours_nor_a_tracker(graph: grimp.ImportGraph) -> N
 
 
 def test_every_forbidden_contract_holds(graph: grimp.ImportGraph) -> None:
-    """E.g. the report never imports a trainer or its callbacks (only ``integrations.study``)."""
+    """E.g. the report never imports a trainer or its callbacks (only ``integrations.backends``)."""
     contracts = [c for c in CONTRACTS["contracts"] if c["type"] == "forbidden"]
     assert any("lightning" in c["forbidden_modules"] for c in contracts)
     assert [h for c in contracts for h in _forbidden_hits(graph, c)] == []
