@@ -16,11 +16,11 @@ import time
 import pytest
 import torch
 
-from stability.integrations import lightning_check
 from stability.check.result import Status, exit_status
 from stability.check.rig import Template
 from stability.check.run import run_probes
 from stability.check.subject import Subject
+from stability.integrations import lightning_check
 from tests.helpers.check_routes import K, results, spirals
 
 # (route, bug, the probe that names it, its measured number (None: only that it fails),

@@ -20,14 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from stability.integrations import hf_check
-from stability.integrations import lightning_check
 from stability.check.accumulation import probe_accumulation
 from stability.check.amp import probe_clip, probe_skip
 from stability.check.result import Status
 from stability.check.rig import Template
 from stability.check.sanity import probe_determinism
 from stability.check.subject import no_dropout
+from stability.integrations import hf_check, lightning_check
 from tests.helpers.examples import example_module
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -257,8 +257,8 @@ def test_core_passes_any_name_on_and_the_registry_refuses_an_unknown_one(
     with pytest.raises(ConfigError) as err:
         run_job(raw, say=print)
     assert str(err.value) == ("task._target_='tests.test_registries.UnknownTrainerTask' declares "
-                              "trainer='nobody': allowed values are ours | lightning | hf | counting "
-                              "(or no trainer attribute: our loop)")
+                              "trainer='nobody': allowed values are ours | lightning | hf | "
+                              "counting (or no trainer attribute: our loop)")
     assert not (tmp_path / "run" / "config.yaml").exists()  # refused before the run
     raw = _raw(tmp_path / "run", "tests.test_registries.NotANameTask", "tracking.enabled=false")
     with pytest.raises(ConfigError, match=r"declares trainer=3: allowed values are a backend's "

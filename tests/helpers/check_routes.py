@@ -16,12 +16,12 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from stability.integrations import lightning_check
 from stability.check.anyloop import step_of
 from stability.check.rig import Template, ours
 from stability.check.run import run_probes
 from stability.check.subject import Subject, no_dropout
 from stability.check.upstream import attribute
+from stability.integrations import lightning_check
 from tests import test_check as tc
 
 ROOT = Path(__file__).resolve().parents[2]
