@@ -155,7 +155,7 @@ def test_the_skip_rate_monitor_ends_a_trainer_run_as_diverged(tmp_path: Path) ->
     (LIGHTNING, ["schedule=warmup"], {}, "schedule._target_="),
     (LIGHTNING, ["fault.inf_grad_at_step=2"], {}, "fault.* is invalid for a lightning task"),
     ("tests.helpers.trainer_tasks.NotATrainerTask", [], {},
-     "declares trainer='keras': allowed values are lightning | hf"),
+     "declares trainer='keras': allowed values are ours | lightning | hf"),
 ])
 def test_a_setting_the_trainer_cannot_honour_fails_before_anything_exists(
         tmp_path: Path, target: str, overrides: list[str], options: dict, message: str) -> None:
