@@ -63,7 +63,8 @@ class Probe:
         samples: the training data in order (a map-style dataset: ``samples[i]``).
         batch_size: the samples in one micro-batch.
         batch_key: where ``batch_size`` comes from, for an error (``train.batch_size=64``).
-        collate: makes a micro-batch of samples (None: ``default_collate``).
+        collate: makes a micro-batch of samples; None: the samples are ``(input, target)``
+            pairs, collated as one batch of ``k * b`` and cut into micro-batches (our loop's).
         loss_fn: ``loss(output, target)``, the mean over a micro-batch (our loop's tasks);
             None: the trainer's own loss (``loss_of``).
         loss_of: the trainer's own loss of ``(model, batch)`` (a Lightning ``training_step``,
