@@ -16,11 +16,11 @@ import time
 import pytest
 import torch
 
-from stability.check import lightning_loop
 from stability.check.result import Status, exit_status
 from stability.check.rig import Template
 from stability.check.run import run_probes
 from stability.check.subject import Subject
+from stability.integrations import lightning_check
 from tests.helpers.check_routes import K, results, spirals
 
 # (route, bug, the probe that names it, its measured number (None: only that it fails),
@@ -164,9 +164,9 @@ def test_a_lightning_hook_raising_names_the_hook():
     module = RaisesInTrainingStep(hidden=8)
     x, y = spirals.spirals(K * 8, 0.02, 0)
     micro = [[x[i : i + 8], y[i : i + 8]] for i in range(0, K * 8, 8)]
-    sub = Subject(Template(module, None, 0, lightning_loop.module_loss,
-                           lightning_loop.trainer_gradient), lambda: module, micro,
-                  lightning_loop.step, lightning_loop.step, "lightning", None)
+    sub = Subject(Template(module, None, 0, lightning_check.module_loss,
+                           lightning_check.trainer_gradient), lambda: module, micro,
+                  lightning_check.step, lightning_check.step, "lightning", None)
     with pytest.raises(LoopRaised) as raised:
         run_probes(sub, K)
     assert raised.value.where.startswith("RaisesInTrainingStep.training_step (test_check_matrix")

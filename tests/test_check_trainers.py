@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from stability.check import hf_loop, lightning_loop
 from stability.check.accumulation import probe_accumulation
 from stability.check.amp import probe_clip, probe_skip
 from stability.check.result import Status
 from stability.check.rig import Template
 from stability.check.sanity import probe_determinism
 from stability.check.subject import no_dropout
+from stability.integrations import hf_check, lightning_check
 from tests.helpers.examples import example_module
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,12 +48,12 @@ def _lightning(spirals, k=4, b=8):
     build = lambda: spirals.SpiralMLP(hidden=8)  # noqa: E731
     x, y = spirals.spirals(k * b, 0.02, 0)
     micro = [[x[i : i + b], y[i : i + b]] for i in range(0, k * b, b)]
-    return Template(build(), None, 0, lightning_loop.module_loss), build, micro
+    return Template(build(), None, 0, lightning_check.module_loss), build, micro
 
 
 def test_lightning_accumulation_is_a_larger_batch_except_its_short_last_window(spirals):
     template, _, micro = _lightning(spirals)
-    got = _by_name(probe_accumulation(template, lightning_loop.step, micro, 4))
+    got = _by_name(probe_accumulation(template, lightning_check.step, micro, 4))
     assert got["accumulation.full"].status is Status.PASS, got
     short = got["accumulation.short_window"]
     # 2 of 4 micro-batches, each divided by accumulate_grad_batches=4: half the gradient
@@ -62,20 +62,20 @@ def test_lightning_accumulation_is_a_larger_batch_except_its_short_last_window(s
 
 def test_lightning_clips_unscaled_gradients_and_steps_its_schedule_on_a_skip(spirals):
     template, build, micro = _lightning(spirals)
-    clip = probe_clip(template, lightning_loop.step, micro[:1], baseline=lightning_loop.step)
+    clip = probe_clip(template, lightning_check.step, micro[:1], baseline=lightning_check.step)
     assert clip.status is Status.PASS and clip.measured < 1e-2, clip
-    skip = probe_skip(template, lightning_loop.step, micro[:1])
+    skip = probe_skip(template, lightning_check.step, micro[:1])
     # params, optimizer state and the scale are right; the schedule advanced: one broken
     assert skip.status is Status.FAIL and skip.measured == 1, skip
     assert skip.meaning.startswith("FAIL: LR schedule advanced (last_epoch 1 -> 2")
-    same = probe_determinism(build, template, lightning_loop.step, [micro[:2], micro[2:]])
+    same = probe_determinism(build, template, lightning_check.step, [micro[:2], micro[2:]])
     assert same.status is Status.PASS and same.measured == 0
 
 
 def _gpt2(seq_len: int, loss_type: str | None = None):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    hf_loop.quiet()
+    hf_check.quiet()
 
     def build():
         model = GPT2LMHeadModel(GPT2Config(vocab_size=20, n_positions=seq_len, n_embd=16,
@@ -88,13 +88,13 @@ def _gpt2(seq_len: int, loss_type: str | None = None):
     torch.manual_seed(0)
     ids = torch.randint(0, 20, (4 * 4, seq_len), generator=torch.Generator().manual_seed(1))
     micro = [{"input_ids": ids[i : i + 4], "labels": ids[i : i + 4]} for i in range(0, 16, 4)]
-    return Template(build(), None, 0, hf_loop.model_loss), micro
+    return Template(build(), None, 0, hf_check.model_loss), micro
 
 
 def test_hf_trainer_counts_a_gpt2_lm_heads_tokens_without_the_shift():
     seq_len = 8
     template, micro = _gpt2(seq_len)
-    got = _by_name(probe_accumulation(template, hf_loop.step, micro, 4))
+    got = _by_name(probe_accumulation(template, hf_check.step, micro, 4))
     for name in ("accumulation.full", "accumulation.short_window"):
         # num_items_in_batch = B * T where the loss sums B * (T - 1) tokens: 1/T too small
         assert got[name].status is Status.FAIL, got
@@ -103,7 +103,7 @@ def test_hf_trainer_counts_a_gpt2_lm_heads_tokens_without_the_shift():
 
 def test_hf_trainer_accumulation_is_a_larger_batch_once_the_loss_type_says_it_shifts():
     template, micro = _gpt2(8, loss_type="ForCausalLM")
-    got = probe_accumulation(template, hf_loop.step, micro, 4)
+    got = probe_accumulation(template, hf_check.step, micro, 4)
     assert [r.status for r in got] == [Status.PASS, Status.PASS], got
 
 
@@ -202,8 +202,8 @@ def _trainer_classes():
 def _padded_gpt2(trainer_class):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    hf_loop.quiet()
-    hf = hf_loop.HFLoop(trainer_class, pad_collate)
+    hf_check.quiet()
+    hf = hf_check.HFLoop(trainer_class, pad_collate)
 
     def build():
         model = GPT2LMHeadModel(GPT2Config(vocab_size=20, n_positions=16, n_embd=16,

@@ -144,7 +144,7 @@ def test_a_report_section_reads_nothing_from_mlflow(graph: grimp.ImportGraph) ->
 
 
 def test_every_forbidden_contract_holds(graph: grimp.ImportGraph) -> None:
-    """E.g. the report never imports a trainer or its callbacks (only ``integrations.study``)."""
+    """E.g. the report never imports a trainer or its callbacks (only ``integrations.backends``)."""
     contracts = [c for c in CONTRACTS["contracts"] if c["type"] == "forbidden"]
     assert any("lightning" in c["forbidden_modules"] for c in contracts)
     assert [h for c in contracts for h in _forbidden_hits(graph, c)] == []

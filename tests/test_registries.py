@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from stability.core.config import ConfigError, RunConfig, to_run_config
-from stability.core.task import Task, trainer_of
+from stability.core.task import Task, trainer_name
 from stability.integrations import backends, study
 from stability.sweep import strategy_registry
 from stability.sweep.grid import SweepPoint
@@ -240,9 +240,11 @@ def test_a_registered_backend_trains_the_tasks_that_declare_it(counting: Countin
     assert said[0].startswith("finished: best val_loss 0.2500 at epoch 1")
     assert (tmp_path / "run" / "config.yaml").exists()
     cfg = to_run_config(raw)
-    task, make = study.model_builder(cfg)  # the report's rebuild and evaluation go there too
+    backend = backends.of(cfg)  # the report's rebuild and evaluation go there too
+    task = backend.task(cfg)
+    make = backend.model_builder(cfg, task)
     assert isinstance(make(), nn.Linear)
-    assert study.evaluate(cfg, task, make(), [], "cpu") == {"loss": 0.5, "acc": 1.0}
+    assert backend.evaluate(cfg, task, make(), [], "cpu") == {"loss": 0.5, "acc": 1.0}
     assert counting.calls[-3:] == ["rebuild", "rebuild", "evaluate"]
     assert isinstance(counting, backends.TrainerBackend)
 
@@ -251,17 +253,17 @@ def test_core_passes_any_name_on_and_the_registry_refuses_an_unknown_one(
         counting: Counting, tmp_path: Path) -> None:
     raw = _raw(tmp_path / "run", "tests.test_registries.UnknownTrainerTask",
                "tracking.enabled=false")
-    assert trainer_of(to_run_config(raw).task) == "nobody"  # core knows no trainer
+    assert trainer_name(to_run_config(raw).task) == "nobody"  # core knows no trainer
     with pytest.raises(ConfigError) as err:
         run_job(raw, say=print)
     assert str(err.value) == ("task._target_='tests.test_registries.UnknownTrainerTask' declares "
-                              "trainer='nobody': allowed values are lightning | hf | counting "
-                              "(or no trainer attribute: our loop)")
+                              "trainer='nobody': allowed values are ours | lightning | hf | "
+                              "counting (or no trainer attribute: our loop)")
     assert not (tmp_path / "run" / "config.yaml").exists()  # refused before the run
     raw = _raw(tmp_path / "run", "tests.test_registries.NotANameTask", "tracking.enabled=false")
-    with pytest.raises(ConfigError, match=r"declares trainer=3: allowed values are a trainer's "
+    with pytest.raises(ConfigError, match=r"declares trainer=3: allowed values are a backend's "
                                           r"registered name"):
-        trainer_of(to_run_config(raw).task)
+        trainer_name(to_run_config(raw).task)
     with pytest.raises(ValueError, match="'counting' is taken"):
         backends.register("counting", Counting())
 

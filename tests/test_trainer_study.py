@@ -108,15 +108,16 @@ def test_a_trainer_task_leaves_our_run_folder_and_mlflow_run(tmp_path: Path, tar
     assert 0.4 <= m["best_val_acc"] <= 1.0
     # The report rebuilds the winner through the task from its checkpoint: the trainer's own
     # evaluation of the rebuilt model gives the validation loss it was selected on.
-    from stability.integrations import study
+    from stability.integrations import backends
     from stability.report.evaluate import rebuild_model
 
     state = torch.load(out / "checkpoints" / "best.pt", weights_only=True)
     model = rebuild_model(cfg, state)
-    task = study.trainer_task(cfg, study.runner(cfg))
+    backend = backends.of(cfg)
+    task = backend.task(cfg)
     val = (task.datamodule().val_dataloader().dataset if target == LIGHTNING
            else task.train_val()[1])
-    got = study.evaluate(cfg, task, model, val, "cpu")
+    got = backend.evaluate(cfg, task, model, val, "cpu")
     assert got["loss"] == pytest.approx(best, abs=1e-6)
     assert got["acc"] == pytest.approx(m["best_val_acc"])  # the test's accuracy comes the same way
 
@@ -132,12 +133,12 @@ def test_the_same_seed_trains_the_same_lightning_steps(tmp_path: Path) -> None:
 def test_the_skip_rate_monitor_ends_a_trainer_run_as_diverged(tmp_path: Path) -> None:
     """fp16 from a scale that overflows every step: the monitor, the last sink, ends the fit."""
     pytest.importorskip("lightning.pytorch")
-    from stability.integrations.study import train
+    from stability.integrations import backends
 
     cfg = to_run_config(_raw(tmp_path, LIGHTNING, "precision=fp16", "precision.init_scale=1e30",
                              "monitor.window=4", "monitor.abort_after=4",
                              "tracking.enabled=false"))
-    result = train(cfg)
+    result = backends.of(cfg).train(cfg)
     assert result.status == "diverged" and "skip" in result.reason
     rows = _rows(tmp_path / "steps.csv")
     assert 4 <= len(rows) < 12 and all(r["skipped"] == "1" for r in rows)
@@ -154,7 +155,7 @@ def test_the_skip_rate_monitor_ends_a_trainer_run_as_diverged(tmp_path: Path) ->
     (LIGHTNING, ["schedule=warmup"], {}, "schedule._target_="),
     (LIGHTNING, ["fault.inf_grad_at_step=2"], {}, "fault.* is invalid for a lightning task"),
     ("tests.helpers.trainer_tasks.NotATrainerTask", [], {},
-     "declares trainer='keras': allowed values are lightning | hf"),
+     "declares trainer='keras': allowed values are ours | lightning | hf"),
 ])
 def test_a_setting_the_trainer_cannot_honour_fails_before_anything_exists(
         tmp_path: Path, target: str, overrides: list[str], options: dict, message: str) -> None:

@@ -14,15 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stability.check.result import ProbeResult
+from stability.integrations.backends import NotApplicable
+
+__all__ = ["LoopRaised", "NotApplicable", "one_line", "where_raised"]
 
 PACKAGE = Path(__file__).resolve().parents[1]
 LIBRARIES = tuple(Path(p).resolve() for p in {sysconfig.get_paths()["stdlib"],
                                               sysconfig.get_paths()["purelib"],
                                               sysconfig.get_paths()["platlib"]})
-
-
-class NotApplicable(Exception):  # noqa: N818 - a verdict, not an error
-    """A probe cannot apply to this code here (its message says why): the probe is n/a."""
 
 
 class LoopRaised(Exception):

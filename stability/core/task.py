@@ -12,10 +12,11 @@ Optional class attributes, read from the class without building it (``TaskConfig
 ``loss_name`` (what the loss is, e.g. ``"MSE"``: every figure's loss axis says it; default
 ``"loss"``), ``section_types`` (dataclasses validating the sections it takes, so their mistakes
 join the run config's one error), ``hash_target`` (``False`` only for a task whose runs were
-fingerprinted before ``task._target_`` was: the default task) and ``trainer`` (a trainer
-backend's name: the task is trained by that trainer, not our loop, and provides what the
-trainer takes instead of our five methods; the names are registered in the integrations layer,
-``stability/integrations/backends.py``, docs/integrations.md).
+fingerprinted before ``task._target_`` was: the default task) and ``trainer`` (a
+backend's name: the task is trained by that backend, and provides what it takes; without it the
+backend is ``ours``, our loop, and the task provides the five methods below; the names are
+registered in the integrations layer, ``stability/integrations/backends.py``,
+docs/integrations.md).
 
 The test split is sealed: ``sealed_test`` is called from ``stability/report/evaluate.py`` alone,
 for the winner selected on validation (``tests/test_data.py`` scans the code for other callers).
@@ -53,8 +54,11 @@ def hashes_target(cfg: TaskConfig) -> bool:
     return bool(cfg.declared("hash_target", True))
 
 
-def trainer_of(cfg: TaskConfig) -> str | None:
-    """The trainer the task declares (``trainer = "<name>"``), None for our loop.
+OUR_LOOP = "ours"  # the backend of a task with no ``trainer`` attribute: ``core.loop``
+
+
+def trainer_name(cfg: TaskConfig) -> str:
+    """The backend the task declares (``trainer = "<name>"``), ``"ours"`` without one.
 
     Which names exist is the integrations layer's to say (its registry of backends refuses
     an unknown one before a run exists); here a name is any non-empty string.
@@ -63,10 +67,12 @@ def trainer_of(cfg: TaskConfig) -> str | None:
         ConfigError: the attribute is not a name.
     """
     name = cfg.declared("trainer")
-    if name is None or (isinstance(name, str) and name):
+    if name is None:
+        return OUR_LOOP
+    if isinstance(name, str) and name:
         return name
     raise ConfigError(f"task._target_={cfg.target!r} declares trainer={name!r}: allowed values "
-                      "are a trainer's registered name (a string; "
+                      "are a backend's registered name (a string; "
                       "stability/integrations/backends.py) or no trainer attribute: our loop")
 
 

@@ -46,6 +46,7 @@ from stability.core.config import ConfigError, RunConfig
 from stability.core.sinks import StepSink
 from stability.core.task import SEALED_TEST, Task
 from stability.integrations.hf import StabilityCallback, training_arguments
+from stability.integrations.hf_check import probe as probe  # the check adapter
 from stability.integrations.study import Fit, save_resume_point, trainer_checkpoint
 
 REQUIRED = ("model", "train_val", SEALED_TEST)
@@ -156,7 +157,7 @@ class EpochCheckpoint(TrainerCallback):
 
 def trainer_class(task: Task) -> type[Trainer]:
     """The task's own Trainer subclass (``trainer_class``: its ``compute_loss``), else
-    ``Trainer``; ``stability check`` trains with the same (``check.hf_loop.HFLoop``)."""
+    ``Trainer``; ``stability check`` trains with the same (``hf_check.HFLoop``)."""
     return getattr(task, "trainer_class", None) or Trainer
 
 

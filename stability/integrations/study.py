@@ -1,12 +1,12 @@
-"""A study point trained by the trainer its task declares (``backends``: Lightning, the HF
-Trainer, or one you register).
+"""A trainer we do not own as a backend (``Trainer``): Lightning, the HF Trainer, or one you
+register (``backends``).
 
-``stability sweep`` hands every point to ``sweep.job``; a task with ``trainer = "<name>"``
-(``core.task.trainer_of``) is trained here instead of by our loop, with the same
-``RunConfig`` in and the same ``RunResult`` out. The point's settings become the trainer's own
-arguments (``lightning.trainer_settings``, ``hf.training_arguments``, plus seed, epochs and
-lr), the trainer's ``StabilityCallback`` records every step into the run's sinks (the MLflow
-buffer of the job's ``TrackedRun`` among them), and the folder gets what our loop leaves:
+``stability sweep`` hands every point to its task's backend (``backends.of``); a trainer's is a
+``Trainer`` around the trainer's half (``backends.TrainerBackend``), trained here with the same
+``RunConfig`` in and the same ``RunResult`` out as our loop. The point's settings become the
+trainer's own arguments (``lightning.trainer_settings``, ``hf.training_arguments``, plus seed,
+epochs and lr), the trainer's ``StabilityCallback`` records every step into the run's sinks (the
+MLflow buffer of the job's ``TrackedRun`` among them), and the folder gets what our loop leaves:
 ``config.yaml``, ``steps.csv``, ``layer_norms.csv``, the best-validation ``checkpoints/best.pt``
 (the model's plain ``state_dict``). So dedupe, resume (skip finished points), the parent run,
 the worker pool and the report see a run like any other.
@@ -15,9 +15,8 @@ A setting the trainer cannot honour raises ``ConfigError`` before anything is tr
 (``check_settings``, and each trainer's mapping). The skip-rate monitor is the last sink, as in
 our loop: it ends the fit as ``diverged``.
 
-Each trainer's half (its ``backends.TrainerBackend``: ``lightning_runner``, ``hf_runner``) is
-imported only here, and only for its own tasks: Lightning and transformers stay optional
-extras.
+Each trainer's half (``lightning_runner``, ``hf_runner``) is imported only by ``backends``, and
+only for its own tasks: Lightning and transformers stay optional extras.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -43,9 +42,11 @@ from stability.core.monitor import DivergedError, SkipRateMonitor
 from stability.core.precision import check_precision_supported, resolve_device
 from stability.core.rundir import CHECKPOINT_NAME, CONFIG_NAME, RESUME_NAME
 from stability.core.sinks import StepSink
-from stability.core.task import Task, build_task, trainer_of
-from stability.integrations import backends
-from stability.integrations.backends import TrainerBackend
+from stability.core.task import Task, build_task
+from stability.tracking.record import LOOP_ONLY
+
+if TYPE_CHECKING:
+    from stability.integrations.backends import Probe, TrainerBackend
 
 log = logging.getLogger(__name__)
 
@@ -109,20 +110,6 @@ def trainer_checkpoint(folder: Path, cfg: RunConfig,
     return path
 
 
-def runner(cfg: RunConfig) -> TrainerBackend:
-    """The backend of the trainer the run's task declares (``backends.backend``: imports it).
-
-    Raises:
-        ConfigError: the task declares no trainer or one nobody registered, or the trainer is
-            not installed.
-    """
-    name = trainer_of(cfg.task)
-    if name is None:
-        raise ConfigError(f"task._target_={cfg.task.target!r} declares no trainer "
-                          f"(allowed values: {' | '.join(backends.names())})")
-    return backends.backend(name, cfg.task.target)
-
-
 def trainer_task(cfg: RunConfig, module: TrainerBackend) -> Task:
     """The run's task, built and checked to have what its trainer takes."""
     sections = {k: _as_dict(getattr(cfg, k)) for k in cfg.task.sections}
@@ -133,14 +120,13 @@ def _as_dict(section: object) -> dict:
     return dataclasses.asdict(section) if dataclasses.is_dataclass(section) else dict(section)
 
 
-def check_settings(cfg: RunConfig, world_size: int) -> None:
-    """What no trainer run honours: refused before training, one key per error.
+def check_settings(cfg: RunConfig, world_size: int, name: str) -> None:
+    """What no run of the trainer ``name`` honours: refused before training, one key per error.
 
     Raises:
         ConfigError: torchrun ranks, an optimizer or schedule of ours (the trainer keeps the
             task's own), or a deliberate fault (our loop's test hook).
     """
-    name = trainer_of(cfg.task)
     if world_size > 1:
         raise ConfigError(f"world_size={world_size} is invalid for a {name} task: allowed "
                           "values are 1 (the trainer runs one process; no torchrun)")
@@ -157,40 +143,95 @@ def check_settings(cfg: RunConfig, world_size: int) -> None:
                           "loop only (allowed values: null)")
 
 
-def preflight(cfg: RunConfig, world_size: int = 1) -> tuple[TrainerBackend, Task]:
-    """Every refusal of a trainer run, before a run folder or an MLflow run exists.
+@dataclass(frozen=True)
+class Trainer:
+    """A trainer we do not own as a ``backends.Backend``: its half (``TrainerBackend``:
+    ``lightning_runner``, ``hf_runner``, or one you register) inside our run folder.
 
-    Returns:
-        The trainer's backend and the built task.
-
-    Raises:
-        ConfigError: the first setting the trainer cannot honour, naming its key.
+    Attributes:
+        name: its registered name (the tasks' ``trainer``).
+        half: what it does itself: map and check the settings, fit, rebuild, evaluate.
+        unused_params: our loop's settings (``tracking.record.LOOP_ONLY``): the trainer's
+            own optimizer, schedule and loaders are logged once it has built them.
     """
-    module = runner(cfg)
-    check_settings(cfg, world_size)
-    device = resolve_device(cfg.device)
-    check_precision_supported(cfg.precision.name, device)
-    task = trainer_task(cfg, module)
-    module.check(task, cfg, device)
-    return module, task
+
+    name: str
+    half: TrainerBackend
+    unused_params: tuple[str, ...] = LOOP_ONLY
+
+    def preflight(self, cfg: RunConfig, world_size: int = 1) -> Task:
+        """Every refusal of a trainer run, before a run folder or an MLflow run exists.
+
+        Returns:
+            The built task.
+
+        Raises:
+            ConfigError: the first setting the trainer cannot honour, naming its key.
+        """
+        check_settings(cfg, world_size, self.name)
+        device = resolve_device(cfg.device)
+        check_precision_supported(cfg.precision.name, device)
+        task = self.task(cfg)
+        self.half.check(task, cfg, device)
+        return task
+
+    def train(self, cfg: RunConfig, sinks: Sequence[StepSink] = (),
+              world_size: int = 1) -> RunResult:
+        """Train one point with the trainer; ``core.loop.train``'s signature and result.
+
+        Args:
+            cfg: the validated run configuration (its task declares the trainer).
+            sinks: extra consumers of the step and epoch records (e.g. ``TrackedRun.sink``).
+            world_size: must be 1.
+
+        Returns:
+            The ``RunResult``; ``diverged`` when the skip-rate monitor ended the fit.
+
+        Raises:
+            ConfigError: a setting the trainer cannot honour (before any training).
+        """
+        return train(self, cfg, sinks, world_size)
+
+    def task(self, cfg: RunConfig) -> Task:
+        """The run's task, built and checked to have what the trainer takes."""
+        return trainer_task(cfg, self.half)
+
+    def model_builder(self, cfg: RunConfig, task: Task) -> Callable[[], nn.Module]:
+        """What makes a fresh model of the task (the report sizes it on the ``meta`` device,
+        then loads the checkpoint's weights: ``report/rebuild.py``)."""
+        return lambda: self.half.rebuild(task, cfg)
+
+    def evaluate(self, cfg: RunConfig, task: Task, model: nn.Module, dataset: Any,
+                 device: str) -> dict[str, float]:
+        """``{"loss", "acc"}`` of ``model`` on ``dataset``, by the trainer's own evaluation
+        (the one that gave the validation loss the winner was selected on)."""
+        return self.half.evaluate(task, cfg, model, dataset, device)
+
+    def example(self, cfg: RunConfig, task: Task, model: nn.Module) -> tuple[nn.Module, Any]:
+        """A module taking one tensor (for the MLflow Model) and a validation input example."""
+        return self.half.example(task, model)
+
+    def probe(self, cfg: RunConfig, task: Task) -> Probe:
+        """The trainer's check adapter (its half's optional ``probe``).
+
+        Raises:
+            ConfigError: the trainer has none: ``stability check`` cannot step it.
+        """
+        adapter = getattr(self.half, "probe", None)
+        if adapter is None:
+            raise ConfigError(f"task._target_={cfg.task.target!r} declares trainer="
+                              f"{self.name!r}, whose backend has no check adapter: allowed "
+                              "values are a backend defining probe(task, cfg) "
+                              "(docs/integrations.md)")
+        return adapter(task, cfg)
 
 
-def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -> RunResult:
-    """Train one point with its task's trainer; ``core.loop.train``'s signature and result.
-
-    Args:
-        cfg: the validated run configuration (its task declares a trainer).
-        sinks: extra consumers of the step and epoch records (e.g. ``TrackedRun.sink``).
-        world_size: must be 1.
-
-    Returns:
-        The ``RunResult``; ``diverged`` when the skip-rate monitor ended the fit.
-
-    Raises:
-        ConfigError: a setting the trainer cannot honour (before any training).
-    """
+def train(trainer: Trainer, cfg: RunConfig, sinks: Sequence[StepSink] = (),
+          world_size: int = 1) -> RunResult:
+    """``Trainer.train``: the trainer's fit inside our run folder."""
     t0 = time.perf_counter()
-    module, task = preflight(cfg, world_size)
+    task = trainer.preflight(cfg, world_size)
+    module = trainer.half
     device = resolve_device(cfg.device)
     torch.set_num_threads(cfg.train.threads)
     out = Path(cfg.output_dir)
@@ -223,24 +264,3 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     summary["wall_time_s"] = wall
     return RunResult(status, reason, rec.best_val_loss, rec.best_epoch, rec.epochs, summary,
                      out, wall)
-
-
-def model_builder(cfg: RunConfig,
-                  task: Task | None = None) -> tuple[Task, Callable[[], nn.Module]]:
-    """The run's task (built unless given) and what makes a fresh model of it (the report sizes
-    it on the ``meta`` device, then loads the checkpoint's weights: ``report/rebuild.py``)."""
-    module = runner(cfg)
-    task = task or trainer_task(cfg, module)
-    return task, lambda: module.rebuild(task, cfg)
-
-
-def evaluate(cfg: RunConfig, task: Task, model: nn.Module, dataset: Any,
-             device: str) -> dict[str, float]:
-    """``{"loss", "acc"}`` of ``model`` on ``dataset``, by the trainer's own evaluation (the one
-    that gave the validation loss the winner was selected on)."""
-    return runner(cfg).evaluate(task, cfg, model, dataset, device)
-
-
-def example(cfg: RunConfig, task: Task, model: nn.Module) -> tuple[nn.Module, Any]:
-    """A module taking one tensor (for the MLflow Model) and a validation input example."""
-    return runner(cfg).example(task, model)

@@ -7,9 +7,10 @@ run's own precision, its model rebuilt through its task from its ``config.yaml``
 ``test_loss`` / ``test_acc`` are logged onto the winner's runs, once: a run that already
 carries them is evaluated again (deterministic) but not logged twice.
 
-A task that declares a trainer (Lightning, the HF Trainer: ``stability.integrations.study``)
-is rebuilt through its own methods (``module(lr)`` / ``model()``) and its test split evaluated
-by that trainer's own evaluation, the one whose validation loss selected the winner.
+Every task is rebuilt and evaluated by its backend (``integrations.backends.of``): ``ours``
+through ``task.model`` and our evaluation, a trainer's task through its own methods
+(``module(lr)`` / ``model()``) and that trainer's own evaluation: the one whose validation loss
+selected the winner.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from typing import Any
 import pandas as pd
 import torch
 
-from stability.core.batches import evaluate_task, task_of
 from stability.core.config import RunConfig
 from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME
 from stability.core.precision import check_precision_supported, resolve_device
-from stability.core.task import Task, first_batch, trainer_of
+from stability.core.task import Task
+from stability.integrations import backends
 from stability.report.fetch import download, parallel
 from stability.report.rebuild import check_archive, fitted
 from stability.report.trust import BUILTIN_TASKS, read_recorded, trusted_config
@@ -38,27 +39,13 @@ from stability.stats.paired import MeanCI, mean_ci
 log = logging.getLogger(__name__)
 
 MISMATCH_TOL = 1e-6  # a re-evaluation differing from the logged value by more is reported
-EXAMPLE_ROWS = 5  # validation sequences in the logged model's input example
-
-
-def _study(cfg: RunConfig) -> Any:
-    """``stability.integrations.study`` for a trainer's task, None for our loop's (imported
-    only then: Lightning and transformers are optional extras)."""
-    if trainer_of(cfg.task) is None:
-        return None
-    from stability.integrations import study
-
-    return study
 
 
 def _rebuild(cfg: RunConfig, state: Any,
              task: Task | None = None) -> tuple[Task, torch.nn.Module]:
-    study = _study(cfg)
-    if study is None:
-        task = task or task_of(cfg)
-        return task, fitted(task.model, state)
-    task, make = study.model_builder(cfg, task)
-    return task, fitted(make, state)
+    backend = backends.of(cfg)
+    task = task or backend.task(cfg)
+    return task, fitted(backend.model_builder(cfg, task), state)
 
 
 def rebuild_model(cfg: RunConfig, state: Any, task: Task | None = None) -> torch.nn.Module:
@@ -71,20 +58,6 @@ def rebuild_model(cfg: RunConfig, state: Any, task: Task | None = None) -> torch
     return _rebuild(cfg, state, task)[1]
 
 
-def _task(cfg: RunConfig) -> Task:
-    study = _study(cfg)
-    return task_of(cfg) if study is None else study.trainer_task(cfg, study.runner(cfg))
-
-
-def _evaluate(cfg: RunConfig, task: Task, model: torch.nn.Module, test_set: Any,
-              device: str) -> dict[str, float]:
-    study = _study(cfg)
-    if study is not None:
-        return study.evaluate(cfg, task, model.to(device), test_set, device)
-    return evaluate_task(task, model.to(device), test_set, cfg.precision.name, device,
-                         num_workers=cfg.train.num_workers)
-
-
 @dataclass(frozen=True)
 class LoadableWinner:
     """What the Model Registry needs: the rebuilt model, its config and a validation example."""
@@ -92,7 +65,7 @@ class LoadableWinner:
     run_id: str
     cfg: RunConfig
     model: torch.nn.Module
-    example: Any  # numpy array, the first EXAMPLE_ROWS validation inputs
+    example: Any  # numpy array, the first validation inputs (the backend's ``example``)
     config_text: str  # the run's config.yaml, logged beside the model
 
 
@@ -106,13 +79,9 @@ def load_winner(c: Any, run_id: str, dest: Path, expected: str = "",
     cfg, state = _load(c, run_id, dest, expected, allowed)
     task, trained = _rebuild(cfg, state)
     text = (dest / CONFIG_NAME).read_text()
-    study = _study(cfg)
-    if study is not None:  # a module taking one tensor, and the trainer task's inputs
-        model, example = study.example(cfg, task, trained.float().eval())
-        return LoadableWinner(run_id, cfg, model.eval(), example, text)
-    _, val = task.train_val()
-    example = first_batch(val, EXAMPLE_ROWS)[0].numpy()
-    return LoadableWinner(run_id, cfg, trained.float().eval(), example, text)
+    # a module taking one tensor, and the first validation inputs
+    model, example = backends.of(cfg).example(cfg, task, trained.float().eval())
+    return LoadableWinner(run_id, cfg, model.eval(), example, text)
 
 
 @dataclass(frozen=True)
@@ -201,12 +170,13 @@ def _test_one(cfg: RunConfig, state: Any, winner: str, splits: dict[str, tuple[T
               dev: str) -> dict[str, float]:
     """One seed's test metrics; the test split opens once per task config."""
     key = repr((cfg.task, cfg.data, cfg.model))
+    backend = backends.of(cfg)
     if key not in splits:  # one task config per fingerprint: the split opens once
-        task = _task(cfg)
+        task = backend.task(cfg)
         splits[key] = (task, task.sealed_test(winner=winner))
     task, test_set = splits[key]
     model = rebuild_model(cfg, state, task)
-    return _evaluate(cfg, task, model, test_set, dev)
+    return backend.evaluate(cfg, task, model.to(dev), test_set, dev)
 
 
 def _reason(err: BaseException) -> str:

@@ -11,9 +11,10 @@ and its one-line result go to its log file (``<job folder>/<job name>.log``, Hyd
 handler), and the sweeper's status area (``stability.sweep.display``) is what the terminal shows.
 ``hydra.sweeper.verbose=true`` (``-v`` on the command line) brings the lines back.
 
-A task that declares a trainer (``trainer = "<name>"``, ``core.task.trainer_of``) is
-trained by that trainer (``stability.integrations.study.train``: same config in, same run folder
-and ``RunResult`` out), imported only then: Lightning and transformers stay optional extras.
+Every point is trained by its task's backend (``integrations.backends.of``: ``ours``, our loop,
+for a task that declares no ``trainer``; Lightning, the HF Trainer or a registered one
+otherwise), with the same config in and the same run folder and ``RunResult`` out; a trainer's
+module is imported only then: Lightning and transformers stay optional extras.
 
 Under ``torchrun`` (``docs/distributed.md``) every rank runs this job: rank 0 owns the MLflow
 run, the other ranks train without tracking, and a failure on any rank ends the run FAILED.
@@ -31,14 +32,15 @@ from typing import Any
 from stability.core import distributed
 from stability.core.checkpoint import DiskFull
 from stability.core.config import ConfigError, RunConfig, to_run_config
-from stability.core.loop import RunResult, train
+from stability.core.loop import RunResult
 from stability.core.quick_exit import skip_exit_gc
 from stability.core.signals import sigterm_deferred
 from stability.core.sinks import StepSink
-from stability.core.task import trainer_of
+from stability.integrations import backends
+from stability.integrations.backends import Backend
 from stability.sweep.errors import SweepError
 from stability.tracking.claim import claim
-from stability.tracking.run import TrackedRun
+from stability.tracking.run import TrackedRun, run_record
 from stability.tracking.uri import TrackingError, redact_uri, scrub_hydra_files
 
 log = logging.getLogger(__name__)
@@ -85,18 +87,15 @@ def hydra_job(cfg: Any, say: Callable[[str], None] = log.info) -> float:
     return run_job(raw, overrides=list(hc.overrides.task), in_sweep=in_sweep, say=say)
 
 
-def trainer_for(cfg: RunConfig, world_size: int = 1) -> Callable[..., RunResult]:
-    """``core.loop.train``, or the trainer's ``train`` when the task declares one.
+def backend_for(cfg: RunConfig, world_size: int = 1) -> Backend:
+    """The task's backend, its preflight passed.
 
     Raises:
-        ConfigError: a setting the task's trainer cannot honour (before any run exists).
+        ConfigError: an unknown backend, or a setting it cannot honour (before any run exists).
     """
-    if trainer_of(cfg.task) is None:
-        return train
-    from stability.integrations import study
-
-    study.preflight(cfg, world_size)
-    return study.train
+    backend = backends.of(cfg)
+    backend.preflight(cfg, world_size)
+    return backend
 
 
 def train_tracked(cfg: RunConfig, overrides: Sequence[str] = (),
@@ -107,14 +106,16 @@ def train_tracked(cfg: RunConfig, overrides: Sequence[str] = (),
     ``sinks`` are extra per-step consumers on this rank.
     """
     world = distributed.setup(cfg.device)
-    fit = trainer_for(cfg, world)  # a trainer's refusal comes before the run exists
+    backend = backend_for(cfg, world)  # a backend's refusal comes before the run exists
+    fit = backend.train
     if distributed.is_main():  # another run's records in this folder are moved, not overwritten
         claim(cfg.output_dir, cfg, world)
     if not cfg.tracking.enabled or not distributed.is_main():
         with distributed.rank_guard():
             return fit(cfg, sinks, world_size=world)
     # Deferred SIGTERM: when torchrun tears the ranks down, rank 0 still closes its run.
-    with sigterm_deferred(), TrackedRun(cfg, overrides, world) as tracked:
+    record = run_record(cfg, overrides, world, backend.unused_params)
+    with sigterm_deferred(), TrackedRun(record) as tracked:
         with distributed.rank_guard():
             result = fit(cfg, sinks=[tracked.sink, *sinks], world_size=world)
         tracked.finish(result.summary, result.status, result.reason)

@@ -15,30 +15,32 @@ from pathlib import Path
 from stability.core import checkpoint
 from stability.core.config import RunConfig, TrackingConfig
 from stability.core.identity import fingerprint, flatten
-from stability.core.task import loss_name, trainer_of
+from stability.core.task import loss_name, trainer_name
 from stability.tracking.contract import TRAINER_PARAM, WORLD_SIZE_PARAM, Kind, Outcome, Tag
 from stability.tracking.journal import now_ms
 from stability.tracking.uri import git_commit, run_name
 
 # Settings only our loop uses: a trainer run's own optimizer, schedule, loaders and precision
 # plugin are logged once it has built them (integrations: ``ParamSink``), never our defaults.
+# A trainer's backend passes them down as its ``unused`` (``integrations.study.Trainer``).
 LOOP_ONLY = ("optim.", "schedule.", "train.batch_size", "train.weight_decay",
              "train.num_workers", "telemetry.update_ratio")
-OUR_LOOP = "ours"  # the ``trainer`` param of a run our own loop trained
 
 
-def run_params(cfg: RunConfig, world_size: int = 1) -> dict[str, str]:
+def run_params(cfg: RunConfig, world_size: int = 1,
+               unused: Sequence[str] = ()) -> dict[str, str]:
     """The run's params: the flattened config, ``trainer`` (and ``world_size`` above 1).
 
     ``tracking.*`` is left out: where the run went is not part of what was trained (its
-    fingerprint ignores it too), and a URI may carry credentials. A run trained by a trainer
-    we do not own leaves out ``LOOP_ONLY`` too: it did not use them.
+    fingerprint ignores it too), and a URI may carry credentials. So are the keys starting with
+    one of ``unused``: the settings the run's backend did not use (its ``unused_params``).
+    ``trainer`` is the backend's name (``ours`` for our loop).
     """
-    trainer = trainer_of(cfg.task)
+    skip = tuple(unused)
     params = {k: str(v) for k, v in flatten(cfg).items()
               if k != "output_dir" and not k.startswith("tracking.")
-              and not (trainer is not None and k.startswith(LOOP_ONLY))}
-    params[TRAINER_PARAM] = trainer or OUR_LOOP
+              and not (skip and k.startswith(skip))}
+    params[TRAINER_PARAM] = trainer_name(cfg.task)
     if world_size > 1:
         params[WORLD_SIZE_PARAM] = str(world_size)
     return params
@@ -101,17 +103,19 @@ class RunRecord:
     resume: checkpoint.Resume | None = None
 
 
-def run_record(cfg: RunConfig, overrides: Sequence[str] = (), world_size: int = 1) -> RunRecord:
+def run_record(cfg: RunConfig, overrides: Sequence[str] = (), world_size: int = 1,
+               unused: Sequence[str] = ()) -> RunRecord:
     """The adapter for our ``RunConfig``: params, tags, folder, name and resume point.
 
     Args:
         cfg: the run's config.
         overrides: its Hydra overrides; ``tracking.*`` ones are left out (credentials).
         world_size: data-parallel ranks.
+        unused: the settings its backend does not use (``run_params``).
     """
     folder = Path(cfg.output_dir)
     overrides = [o for o in overrides if not o.startswith("tracking.")]
-    return RunRecord(params=run_params(cfg, world_size),
+    return RunRecord(params=run_params(cfg, world_size, unused),
                      tags=config_tags(cfg, overrides, world_size), folder=folder,
                      name=run_name(cfg), tracking=cfg.tracking,
                      resume=checkpoint.peek(folder, cfg))

@@ -16,12 +16,12 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from stability.check import lightning_loop
 from stability.check.anyloop import step_of
 from stability.check.rig import Template, ours
 from stability.check.run import run_probes
 from stability.check.subject import Subject, no_dropout
 from stability.check.upstream import attribute
+from stability.integrations import lightning_check
 from tests import test_check as tc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,9 +196,9 @@ def _lightning_route(bug: str):
             module.net[0].weight.mul_(1e6)
     x, y = spirals.spirals(K * 8, 0.02, 0)
     micro = [[x[i : i + 8], y[i : i + 8]] for i in range(0, K * 8, 8)]
-    template = Template(module, None, 0, lightning_loop.module_loss,
-                        lightning_loop.trainer_gradient)
-    return Subject(template, build, micro, lightning_loop.step, lightning_loop.step,
+    template = Template(module, None, 0, lightning_check.module_loss,
+                        lightning_check.trainer_gradient)
+    return Subject(template, build, micro, lightning_check.step, lightning_check.step,
                    "lightning", None), "lightning"
 
 
@@ -208,11 +208,11 @@ def _manual_route(bug: str):
     module = build()
     x, y = spirals.spirals(K * 8, 0.02, 0)
     micro = [[x[i : i + 8], y[i : i + 8]] for i in range(0, K * 8, 8)]
-    template = Template(module, None, 0, lightning_loop.module_loss,
-                        lightning_loop.trainer_gradient)
-    return Subject(template, build, micro, lightning_loop.step, lightning_loop.step,
+    template = Template(module, None, 0, lightning_check.module_loss,
+                        lightning_check.trainer_gradient)
+    return Subject(template, build, micro, lightning_check.step, lightning_check.step,
                    "lightning-manual", None,
-                   {"clip.unscaled": lightning_loop.MANUAL_CLIP}), "lightning-manual"
+                   {"clip.unscaled": lightning_check.MANUAL_CLIP}), "lightning-manual"
 
 
 ROUTES = {"step": _step_route, "any": _any_route, "lightning": _lightning_route,

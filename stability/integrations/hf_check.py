@@ -1,12 +1,14 @@
-"""An HF Trainer task under the probes: each step is a ``transformers.Trainer.train``.
+"""The HF backend's check adapter (``probe``): each step is a ``transformers.Trainer.train``.
 
-The probes hand this step function a ``Rig`` whose model is the task's ``PreTrainedModel``; the
-step trains it over the window's samples in order (``train_sampling_strategy="sequential"``,
-``per_device_train_batch_size`` = the micro-batch) with the study's own mapping of the settings
-(``integrations.hf.training_arguments``): ``gradient_accumulation_steps`` = the rig's configured
-window, ``max_grad_norm`` = its ``max_norm``. So the loss normalisation under accumulation
-(``num_items_in_batch``), the clip and the schedule step are the Trainer's own. A window shorter
-than the configured accumulation is the epoch's short last window: the Trainer steps on it.
+``stability check`` (``check.subject``) reaches it through ``hf_runner.probe``, as it reaches
+every backend's. The probes hand this step function a ``Rig`` (``check.rig``) whose model is the
+task's ``PreTrainedModel``; the step trains it over the window's samples in order
+(``train_sampling_strategy="sequential"``, ``per_device_train_batch_size`` = the micro-batch)
+with the study's own mapping of the settings (``integrations.hf.training_arguments``):
+``gradient_accumulation_steps`` = the rig's configured window, ``max_grad_norm`` = its
+``max_norm``. So the loss normalisation under accumulation (``num_items_in_batch``), the clip
+and the schedule step are the Trainer's own. A window shorter than the configured accumulation
+is the epoch's short last window: the Trainer steps on it.
 
 A task may declare its own Trainer subclass (``trainer_class``, e.g. its ``compute_loss``) and
 its ``data_collator()`` (dynamic padding): the steps train with them, the accumulation probe's
@@ -29,11 +31,19 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
-from stability.check.rig import Rig, size
-from stability.core.config import ClipConfig, PrecisionConfig
+from stability.core.config import ClipConfig, PrecisionConfig, RunConfig
+from stability.core.task import Task
+from stability.integrations.backends import Probe
 
 CPU_FP16 = ("accelerate refuses fp16 on CPU (the study's mapping says so: it would train fp32 "
             "without a GradScaler), so there is no scaler to probe; run the check on a GPU")
+
+
+def size(batch: Any) -> int:
+    """The number of samples in a batch (its first tensor's length)."""
+    if isinstance(batch, dict):
+        return len(next(iter(batch.values())))
+    return len(batch[0]) if isinstance(batch, list | tuple) else len(batch)
 
 
 class _Samples(Dataset):
@@ -101,7 +111,7 @@ class HFLoop:
             self._bound["trainer"] = self.cls()(model=model, args=args)
         return self._bound["trainer"].compute_loss(model, dict(batch))
 
-    def step(self, rig: Rig, window: Sequence[Any]) -> bool:
+    def step(self, rig: Any, window: Sequence[Any]) -> bool:
         """One optimizer step of the rig's model by ``Trainer.train`` over ``window``.
 
         Returns:
@@ -146,6 +156,22 @@ def model_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     return STOCK.loss(model, batch)
 
 
-def step(rig: Rig, window: Sequence[Any]) -> bool:
+def step(rig: Any, window: Sequence[Any]) -> bool:
     """One optimizer step by the stock ``Trainer.train`` over ``window`` (``HFLoop.step``)."""
     return STOCK.step(rig, window)
+
+
+def probe(task: Task, cfg: RunConfig) -> Probe:
+    """The task's ``model()`` built now, its training split's first samples in micro-batches of
+    its ``per_device_train_batch_size`` (collated by its ``data_collator()``), stepped by
+    ``HFLoop.step`` with its ``trainer_class``."""
+    quiet()
+    collator = getattr(task, "data_collator", None)
+    hf = HFLoop(getattr(task, "trainer_class", None), collator() if callable(collator) else None)
+    model = task.model()
+    wanted = getattr(task, "training_arguments", dict)()
+    b = int(wanted.get("per_device_train_batch_size", cfg.train.batch_size))
+    return Probe(model, task.model, task.train_val()[0], b,
+                 f"per_device_train_batch_size={b}", hf.collator or default_collate,
+                 loss_of=hf.loss, join=hf.join, step=hf.step, label="hf",
+                 not_applicable={"clip.unscaled": CPU_FP16, "skip.is_skip": CPU_FP16})

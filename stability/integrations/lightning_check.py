@@ -1,13 +1,14 @@
-"""A Lightning task under the probes: each step is a ``lightning.pytorch.Trainer`` fit.
+"""The Lightning backend's check adapter (``probe``): each step is a ``Trainer.fit``.
 
-The probes hand this step function a ``Rig`` whose model is the user's ``LightningModule``; the
-step fits it for one epoch over the window (one batch per micro-batch, in order), with the
-study's own mapping of the settings onto the Trainer (``integrations.lightning.
-trainer_settings``): ``accumulate_grad_batches`` = the rig's configured window,
-``gradient_clip_val`` = its ``max_norm``, fp16 = a ``MixedPrecision`` plugin around the rig's
-GradScaler. So accumulation, clipping, unscaling, the skip and the schedule step are
-Lightning's own. A window shorter than ``accumulate_grad_batches`` is the epoch's short last
-window: Lightning steps on the epoch's last batch.
+``stability check`` (``check.subject``) reaches it through ``lightning_runner.probe``, as it
+reaches every backend's. The probes hand this step function a ``Rig`` (``check.rig``) whose
+model is the user's ``LightningModule``; the step fits it for one epoch over the window (one
+batch per micro-batch, in order), with the study's own mapping of the settings onto the Trainer
+(``integrations.lightning.trainer_settings``): ``accumulate_grad_batches`` = the rig's
+configured window, ``gradient_clip_val`` = its ``max_norm``, fp16 = a ``MixedPrecision`` plugin
+around the rig's GradScaler. So accumulation, clipping, unscaling, the skip and the schedule
+step are Lightning's own. A window shorter than ``accumulate_grad_batches`` is the epoch's short
+last window: Lightning steps on the epoch's last batch.
 
 The one stand-in: the module's ``configure_optimizers`` returns the rig's optimizer and schedule
 (``interval: "step"``), because the probes need plain SGD to see a gradient's scale in the
@@ -26,8 +27,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from stability.check.rig import Rig, Template, gradients_at_step
-from stability.core.config import ClipConfig, PrecisionConfig
+from stability.core.config import ClipConfig, PrecisionConfig, RunConfig
+from stability.core.task import Task
+from stability.integrations.backends import NotApplicable, Probe
 
 # Lightning's per-fit notices: a check fits a dozen one-step epochs
 NOTICES = (".*does not have many workers.*", ".*LeafSpec.*", ".*srun.*", ".*val_dataloader.*",
@@ -47,8 +49,6 @@ def module_loss(module: nn.Module, batch: Any) -> torch.Tensor:
         NotApplicable: the hook needs an attached Trainer (the forward-only probes call it
             directly; the mechanics probes go through ``trainer_gradient`` and ``step``).
     """
-    from stability.check.raised import NotApplicable
-
     try:
         out = module.training_step(batch, 0)
     except RuntimeError as err:
@@ -58,12 +58,18 @@ def module_loss(module: nn.Module, batch: Any) -> torch.Tensor:
     return out["loss"] if isinstance(out, Mapping) else out
 
 
-def trainer_gradient(template: Template, batch: Any) -> list[torch.Tensor]:
+def trainer_gradient(template: Any, batch: Any) -> list[torch.Tensor]:
     """The gradient of the module's loss on ``batch`` as a real ``Trainer.fit`` of one step
     computes it (no accumulation, no clipping, fp32): the accumulation probe's reference.
     ``self.trainer``, ``self.optimizers()`` and ``self.log`` work in the user's hooks."""
     rig = template.rig(accum_steps=1)
-    seen = gradients_at_step(rig)
+    seen: list[list[torch.Tensor]] = []
+
+    def hook(opt: torch.optim.Optimizer, *_: Any) -> None:  # after the step: its gradients
+        seen.append([torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
+                     for g in opt.param_groups for p in g["params"]])
+
+    rig.optimizer.register_step_post_hook(hook)
     step(rig, [batch])
     if not seen:
         raise RuntimeError("the Trainer took no optimizer step on one batch")
@@ -82,7 +88,7 @@ def quiet() -> None:
         warnings.filterwarnings("ignore", notice)
 
 
-def step(rig: Rig, window: Sequence[Any]) -> bool:
+def step(rig: Any, window: Sequence[Any]) -> bool:
     """One optimizer step of the rig's ``LightningModule`` by ``Trainer.fit`` over ``window``.
 
     Returns:
@@ -118,3 +124,25 @@ def step(rig: Rig, window: Sequence[Any]) -> bool:
     finally:
         handle.remove()
     return bool(taken)
+
+
+def probe(task: Task, cfg: RunConfig) -> Probe:
+    """The task's ``module(lr)`` built now, the datamodule's training loader's first samples in
+    micro-batches of its batch size (collated by it), stepped by ``step``."""
+    def build() -> nn.Module:
+        return task.module(lr=cfg.train.lr)
+
+    model = build()
+    data = task.datamodule()
+    if hasattr(data, "setup"):
+        data.setup("fit")
+    loader = data.train_dataloader()
+    b = int(loader.batch_size)
+    common: dict[str, Any] = {"loss_of": module_loss, "grad_of": trainer_gradient, "step": step}
+    if not getattr(model, "automatic_optimization", True):
+        # its accumulation is its own code: a failure is never Lightning's
+        return Probe(model, build, loader.dataset, b, f"the training loader's batch_size={b}",
+                     loader.collate_fn, label="lightning-manual",
+                     not_applicable={"clip.unscaled": MANUAL_CLIP}, **common)
+    return Probe(model, build, loader.dataset, b, f"the training loader's batch_size={b}",
+                 loader.collate_fn, label="lightning", **common)
