@@ -10,9 +10,10 @@ import pytest
 
 from stability.design import factors as vocabulary
 from stability.design.margin import Margin
-from stability.report import decision, factors, winner
+from stability.report import factors, winner
 from stability.report.compare import versus_winner
 from stability.report.options import ReportError, to_report_config
+from stability.report.sections import decision_text as decision
 from stability.report.select import aggregate
 from stability.stats import effects as fx
 from stability.stats.paired import paired_power

@@ -14,7 +14,7 @@ from stability.report.plots import Figure
 from stability.report.render import write_sections
 from stability.report.sections import SECTIONS, Part
 
-NOT_SECTIONS = {"section", "plotted"}  # the protocol and a helper the run figures share
+NOT_SECTIONS = {"section", "decision_text"}  # the protocol; the decision in words (two sections)
 
 
 def test_every_section_module_is_registered_once_under_its_own_name() -> None:

@@ -10,8 +10,9 @@ import pytest
 
 from stability.design import factors as vocabulary
 from stability.design.margin import Margin
-from stability.report import decision, factors, spending
+from stability.report import factors, spending
 from stability.report.compare import versus_winner
+from stability.report.sections import decision_text as decision
 from stability.report.sections import spending as spending_section
 from stability.report.select import aggregate
 from stability.stats import sequential as sq
@@ -114,7 +115,7 @@ def test_an_adaptive_sweeps_factor_table_and_answer_give_the_replayed_verdicts()
     sp, seq = spending.replayed(Parent(ADAPTIVE), "p", runs, configs, [])
     an = factors.analyse(runs, configs, MARGIN)
     replay = {d.contrast: d for d in sp.decisions}
-    fixed = {decision.contrast_name(e): e.verdict for e in an.main}
+    fixed = {spending.contrast_name(e): e.verdict for e in an.main}
     assert (fixed["max_norm 5 vs clip off"], replay["max_norm 5 vs clip off"].verdict) == (
         "helps", "undecided")
 
@@ -143,7 +144,7 @@ def test_an_adaptive_sweep_whose_plan_cannot_be_read_gives_no_fixed_design_verdi
     sp, seq = spending.replayed(Parent(ADAPTIVE | {Tag.ADAPTIVE_PLAN: "{}"}), "p", runs,
                                 configs, notes)
     assert sp is None and not seq.replayed and "verdicts are withheld" in notes[0]
-    assert {r[7] for r in decision.factor_table(an, seq)} == {decision.WITHHELD}
+    assert {r[7] for r in decision.factor_table(an, seq)} == {spending.WITHHELD}
     said = " ".join(decision.factor_sentences(an, seq))
     assert not any(f"**{v}" in said for v in ("helps", "hurts", "equivalent", "undecided"))
     assert spending.replayed(Parent({}), "p", runs, configs, []) == (None, None)  # a grid

@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 
 from stability.design.factors import level_name, title
-from stability.report.decision import Sequential
 from stability.report.factors import Effect, FactorAnalysis
 from stability.report.format import DASH, signed, size, table
+from stability.report.spending import Sequential
 from stability.report.winner import Choice, Decision
 from stability.stats import cost as costs
 

@@ -42,11 +42,10 @@ from stability.report.winner import decide as decide_winner
 
 if TYPE_CHECKING:
     from stability.report.advice import Recommendation
-    from stability.report.decision import Sequential
     from stability.report.factors import FactorAnalysis
     from stability.report.layer_norms import LayerNorms
     from stability.report.lr import LrCurve
-    from stability.report.spending import Spending
+    from stability.report.spending import Sequential, Spending
     from stability.report.val_curves import ValCurves
     from stability.report.winner import Decision
 

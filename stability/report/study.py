@@ -21,7 +21,6 @@ from stability.report.table import ConfigRow, ConfigTable
 if TYPE_CHECKING:
     from stability.report.advice import Recommendation
     from stability.report.compare import Comparison
-    from stability.report.decision import Sequential
     from stability.report.evaluate import WinnerTestResult
     from stability.report.factors import FactorAnalysis
     from stability.report.fetch import Sweep
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
     from stability.report.lr import LrCurve
     from stability.report.options import ReportConfig
     from stability.report.plotted import Plotted
-    from stability.report.spending import Spending
+    from stability.report.spending import Sequential, Spending
     from stability.report.stages import Decided, Evidence, Fetched, Findings
     from stability.report.val_curves import ValCurves
     from stability.report.winner import Decision

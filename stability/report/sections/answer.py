@@ -9,10 +9,11 @@ import math
 
 from stability.core.precision import Precision
 from stability.design import factors as vocabulary
-from stability.report import answer_table, decision, memory, winner
+from stability.report import answer_table, memory, winner
 from stability.report.advice import nearest_swept
 from stability.report.format import ci, fmt, pm, size
 from stability.report.health import summary_sentence
+from stability.report.sections import decision_text
 from stability.report.sections.section import Part, lines
 from stability.report.study import Study
 
@@ -42,8 +43,8 @@ def first_screen(st: Study, plain: bool = False) -> list[str]:
     if dec is not None and an is not None and dec.choices:
         out += [answer_table.text(dec, an, st.sequential) if plain
                 else answer_table.markdown(dec, an, st.sequential), "",
-                *([] if plain else decision.adaptive_line(st.sequential)),
-                decision.guarantee(dec), *_seeds_line(st)]
+                *([] if plain else decision_text.adaptive_line(st.sequential)),
+                decision_text.guarantee(dec), *_seeds_line(st)]
     out.append(
         f"Sealed test (split of {t.test_size} sequences, opened once, for this config only): "
         f"loss {pm(t.loss.mean, t.loss.std)}, accuracy {pm(t.acc.mean, t.acc.std, 3)} over "
@@ -85,8 +86,8 @@ def _answer(st: Study) -> list[str]:
         out += ["", "What each setting does, from all "
                 f"{len(st.runs)} runs (seeds as blocks; effects on best validation loss, "
                 f"margin {size(an.margin, 'nonfinite')}):", "",
-                *decision.adaptive_line(st.sequential),
-                *decision.factor_sentences(an, st.sequential), ""]
+                *decision_text.adaptive_line(st.sequential),
+                *decision_text.factor_sentences(an, st.sequential), ""]
     if st.lr_curves:
         out += ["How far the learning rate can go (LR sensitivity, Wortsman et al. 2023; "
                 "stable LR range from the stability verdicts; section \"Learning rate\"):", "",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from stability.report import decision
 from stability.report.factors import FactorAnalysis
 from stability.report.format import size, table
+from stability.report.sections import decision_text
 from stability.report.sections.section import Part, lines
 from stability.report.study import Study
 
@@ -21,8 +21,8 @@ def _body(st: Study) -> list[str]:
             return ["No level of a swept factor pairs with its reference on the same seeds (no "
                     "two configs differ in that factor alone): no factor effects.", ""]
         return ["The study swept no factor with two or more levels: no factor effects.", ""]
-    parts = [*decision.adaptive_line(st.sequential),
-             table(decision.FACTOR_HEADER, decision.factor_table(an, st.sequential)), "",
+    parts = [*decision_text.adaptive_line(st.sequential),
+             table(decision_text.FACTOR_HEADER, decision_text.factor_table(an, st.sequential)), "",
              _method(an)]
     if an.dropped_cells:
         parts += ["", f"{an.dropped_cells} cell(s) of a contrast lacked a seed on one side: only "
@@ -31,7 +31,7 @@ def _body(st: Study) -> list[str]:
     if an.interactions:
         parts += ["", "Two-way interactions (the effect's difference between a level of the "
                   "other factor and its reference; Holm over this table):", "",
-                  table(decision.INTERACTION_HEADER, decision.interaction_rows(an))]
+                  table(decision_text.INTERACTION_HEADER, decision_text.interaction_rows(an))]
     return parts + [""]
 
 

@@ -1,4 +1,4 @@
-"""The answer as a decision: what each factor does, with its CI, verdict and cost.
+"""The decision in words: what each factor does, with its CI, verdict and cost.
 
 Sentences are built from ``factors.FactorAnalysis`` only; every number in them is an estimate
 from the study's runs. "No significant difference" never ends a sentence: a contrast is
@@ -9,12 +9,11 @@ the seeds that would decide it).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from stability.design.factors import level_name, title
 from stability.report import format as fm
 from stability.report.factors import Effect, FactorAnalysis
+from stability.report.spending import Replayed, Sequential, contrast_name
 from stability.report.winner import CHOSEN_NEAR, CHOSEN_WITHIN, Choice, Decision
 from stability.stats.effects import EQUIVALENT, HELPS, HURTS
 
@@ -25,57 +24,6 @@ def _num(x: float) -> str:
 
 def _size(x: float) -> str:
     return fm.size(x, "nonfinite")
-
-
-WITHHELD = "withheld (not valid after adaptive seeding)"
-
-
-@dataclass(frozen=True)
-class Replayed:
-    """One contrast's verdict by the adaptive rule, and its estimate at the deciding look."""
-
-    factor: str
-    verdict: str
-    look: int  # the look that decided it; 0: none did
-    mean: float
-    low: float  # plain 95% t interval at that look
-    high: float
-    left: str = ""  # the other factors' levels that had left by that look (not averaged over)
-
-    @property
-    def word(self) -> str:
-        """``hurts (look 1)``, ``helps (look 2, averaged without accum 8)``."""
-        without = f", averaged without {self.left}" if self.left else ""
-        return (f"{self.verdict} (look {self.look}{without})" if self.look
-                else f"{self.verdict} (after the last look{without})")
-
-
-@dataclass(frozen=True)
-class Sequential:
-    """An adaptive sweep's verdicts: its rule's final look, replayed (report/sections/spending.py).
-
-    ``verdicts`` maps a contrast's name (``contrast_name``) to the rule's verdict.
-    ``replayed=False``: the rule could not be replayed, so no verdict is valid for the sweep;
-    the fixed-design ones are withheld, not shown.
-    """
-
-    verdicts: Mapping[str, Replayed] = field(default_factory=dict)
-    replayed: bool = True
-
-    def word(self, e: Effect) -> str:
-        """The rule's verdict on ``e`` with its look, or ``WITHHELD``."""
-        got = self.verdicts.get(contrast_name(e)) if self.replayed else None
-        return WITHHELD if got is None else got.word
-
-    def unpaired(self, an: FactorAnalysis) -> dict[str, Replayed]:
-        """The rule's contrasts the final runs cannot pair (a level that left early)."""
-        shown = {contrast_name(e) for e in an.main}
-        return {k: r for k, r in self.verdicts.items() if k not in shown}
-
-
-def contrast_name(e: Effect) -> str:
-    """``max_norm 5 vs clip off``: how a main effect is named in tables and in the replay."""
-    return f"{level_name(e.factor, e.level)} vs {level_name(e.factor, e.reference)}"
 
 
 def _seeds(n: float) -> str:
