@@ -23,7 +23,7 @@ from torch import nn
 
 from stability.core.config import ConfigError, RunConfig, to_run_config
 from stability.core.task import Task, trainer_name
-from stability.integrations import backends, study
+from stability.integrations import backends, protocol
 from stability.sweep import strategy_registry
 from stability.sweep.grid import SweepPoint
 from stability.sweep.job import run_job
@@ -203,10 +203,10 @@ class Counting:
         self.calls.append("check")
 
     def prepare(self, task: Task, cfg: RunConfig, device: str, folder: Path,
-                sinks: Sequence[Any]) -> study.Fit:
+                sinks: Sequence[Any]) -> protocol.Fit:
         self.calls.append("prepare")
         callback = type("Callback", (), {"recorder": self.recorder})()
-        return study.Fit(task.model(), callback, lambda: self.calls.append("run"))
+        return protocol.Fit(task.model(), callback, lambda: self.calls.append("run"))
 
     def rebuild(self, task: Task, cfg: RunConfig) -> nn.Module:
         self.calls.append("rebuild")
@@ -246,7 +246,7 @@ def test_a_registered_backend_trains_the_tasks_that_declare_it(counting: Countin
     assert isinstance(make(), nn.Linear)
     assert backend.evaluate(cfg, task, make(), [], "cpu") == {"loss": 0.5, "acc": 1.0}
     assert counting.calls[-3:] == ["rebuild", "rebuild", "evaluate"]
-    assert isinstance(counting, backends.TrainerBackend)
+    assert isinstance(counting, protocol.TrainerBackend)
 
 
 def test_core_passes_any_name_on_and_the_registry_refuses_an_unknown_one(

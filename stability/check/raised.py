@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stability.check.result import ProbeResult
-from stability.integrations.backends import NotApplicable
+from stability.integrations.protocol import NotApplicable
 
 __all__ = ["LoopRaised", "NotApplicable", "one_line", "where_raised"]
 

@@ -1,6 +1,6 @@
 """What the probes run on: the task's seeded model, its first micro-batches and the loop.
 
-Every backend answers the same question, its check adapter (``integrations.backends.Probe``,
+Every backend answers the same question, its check adapter (``integrations.protocol.Probe``,
 from ``backends.of(cfg).probe``): ``ours`` gives the task's ``model`` / ``loss`` and
 ``train.batch_size``, checked with the loop ``check.loop`` names (ours or a user's step
 function); a trainer's gives its own model, loss, batch size and step (``lightning_check``,
@@ -25,7 +25,7 @@ from stability.check.rig import StepFn, Template, ours
 from stability.core.config import RunConfig
 from stability.core.task import OUR_LOOP, first_batch
 from stability.core.validation import ConfigError, require
-from stability.integrations import backends
+from stability.integrations import backends, protocol
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def no_dropout(model: nn.Module) -> nn.Module:
     return model
 
 
-def _samples(probe: backends.Probe, k: int) -> list[Any]:
+def _samples(probe: protocol.Probe, k: int) -> list[Any]:
     """The first ``k`` micro-batches of ``probe.batch_size`` samples, in order."""
     data, b = probe.samples, probe.batch_size
     n = len(data)

@@ -33,7 +33,7 @@ from torch.utils.data import Dataset, default_collate
 
 from stability.core.config import ClipConfig, PrecisionConfig, RunConfig
 from stability.core.task import Task
-from stability.integrations.backends import Probe
+from stability.integrations.protocol import Probe
 
 CPU_FP16 = ("accelerate refuses fp16 on CPU (the study's mapping says so: it would train fp32 "
             "without a GradScaler), so there is no scaler to probe; run the check on a GPU")

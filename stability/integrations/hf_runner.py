@@ -47,7 +47,8 @@ from stability.core.sinks import StepSink
 from stability.core.task import SEALED_TEST, Task
 from stability.integrations.hf import StabilityCallback, training_arguments
 from stability.integrations.hf_check import probe as probe  # the check adapter
-from stability.integrations.study import Fit, save_resume_point, trainer_checkpoint
+from stability.integrations.protocol import Fit
+from stability.integrations.study import save_resume_point, trainer_checkpoint
 
 REQUIRED = ("model", "train_val", SEALED_TEST)
 EXAMPLE_ROWS = 5

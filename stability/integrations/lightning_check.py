@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 
 from stability.core.config import ClipConfig, PrecisionConfig, RunConfig
 from stability.core.task import Task
-from stability.integrations.backends import NotApplicable, Probe
+from stability.integrations.protocol import NotApplicable, Probe
 
 # Lightning's per-fit notices: a check fits a dozen one-step epochs
 NOTICES = (".*does not have many workers.*", ".*LeafSpec.*", ".*srun.*", ".*val_dataloader.*",

@@ -41,7 +41,8 @@ from stability.core.sinks import StepSink
 from stability.core.task import SEALED_TEST, Task
 from stability.integrations.lightning import StabilityCallback, trainer_settings
 from stability.integrations.lightning_check import probe as probe  # the check adapter
-from stability.integrations.study import Fit, save_resume_point, trainer_checkpoint
+from stability.integrations.protocol import Fit
+from stability.integrations.study import save_resume_point, trainer_checkpoint
 
 REQUIRED = ("module", "datamodule", SEALED_TEST)
 LIGHTNING_CKPT = "checkpoints/lightning-epoch{epoch}.ckpt"  # Lightning's, beside last.pt

@@ -7,7 +7,7 @@ evaluated by ``core.batches.evaluate_task`` under the run's autocast (the evalua
 validation loss selected the winner), and checked with the loop ``check.loop`` names (ours, or a
 user's step function) on ``task.model`` / ``task.loss`` and ``train.batch_size``.
 
-This module is a ``backends.Backend`` (the names below); registered as ``ours``, first.
+This module is a ``protocol.Backend`` (the names below); registered as ``ours``, first.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from stability.core.loop import RunResult
 from stability.core.loop import train as _train
 from stability.core.sinks import StepSink
 from stability.core.task import Task, first_batch
-from stability.integrations.backends import Probe
+from stability.integrations.protocol import Probe
 
 EXAMPLE_ROWS = 5  # validation inputs in the logged model's input example
 

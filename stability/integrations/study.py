@@ -2,7 +2,7 @@
 register (``backends``).
 
 ``stability sweep`` hands every point to its task's backend (``backends.of``); a trainer's is a
-``Trainer`` around the trainer's half (``backends.TrainerBackend``), trained here with the same
+``Trainer`` around the trainer's half (``protocol.TrainerBackend``), trained here with the same
 ``RunConfig`` in and the same ``RunResult`` out as our loop. The point's settings become the
 trainer's own arguments (``lightning.trainer_settings``, ``hf.training_arguments``, plus seed,
 epochs and lr), the trainer's ``StabilityCallback`` records every step into the run's sinks (the
@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,22 +43,10 @@ from stability.core.precision import check_precision_supported, resolve_device
 from stability.core.rundir import CHECKPOINT_NAME, CONFIG_NAME, RESUME_NAME
 from stability.core.sinks import StepSink
 from stability.core.task import Task, build_task
+from stability.integrations.protocol import Probe, TrainerBackend
 from stability.tracking.record import LOOP_ONLY
 
-if TYPE_CHECKING:
-    from stability.integrations.backends import Probe, TrainerBackend
-
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Fit:
-    """A trainer ready to train one point: its model, its callback, and the call that trains."""
-
-    model: nn.Module
-    callback: Any  # lightning.StabilityCallback | hf.StabilityCallback (``.recorder``)
-    run: Callable[[], Any]
-    ended: Callable[[], None] = lambda: None  # the fit ended: remove its resume checkpoints
 
 
 class _Steps:
@@ -145,7 +133,7 @@ def check_settings(cfg: RunConfig, world_size: int, name: str) -> None:
 
 @dataclass(frozen=True)
 class Trainer:
-    """A trainer we do not own as a ``backends.Backend``: its half (``TrainerBackend``:
+    """A trainer we do not own as a ``protocol.Backend``: its half (``TrainerBackend``:
     ``lightning_runner``, ``hf_runner``, or one you register) inside our run folder.
 
     Attributes:

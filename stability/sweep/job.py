@@ -37,7 +37,7 @@ from stability.core.quick_exit import skip_exit_gc
 from stability.core.signals import sigterm_deferred
 from stability.core.sinks import StepSink
 from stability.integrations import backends
-from stability.integrations.backends import Backend
+from stability.integrations.protocol import Backend
 from stability.sweep.errors import SweepError
 from stability.tracking.claim import claim
 from stability.tracking.run import TrackedRun, run_record

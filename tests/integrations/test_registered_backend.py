@@ -1,6 +1,6 @@
 """A backend registered with ``register()`` is swept, reported and checked like a built-in.
 
-``mirror`` is a whole backend (``backends.Backend``) registered here: our own loop under another
+``mirror`` is a whole backend (``protocol.Backend``) registered here: our own loop under another
 name (it hands every member to ``integrations.ours`` and counts the calls), so what it trains,
 rebuilds, evaluates and checks is real. Its task is the default task declaring
 ``trainer = "mirror"`` on tiny data. The point goes through the real job (``run_job``, an
@@ -26,7 +26,7 @@ from stability.core.loop import RunResult
 from stability.core.sinks import StepSink
 from stability.core.task import Task
 from stability.integrations import backends, ours
-from stability.integrations.backends import Probe
+from stability.integrations.protocol import Probe
 from stability.sweep.job import run_job
 from stability.tasks.sign_sum import SignSumTask
 from tests.helpers.stores import sqlite_store
