@@ -33,7 +33,7 @@ setup: $(STAMP)
 
 setup-dev: $(BIN)/uv
 	$(UV) -e ".[dev,lightning,hf]"  # the integrations' tests need both
-	@# the native team stack and SLURM tests (tests/test_team_stack.py, test_auth.py, test_slurm.py)
+	@# the native team stack and SLURM tests (tests/test_team_stack.py, tracking/test_auth.py, sweep/test_slurm.py)
 	@# and the UI test need these Debian packages; installed only as root and only when missing
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

@@ -17,7 +17,7 @@ code):
 
 ``StepBoundaries`` is a step sink (``core.sinks.StepSink``) that closes one interval per
 optimizer step: the reads from one step's record to the next, within an epoch (an interval
-that spans validation is left out), after ``warmup`` steps. tests/test_host_reads.py asserts
+that spans validation is left out), after ``warmup`` steps. tests/core/test_host_reads.py asserts
 the counts; experiments/gpu_check.py prints them on a GPU, where only reads of CUDA tensors
 are syncs (``device="cuda"``).
 """

@@ -4,7 +4,7 @@ docs/performance.md ("Host reads per optimizer step").
     PYTHONPATH=. python experiments/gpu_check.py            # needs a CUDA device
     PYTHONPATH=. python experiments/gpu_check.py --epochs 4 --skip-tests
 
-1. ``pytest tests/test_host_reads.py -k cuda``: each precision x accumulation (1, 4) of our
+1. ``pytest tests/core/test_host_reads.py -k cuda``: each precision x accumulation (1, 4) of our
    loop under ``torch.cuda.set_sync_debug_mode("error")`` (any device sync but the counted
    read raises), one read of a CUDA tensor per step.
 2. Host reads of CUDA tensors per steady-state optimizer step (``benchmarks.host_reads``), by
@@ -82,13 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-tests", action="store_true", help="skip the pytest part")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("no CUDA device: nothing to check here (tests/test_host_reads.py counts on CPU)")
+        print("no CUDA device: nothing to check here (tests/core/test_host_reads.py counts on CPU)")
         return 1
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     failed = 0
     if not args.skip_tests:
         failed = subprocess.call([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                                  "-q", "tests/test_host_reads.py", "-k", "cuda"], cwd=ROOT)
+                                  "-q", "tests/core/test_host_reads.py", "-k", "cuda"], cwd=ROOT)
         print(f"\nsync-debug tests: {'passed' if failed == 0 else 'FAILED'}\n")
     print("Host reads of CUDA tensors per steady-state optimizer step (clip on):\n")
     print("\n".join(reads_table(args.epochs)))

@@ -40,8 +40,8 @@ MUTANTS = [
     ("alpha not split over the choices", "stability/report/winner.py",
      "delta, alpha / len(parts),", "delta, alpha,"),
 ]
-TESTS = ["tests/stats", "tests/test_report_decision.py", "tests/test_decision_simulation.py",
-         "tests/test_stats_effects.py"]
+TESTS = ["tests/stats", "tests/report/test_decision.py", "tests/report/test_decision_simulation.py",
+         "tests/stats/test_effects.py"]
 
 
 def main() -> int:

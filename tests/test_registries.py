@@ -28,8 +28,8 @@ from stability.sweep import strategy_registry
 from stability.sweep.grid import SweepPoint
 from stability.sweep.job import run_job
 from stability.sweep.strategy_base import PointMaker, PointResult
-from tests.test_sweep import TINY
-from tests.test_trainer_study import ROOT, _raw
+from tests.integrations.test_study import ROOT, _raw
+from tests.sweep.test_sweep import TINY
 
 # --- a strategy of our own --------------------------------------------------------------------
 

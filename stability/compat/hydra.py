@@ -5,7 +5,7 @@ and no public call that applies overrides to a composed config or names a job's 
 folder. ``sweep/sweeper.py`` subclasses ``BasicSweeper`` (its grid expansion and batching) and
 ``sweep/compose.py`` composes each job's config as Hydra would, with
 ``ConfigLoaderImpl._apply_overrides_to_config`` and ``get_overrides_dirname``
-(tests/test_schedule.py checks the result equals Hydra's own composition).
+(tests/sweep/test_schedule.py checks the result equals Hydra's own composition).
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ class TelemetryConfig:
     """Optional per-step records beyond ``steps.csv`` (none of them changes training)."""
 
     # On by default since the report draws it (measured cost: docs/performance.md). The one
-    # default: conf/config.yaml repeats it and tests/test_config.py fails when the two drift.
+    # default: conf/config.yaml repeats it and tests/core/test_config.py fails when the two drift.
     per_layer: bool = True  # every parameter's pre-clip gradient norm -> layer_norms.csv
     # ||delta theta|| / ||theta|| per parameter and globally -> layer_updates.csv (with
     # per_layer; measured cost in docs/tasks.md, from benchmarks/update_ratio.py)
@@ -143,7 +143,7 @@ class PrecisionConfig:
     init_scale: float = 2.0**16  # GradScaler's starting scale (fp16 only)
     # 100, not PyTorch's 2000, so that growth is observable in a study's few hundred steps
     # (conf/precision/fp16.yaml has the measurement). The one default: the YAML repeats it
-    # and tests/test_config.py fails when the two drift.
+    # and tests/core/test_config.py fails when the two drift.
     growth_interval: int = 100
 
     def __post_init__(self) -> None:

@@ -22,8 +22,8 @@ the cumulative skip count and the fp16 underflow sampling, and returns the ``Ste
 hands in every micro-batch's loss, ``losses=``, so that a non-finite loss skips the step even
 when its gradients came out finite.)
 
-Host reads (a device sync on CUDA) per call, pinned by tests/test_measure.py and
-tests/test_host_reads.py: one ``.tolist()`` of ``[pre, post, loss, scale, underflow counts,
+Host reads (a device sync on CUDA) per call, pinned by tests/core/test_measure.py and
+tests/core/test_host_reads.py: one ``.tolist()`` of ``[pre, post, loss, scale, underflow counts,
 each micro-batch's loss]`` (whichever apply), which decides the skip and carries everything
 logged; plus one finiteness read before value clipping (``clip.method=value`` only). The read
 cannot be deferred: the host must know the skip before the optimizer steps (torch's optimizers

@@ -19,7 +19,7 @@ registered in the integrations layer, ``stability/integrations/backends.py``,
 docs/integrations.md).
 
 The test split is sealed: ``sealed_test`` is called from ``stability/report/evaluate.py`` alone,
-for the winner selected on validation (``tests/test_data.py`` scans the code for other callers).
+for the winner selected on validation (``tests/core/test_data.py`` scans the code for other callers).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from torch.utils.data import Dataset, TensorDataset
 from stability.core.config import ConfigError, TaskConfig
 from stability.core.validation import locate
 
-# The guarded door's name; tests/test_data.py scans the code base for callers of it.
+# The guarded door's name; tests/core/test_data.py scans the code base for callers of it.
 SEALED_TEST = "sealed_test"
 REQUIRED = ("model", "train_val", "loss", "metrics", SEALED_TEST)
 DEFAULT_LOSS_NAME = "loss"  # a task that does not name its loss

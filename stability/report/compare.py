@@ -13,7 +13,7 @@ the chosen pair at face value said "the winner helps" in 21% of simulated null s
 winner's curse). So every p-value here is **selection-adjusted**: Bonferroni over all
 ``n(n - 1)/2`` pairs of the study's ``n`` configs, the family any data-driven choice of two
 configs is drawn from (``selection_family``). Any claim about any pair, however it was chosen,
-is then wrong with probability at most alpha (tests/test_decision_simulation.py).
+is then wrong with probability at most alpha (tests/report/test_decision_simulation.py).
 
 A "no" is only as good as the test's power: every comparison carries the smallest difference
 its seeds could have detected (80% power by default, noncentral t; see ``stats.min_detectable``)

@@ -6,7 +6,7 @@ MLflow 3's UI opens an experiment tagged ``mlflow.experimentKind=custom_model_de
 first line above it: ``## Train with `<config>` ``. The report run's page shows the answer's
 first screen (the answer table in it). A description someone else wrote is kept.
 Best effort, as the sweep's parent run note (``publish.annotate_parent``): the report is
-complete and logged when this runs. ``tests/test_report_page.py`` opens the experiment in
+complete and logged when this runs. ``tests/report/test_page.py`` opens the experiment in
 Chromium on a real ``mlflow server`` and finds the answer above the runs.
 """
 

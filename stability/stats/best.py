@@ -33,7 +33,7 @@ estimate ``U_i`` bounds) is within the margin, then the cheapest, then the simpl
 best guess, not a guarantee: the report prints the chosen level's ``U_i`` beside it ("at most
 0.0098 worse than the best, 95% simultaneous") and the seeds that would show it within the
 margin (``seeds_to_within``). Its error and regret on the default study's effects, the real
-covariance of its runs and a scan of gaps are in tests/test_decision_simulation.py.
+covariance of its runs and a scan of gaps are in tests/report/test_decision_simulation.py.
 
 Everything works on arrays with any leading batch shape: the report and the simulations run
 this code.

@@ -25,7 +25,7 @@ Error control across looks and contrasts:
   any reason still counts in the other family's size until that family rejects it.
 
 Everything is vectorised over leading batch axes: the simulation in
-``tests/test_stats_sequential.py`` runs this very rule on thousands of synthetic studies, and the
+``tests/stats/test_sequential.py`` runs this very rule on thousands of synthetic studies, and the
 sweep's adaptive strategy runs it on one study (a batch of one). The next round is a pure
 function of the recorded results: replaying the looks on the same data plans the same runs.
 """

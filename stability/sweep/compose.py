@@ -7,7 +7,7 @@ defaults list, merges), ~0.1-0.25 s a job on these cores; the default study has 
 Hydra itself does after composition. So the defaults list is composed once per distinct tuple
 of config-group choices (``precision=fp16``, ``+study=adding``) and each job gets a copy with
 its value overrides applied, plus the two fields Hydra derives from the overrides
-(``hydra.overrides.task``, ``hydra.job.override_dirname``). ``tests/test_schedule.py`` checks
+(``hydra.overrides.task``, ``hydra.job.override_dirname``). ``tests/sweep/test_schedule.py`` checks
 the result equals Hydra's own composition, hydra node included.
 """
 

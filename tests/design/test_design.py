@@ -20,7 +20,7 @@ from stability.report.factors import design_of
 from stability.report.fetch import SWEPT, TYPED_PARAMS
 from stability.sweep import adaptive
 from stability.tracking.record import run_params
-from tests.test_sweep import TINY, in_process_sweeper
+from tests.sweep.test_sweep import TINY, in_process_sweeper
 
 
 def points_of(args: list[str]) -> list:

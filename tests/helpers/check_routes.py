@@ -1,5 +1,5 @@
-"""The routes the planted-bug matrix (tests/test_check_matrix.py) checks, each with a bug
-planted by name ("" for the correct loop): a step function (tests/test_check.py's plain AMP
+"""The routes the planted-bug matrix (tests/check/test_matrix.py) checks, each with a bug
+planted by name ("" for the correct loop): a step function (tests/check/test_check.py's plain AMP
 loop), a loop of one's own (examples/any_loop's nanoGPT-style ``train_step``, through
 ``stability.check.anyloop.step_of``) and a ``LightningModule`` under a real Trainer.
 ``results(route, bug)`` runs every probe on it.
@@ -22,7 +22,7 @@ from stability.check.run import run_probes
 from stability.check.subject import Subject, no_dropout
 from stability.check.upstream import attribute
 from stability.integrations import lightning_check
-from tests import test_check as tc
+from tests.check import test_check as tc
 
 ROOT = Path(__file__).resolve().parents[2]
 for folder in ("any_loop", "lightning_task"):
@@ -34,10 +34,10 @@ import spirals  # noqa: E402
 K = 4
 
 
-# --- route 1: a step function (tests/test_check.py's plain AMP loop and its bugs) ----------
+# --- route 1: a step function (tests/check/test_check.py's plain AMP loop and its bugs) ----------
 
 def zero_grad_inside(rig, window) -> bool:
-    """tests/test_check.py's plain loop with zero_grad per micro-batch: only the last
+    """tests/check/test_check.py's plain loop with zero_grad per micro-batch: only the last
     micro-batch's gradient is stepped on."""
     params = list(rig.model.parameters())
     for x, y in window:

@@ -4,7 +4,7 @@
 (``stability.cli.main``): its argument handling, Hydra's composition, the job and the exit
 status are the ones a shell gets. Only the process boundary is skipped, which saves the ~7 s of
 imports a fresh Python pays (torch, MLflow). Each command keeps subprocess tests of its own
-(``tests/test_cli.py``, ``tests/test_report_cli.py``, the sweeps that are killed or raced), which
+(``tests/test_cli.py``, ``tests/report/test_cli.py``, the sweeps that are killed or raced), which
 prove the installed entry point itself.
 
 What the command changes in the process (``sys.argv``, ``sys.path``, the environment,

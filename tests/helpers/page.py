@@ -49,7 +49,7 @@ _MEASURE = """(() => {
 
 def measure(url: str, width: int = 1280, shots: Path | None = None) -> dict[str, Any]:
     """Open ``url`` at ``width`` px; the layout facts (and screenshots into ``shots``)."""
-    from tests.test_report_browser import Chromium  # one DevTools client for the suite
+    from tests.report.test_browser import Chromium  # one DevTools client for the suite
 
     with tempfile.TemporaryDirectory(prefix="page-profile-") as profile:
         chrome = Chromium(Path(profile))

@@ -30,8 +30,8 @@ from stability.integrations.protocol import Probe
 from stability.sweep.job import run_job
 from stability.tasks.sign_sum import SignSumTask
 from tests.helpers.stores import sqlite_store
+from tests.integrations.test_study import _raw
 from tests.test_registries import Counting
-from tests.test_trainer_study import _raw
 
 TARGET = "tests.integrations.test_registered_backend.MirrorTask"
 TINY = ("data.num_samples=300", "model.hidden_size=8", "train.epochs=2", "seed=3")

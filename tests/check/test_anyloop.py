@@ -1,0 +1,86 @@
+"""``stability.check.loop``: a loop of one's own, checked without a rewrite.
+
+The loop is examples/any_loop/nanogpt_loop.py's ``train_step``, written the way nanoGPT's
+``train.py`` writes it (GradScaler, ``loss / gradient_accumulation_steps``, ``unscale_``,
+``clip_grad_norm_``, ``scaler.step``, ``update``, ``zero_grad(set_to_none=True)``). The correct
+loop exits 0; each planted bug (tests/check/test_matrix.py) fails its probe.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+
+import stability.check
+from stability.check.anyloop import SUPPLIED
+from tests.helpers.examples import example_module
+
+ROOT = Path(__file__).resolve().parents[2]
+ANY = ROOT / "examples" / "any_loop"
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    return example_module(ANY, "nanogpt_loop")
+
+
+def _batches(gpt, k=4):
+    g = torch.Generator().manual_seed(1)
+    return [gpt.get_batch(g) for _ in range(k)]
+
+
+def _loss(model, batch):
+    return model(*batch)[1]
+
+
+def test_the_example_check_exits_0_on_the_correct_loop(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(ANY))
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(ANY / "check_loop.py"), run_name="__main__")
+    assert done.value.code == 0, capsys.readouterr()
+    body = json.loads((tmp_path / "check.json").read_text())
+    status = {p["name"]: p["status"] for p in body["probes"]}
+    assert body["exit_status"] == 0 and len(status) == 10
+    assert status["accumulation.short_window"] == "n/a"  # short_window=False: nanoGPT samples
+    assert {s for n, s in status.items() if n != "accumulation.short_window"} == {"pass"}
+    assert "check: ok (0 failed of 10)" in capsys.readouterr().out
+
+
+def test_a_parameter_the_check_cannot_supply_is_exit_2_naming_it(gpt, capsys):
+    def step(model, optimizer, data_iter):
+        pass
+
+    code = stability.check.loop(step, gpt.TinyGPT(), _loss, _batches(gpt), output=None)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "train_step parameter data_iter" in err
+    assert "window" in err and "grad_clip" in err
+    code = stability.check.loop(gpt.train_step, gpt.TinyGPT(), _loss, _batches(gpt, 2),
+                                accum_steps=4, output=None)
+    assert code == 2 and "batches holds 2 micro-batches" in capsys.readouterr().err
+
+
+def test_the_users_code_raising_is_exit_3_naming_the_function(gpt, tmp_path, capsys):
+    def train_step(model, optimizer, scaler, window, grad_clip, ctx):
+        if grad_clip:
+            raise ValueError("no clipping in this loop")
+        gpt.train_step(model, optimizer, scaler, window, len(window), grad_clip, ctx)
+
+    out = tmp_path / "c.json"
+    code = stability.check.loop(train_step, gpt.TinyGPT(), _loss, _batches(gpt), scaler=True,
+                                output=out)
+    err = capsys.readouterr().err
+    assert code == 3 and err.count("\n") == 1
+    assert "test_the_users_code_raising_is_exit_3_naming_the_function.<locals>.train_step" in err
+    assert "ValueError: no clipping in this loop" in err and "during clip.unscaled" in err
+    body = json.loads(out.read_text())
+    assert body["exit_status"] == 3 and [p["status"] for p in body["probes"]] == ["pass"] * 2
+
+
+def test_supplied_names_cover_nanogpts_and_the_common_spellings():
+    assert {"model", "optimizer", "scaler", "scheduler", "window", "batches", "accum_steps",
+            "gradient_accumulation_steps", "grad_clip", "max_norm", "ctx"} <= set(SUPPLIED)

@@ -1,0 +1,174 @@
+"""The planted-bug matrix: each route under check x each planted bug -> the probe that fails.
+
+Routes: a step function (``check.loop=my.step``, the ``Rig`` signature), a loop of one's own
+(``stability.check.loop`` on a nanoGPT-style ``train_step``) and a ``LightningModule`` stepped
+by a real ``lightning.pytorch.Trainer`` (tests/helpers/check_routes.py builds them). Every
+probe runs (``run.run_probes``); a case asserts the probe that names the bug, its number and
+the cause printed, and that any other probe failing is one the same bug explains. A bug that
+cannot be written in a route (the Trainer clips and scales, not the module) has no case there.
+``python -m tests.check.test_matrix`` prints the table docs/check.md shows.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from stability.check.result import Status, exit_status
+from stability.check.rig import Template
+from stability.check.run import run_probes
+from stability.check.subject import Subject
+from stability.integrations import lightning_check
+from tests.helpers.check_routes import K, results, spirals
+
+# (route, bug, the probe that names it, its measured number (None: only that it fails),
+#  relative tolerance, the other probes the same bug may fail)
+SHORT = ("accumulation.short_window",)
+OVERFLOW = ("clip.unscaled", "headroom.bf16_vs_fp32", "headroom.fp16_vs_fp32",
+            "sanity.init_loss")  # weights x 1e5: every forward-based probe is off too
+CASES = [
+    ("step", "short_window", "accumulation.short_window", 0.5, 1e-3, ()),
+    ("step", "no_division", "accumulation.full", 3.0, 1e-3, SHORT),
+    ("step", "zero_grad", "accumulation.full", 0.889, 1e-2, SHORT),
+    ("step", "token_mean", "accumulation.full", 0.297, 1e-2, SHORT),
+    ("step", "clip_before_unscale", "clip.unscaled", 1.0, 1e-3, ()),
+    ("step", "optimizer_on_inf", "skip.is_skip", 3.0, 0, ()),
+    ("step", "scheduler_on_skip", "skip.is_skip", 1.0, 0, ()),
+    ("step", "fp16_overflow", "headroom.fp16_range", 2.13, 1e-2, ()),
+    ("any", "short_window", "accumulation.short_window", 0.5, 1e-3, ()),
+    ("any", "no_division", "accumulation.full", 3.0, 1e-3, SHORT),
+    ("any", "zero_grad", "accumulation.full", 0.845, 1e-2, SHORT),
+    ("any", "token_mean", "accumulation.full", 0.290, 1e-2, SHORT),
+    ("any", "clip_before_unscale", "clip.unscaled", 1.0, 1e-3, ()),
+    ("any", "optimizer_on_inf", "skip.is_skip", 3.0, 0, ()),
+    ("any", "scheduler_on_skip", "skip.is_skip", 1.0, 0, ()),
+    ("any", "fp16_overflow", "headroom.fp16_range", 6.26, 1e-2, OVERFLOW),
+    ("lightning", "zero_grad", "accumulation.full", 0.619, 1e-2, SHORT),
+    ("lightning", "fp16_overflow", "headroom.fp16_range", 9.18, 1e-2, OVERFLOW),
+]
+CAUSE = {"short_window": "divided by the configured accum_steps=4 on a window of 2",
+         "no_division": "not divided by the window's micro-batch count",
+         "zero_grad": "zero_grad", "token_mean": "weighted unequally",
+         "clip_before_unscale": "clip before scaler.unscale_",
+         "optimizer_on_inf": "parameters changed", "scheduler_on_skip": "LR schedule advanced",
+         "fp16_overflow": "overflows fp16"}
+
+
+def _table(rows):
+    return {r.name: r for r in rows}
+
+
+@pytest.mark.parametrize(("route", "bug", "probe", "number", "rtol", "also"), CASES,
+                         ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_each_planted_bug_fails_its_probe_with_its_number(route, bug, probe, number, rtol,
+                                                          also):
+    got = _table(results(route, bug))
+    # Lightning's own faults fail too, attributed to it: not this bug's
+    own = {n for n, r in got.items()
+           if r.status is Status.FAIL and "the trainer's own fault" not in r.meaning}
+    assert probe in own and own <= {probe, *also}, {n: (r.status.value, r.meaning)
+                                                     for n, r in got.items()}
+    r = got[probe]
+    assert r.measured == pytest.approx(number, rel=rtol), r
+    assert CAUSE[bug] in r.meaning, r.meaning
+    if probe.startswith("accumulation"):
+        assert "|g|/|g_ref| = 1.000" not in r.meaning  # the number that failed is printed
+
+
+@pytest.mark.parametrize("route", ["step", "any"])
+def test_the_correct_loop_passes_on_every_route(route):
+    got = results(route, "")
+    assert exit_status(got) == 0, [(r.name, r.status.value, r.meaning) for r in got]
+    assert _table(got)["sanity.init_loss"].status is Status.PASS
+
+
+def test_the_fix_of_the_token_mean_passes():
+    got = _table(results("any", "token_mean_fixed"))
+    assert got["accumulation.full"].status is Status.PASS, got["accumulation.full"]
+
+
+def test_lightnings_own_faults_are_its_own_and_accepted_by_name_only():
+    got = _table(results("lightning", ""))
+    short, skip = got["accumulation.short_window"], got["skip.is_skip"]
+    assert short.status is Status.FAIL and short.measured == pytest.approx(0.5, abs=1e-4)
+    assert "the trainer's own fault" in short.meaning and "Lightning #19987" in short.meaning
+    assert "check.accept=[lightning.short_window]" in short.meaning
+    assert skip.status is Status.FAIL and "Lightning #5558" in skip.meaning
+    assert "lr_scheduler_step" in skip.meaning  # the workaround
+    accepted = results("lightning", "", accept=("lightning.short_window",
+                                                "lightning.skip_schedule"))
+    assert exit_status(accepted) == 0
+    assert _table(accepted)["accumulation.short_window"].status is Status.ACCEPTED
+    # the user's own bug still fails under the same acceptance
+    own = results("lightning", "zero_grad", accept=("lightning.short_window",
+                                                    "lightning.skip_schedule"))
+    assert exit_status(own) == 1
+    assert _table(own)["accumulation.full"].status is Status.FAIL
+
+
+def test_manual_optimization_is_driven_and_its_faults_are_the_modules():
+    accept = ("lightning.short_window", "lightning.skip_schedule")
+    good = _table(results("manual", "", accept))
+    assert exit_status(list(good.values())) == 0, good
+    assert good["accumulation.short_window"].status is Status.PASS
+    assert good["skip.is_skip"].status is Status.PASS
+    assert good["clip.unscaled"].status is Status.NA
+    assert "manual optimization" in good["clip.unscaled"].meaning
+    # the same faults Lightning has, written in the module's own code: never accepted
+    short = _table(results("manual", "short_window", accept))
+    assert short["accumulation.short_window"].status is Status.FAIL
+    assert "the module's own accumulation" in short["accumulation.full"].meaning
+    skip = _table(results("manual", "scheduler_on_skip", accept))["skip.is_skip"]
+    assert skip.status is Status.FAIL and skip.measured == 1, skip
+
+
+if __name__ == "__main__":  # the table docs/check.md shows, from a real run
+    print("| route | planted bug | probe | measured | meaning (the cause) | s |")
+    print("|---|---|---|---|---|---|")
+    for route, bug, probe, *_ in CASES:
+        t0 = time.perf_counter()
+        r = _table(results(route, bug))[probe]
+        cause = r.meaning.split("FAIL: ", 1)[-1][:90]
+        print(f"| {route} | {bug} | `{probe}` | {r.status.value} {r.measured:.4g} | {cause} | "
+              f"{time.perf_counter() - t0:.1f} |")
+
+
+def test_a_module_using_its_trainer_in_training_step_is_checked_through_a_real_trainer():
+    got = _table(results("lightning", "uses_trainer"))
+    # the mechanics probes (and their reference gradient) step a real Trainer.fit
+    assert got["accumulation.full"].status is Status.PASS, got["accumulation.full"]
+    assert got["accumulation.short_window"].measured == pytest.approx(0.5, abs=1e-4)
+    assert got["clip.unscaled"].status is Status.PASS, got["clip.unscaled"]
+    assert got["sanity.same_seed"].status is Status.PASS
+    # the forward-only probes call training_step directly: n/a, saying why
+    for name in ("headroom.fp16_range", "headroom.bf16_vs_fp32", "sanity.init_loss"):
+        assert got[name].status is Status.NA, got[name]
+        assert "needs its Trainer" in got[name].meaning
+
+
+class RaisesInTrainingStep(spirals.SpiralMLP):
+    """A module whose own hook raises once the Trainer drives it."""
+
+    def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+        if self._trainer is not None:
+            raise RuntimeError("shape mismatch in my loss")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_lightning_hook_raising_names_the_hook():
+    from stability.check.raised import LoopRaised
+
+    torch.manual_seed(0)
+    module = RaisesInTrainingStep(hidden=8)
+    x, y = spirals.spirals(K * 8, 0.02, 0)
+    micro = [[x[i : i + 8], y[i : i + 8]] for i in range(0, K * 8, 8)]
+    sub = Subject(Template(module, None, 0, lightning_check.module_loss,
+                           lightning_check.trainer_gradient), lambda: module, micro,
+                  lightning_check.step, lightning_check.step, "lightning", None)
+    with pytest.raises(LoopRaised) as raised:
+        run_probes(sub, K)
+    assert raised.value.where.startswith("RaisesInTrainingStep.training_step (test_check_matrix")
+    assert raised.value.error == "RuntimeError: shape mismatch in my loss"
+    assert raised.value.probe == "accumulation.full" and raised.value.results == []
