@@ -19,7 +19,8 @@ registered in the integrations layer, ``stability/integrations/backends.py``,
 docs/integrations.md).
 
 The test split is sealed: ``sealed_test`` is called from ``stability/report/evaluate.py`` alone,
-for the winner selected on validation (``tests/core/test_data.py`` scans the code for other callers).
+for the winner selected on validation (``tests/core/test_data.py`` scans the code for other
+callers).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 The checkpoint holds ``{name: state_dict()}`` of the trainer and of every step sink
 (``core.sinks``); the resumed run's ``steps.csv`` and ``layer_norms.csv`` are byte-identical to
 an uninterrupted run's, from today's checkpoint format and from the previous one (format 1).
-The killed-process version of this (SIGKILL of a real worker) is in tests/tracking/test_durability.py.
+The killed-process version of this (SIGKILL of a real worker) is in
+tests/tracking/test_durability.py.
 """
 
 from __future__ import annotations

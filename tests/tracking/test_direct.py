@@ -105,7 +105,8 @@ def test_a_run_on_the_embedded_store_keeps_every_per_step_point(tmp_path: Path) 
     from stability.sweep.job import train_tracked
     from stability.tracking.contract import EPOCH_METRICS, STEP_METRICS
 
-    # every StepLog field marked metric (tests/tracking/test_contract.py pins the names the UI charts)
+    # every StepLog field marked metric (tests/tracking/test_contract.py pins the names the UI
+    # charts)
     assert len(STEP_METRICS) >= 8
 
     uri = sqlite_store(tmp_path / "mlflow.db")

@@ -242,7 +242,8 @@ def test_sync_into_sqlite_rides_out_a_locked_database(
     """The embedded store: a sync waits out a database another connection holds locked.
 
     (MLflow's own SQLite busy timeout, 20 s, covers this lock; a longer one raises ``database
-    is locked``, which ``retry_call`` retries: tracking/test_tracking.py checks that part on its own.)
+    is locked``, which ``retry_call`` retries: tracking/test_tracking.py checks that part on its
+    own.)
     """
     import sqlite3
     import threading
