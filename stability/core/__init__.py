@@ -1,0 +1,1 @@
+"""One training run: the step (AMP order, skips, accumulation), measurements, sinks, checkpoints."""

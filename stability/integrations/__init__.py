@@ -1,4 +1,4 @@
-"""Telemetry for training loops we do not own: PyTorch Lightning and the Hugging Face Trainer.
+"""The backends that train a task (ours, Lightning, the HF Trainer, yours) and their telemetry.
 
 ``step_recorder.StepRecorder`` is the trainer-neutral part (``core.measure``, the same step sinks
 as our loop: ``steps.csv``, ``layer_norms.csv``, the diagnostics, an MLflow ``TrackedRun``'s

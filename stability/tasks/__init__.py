@@ -1,0 +1,1 @@
+"""The built-in tasks: small models and data with a sealed test split (``core.task.Task``)."""
