@@ -73,7 +73,7 @@ def test_the_code_under_check_raising_is_exit_3_with_the_probes_that_ran(tmp_pat
                        f"check.output={out}", "tracking.enabled=false"], capsys)
     assert done.code == 3, done.stderr[-2000:]
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
-    assert "raises_in_the_window (check/test_exits.py:" in done.stderr
+    assert "raises_in_the_window (test_exits.py:" in done.stderr
     assert "KeyError" in done.stderr and "during clip.unscaled" in done.stderr
     body = json.loads(out.read_text())
     assert body["exit_status"] == 3 and "raises_in_the_window" in body["error"]

@@ -169,6 +169,6 @@ def test_a_lightning_hook_raising_names_the_hook():
                   lightning_check.step, lightning_check.step, "lightning", None)
     with pytest.raises(LoopRaised) as raised:
         run_probes(sub, K)
-    assert raised.value.where.startswith("RaisesInTrainingStep.training_step (test_check_matrix")
+    assert raised.value.where.startswith("RaisesInTrainingStep.training_step (test_matrix")
     assert raised.value.error == "RuntimeError: shape mismatch in my loss"
     assert raised.value.probe == "accumulation.full" and raised.value.results == []

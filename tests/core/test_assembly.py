@@ -1,7 +1,7 @@
 """One run's assembly (``core.assembly``): the sinks' order, the best epoch, resume, summary.
 
 Real sinks (``Diagnostics``, ``CsvStepWriter``, ``SkipRateMonitor``) on a tiny model; the
-loop's and the trainers' end-to-end runs are in core/test_resume.py and test_integrations_*.py.
+loop's and the trainers' end-to-end runs are in tests/core/test_resume.py and tests/integrations/.
 """
 
 from __future__ import annotations
