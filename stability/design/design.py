@@ -34,6 +34,11 @@ def plain_factor(param: str, swept: Collection[str] | None) -> bool:
             and (swept is None or set_by(param, swept)))
 
 
+def _missing(value: object) -> bool:
+    """A param a run did not record (absent, None or NaN in a fetched table)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 @dataclass(frozen=True)
 class Factor:
     """A factor that varies: its levels in order, the first is the reference."""
@@ -89,7 +94,11 @@ class Design:
         for k in FIRST_CLASS:
             assert k.level is not None
             levels[k.name] = {c: k.level(params[c]) for c in ids}
-        plain = sorted({p for c in ids for p in params[c] if plain_factor(p, swept)})
+        # A plain factor varies among the values runs recorded: a run without the param (a
+        # planted run has none) is no level of it, so it cannot make every param a factor.
+        plain = sorted(p for p in {p for c in ids for p in params[c] if plain_factor(p, swept)}
+                       if len({str(params[c][p]) for c in ids
+                               if not _missing(params[c].get(p))}) > 1)
         for p in plain:
             levels[p] = {c: str(params[c].get(p)) for c in ids}
         every = [Factor(name, tuple(sorted(set(by.values()), key=lambda v, n=name: sort_key(n, v))))

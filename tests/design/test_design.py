@@ -87,6 +87,21 @@ def test_the_runs_of_an_unknown_sweep_vary_any_setting_but_never_a_bookkeeping_o
     assert Design.of(params, swept=["train.threads"]).factors == ()
 
 
+def test_a_run_without_params_is_no_level_of_a_plain_factor() -> None:
+    """A planted run records no params (NaN in the fetched table): its missing values do not
+    make each of the sweep's forty settings a two-level factor (a cube of 2^40 cells); a
+    setting that varies among the runs that recorded it still does."""
+    nan = float("nan")
+    own = {"clip.enabled": False, "data.num_samples": 300, "model.cell": "rnn"}
+    params = {"a": {**own, "train.epochs": 2.0}, "b": {**own, "train.epochs": 2.0},
+              "planted": {"clip.enabled": nan, "clip.max_norm": nan, "data.num_samples": nan,
+                          "model.cell": None, "train.epochs": 18.0}}
+    plain = [n for n in Design.of(params).names if "." in n]  # clipping: "max_norm nan" too
+    assert plain == ["train.epochs"]
+    del params["planted"]["train.epochs"]
+    assert [n for n in Design.of(params).names if "." in n] == []
+
+
 def test_the_heatmap_takes_rows_columns_and_panels_from_the_design(tmp_path, monkeypatch) -> None:
     """Clipping rows x accumulation columns, a panel per level of every other factor: a plain
     swept factor (here ``optim.weight_decay``) gets its panels with no figure code."""
