@@ -29,9 +29,8 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import pandas as pd
 
-from stability.core.precision import SIMPLEST_FIRST
 from stability.report.format import signed, size
-from stability.report.select import baseline, best_of, per_seed
+from stability.report.select import baseline, best_of_each_precision, per_seed
 from stability.report.table import VersusWinner
 from stability.stats import effects as fx
 from stability.stats.paired import Paired, min_detectable, paired, seeds_needed
@@ -111,9 +110,8 @@ def _questions(configs: pd.DataFrame) -> list[tuple[str, str, str, str]]:
     lowest = configs.sort_values("rank", kind="stable").iloc[0]["fingerprint"]
     wanted: list[tuple[str, str, str, str | None]] = [
         ("winner vs baseline (fp32, clip off, accum 1)", "winner", win, baseline(configs))]
-    for p in SIMPLEST_FIRST:
-        wanted.append((f"winner vs best {p}", "winner", win,
-                       best_of(configs, configs["precision"] == p)))
+    for p, best in best_of_each_precision(configs):
+        wanted.append((f"winner vs best {p}", "winner", win, best))
     wanted.append(("winner vs lowest validation mean", "winner", win, str(lowest)))
     merged: dict[tuple[str, str, str], str] = {}
     for question, kind, ref, other in wanted:

@@ -67,6 +67,9 @@ def test_a_diverged_seed_counts_as_inf_so_the_config_cannot_win():
     assert lucky["seeds_diverged"] == 1 and lucky["seeds_finished"] == 2
     assert "did not finish" in lucky["flag"]
     assert "+inf" in SELECTION_RULE
+    # the tie-break in words, from the design's registry (``design.factors.TIE_BREAK``)
+    assert ("the simpler config: clip off before on, fp32 before bf16 before fp16, smaller "
+            "train.accum_steps; then the fingerprint, alphabetically") in SELECTION_RULE
 
 
 def test_failed_or_nan_runs_are_inf_too():
