@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -184,8 +185,7 @@ def test_the_reports_equivalence_verdict_is_tost_at_alpha_not_twice_it():
                           cells=1, seeds=5)
     [e] = factors._decide([base], 0.05, 0.8, 0.004)
     assert e.verdict == fx.UNDECIDED and e.p_equiv_holm == pytest.approx(0.07)
-    [e] = factors._decide([factors.Effect(**{**base.__dict__, "p_equiv": 0.03})], 0.05, 0.8,
-                          0.004)
+    [e] = factors._decide([replace(base, p_equiv=0.03)], 0.05, 0.8, 0.004)
     assert e.verdict == fx.EQUIVALENT
 
 
