@@ -12,7 +12,7 @@ import pytest
 from stability.design import factors as vocabulary
 from stability.design.margin import Margin
 from stability.report import factors, winner
-from stability.report.compare import versus_winner
+from stability.report.compare import Criteria, versus_winner
 from stability.report.options import ReportError, to_report_config
 from stability.report.sections import decision_text as decision
 from stability.report.select import aggregate
@@ -44,7 +44,7 @@ def study(effects: dict[str, float], seconds: dict[str, float], noise: float = 0
 
 def analysed(runs: pd.DataFrame, margin: float) -> tuple[pd.DataFrame, factors.FactorAnalysis]:
     configs = aggregate(runs)
-    configs = versus_winner(runs, configs, margin=margin)
+    configs = versus_winner(runs, configs, Criteria(margin=margin))
     return configs, factors.analyse(runs, configs, margin)
 
 
