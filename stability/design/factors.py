@@ -111,16 +111,16 @@ class Kind:
 
 
 FIRST_CLASS: tuple[Kind, ...] = (
-    Kind(CLIP, "Clipping", ("clip.",), "clipping", level=_clip_level, order=_clip_order,
-         label=lambda lv: "clip off" if lv == "off" else lv,
+    Kind(name=CLIP, title="Clipping", params=("clip.",), axis="clipping", level=_clip_level,
+         order=_clip_order, label=lambda lv: "clip off" if lv == "off" else lv,
          simplest=lambda lv, _: 0 if lv == "off" else 1, heatmap="rows",
          keys=(CLIP_ENABLED, CLIP_METHOD, MAX_NORM, CLIP_VALUE), tie_break=0,
          simpler="clip off before on"),
-    Kind(ACCUM, "Accumulation", (ACCUM_STEPS,), ACCUM_STEPS,
+    Kind(name=ACCUM, title="Accumulation", params=(ACCUM_STEPS,), axis=ACCUM_STEPS,
          level=lambda p: str(int(p.get(ACCUM_STEPS, 1))),
          label=lambda lv: f"accum {lv}", simplest=lambda _, position: position,
          heatmap="columns", keys=(ACCUM_STEPS,), tie_break=2, simpler=f"smaller {ACCUM_STEPS}"),
-    Kind(PRECISION, "Precision", ("precision.",), "precision",
+    Kind(name=PRECISION, title="Precision", params=("precision.",), axis="precision",
          level=lambda p: str(p.get(PRECISION_NAME, "")),
          order=lambda lv: (precision_rank(lv), lv), label=lambda lv: lv,
          simplest=lambda _, position: position, keys=(PRECISION_NAME,), known=PRECISIONS,
@@ -141,7 +141,7 @@ def kind(name: str) -> Kind:
     """The registry entry of ``name``, or a plain factor's for any other (swept) param."""
     if name in _BY_NAME:
         return _BY_NAME[name]
-    return Kind(name, PLAIN_TITLES.get(name, name), (name,), name)
+    return Kind(name=name, title=PLAIN_TITLES.get(name, name), params=(name,), axis=name)
 
 
 def first_class(param: str) -> bool:

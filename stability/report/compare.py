@@ -148,8 +148,8 @@ def _questions(configs: pd.DataFrame) -> list[tuple[str, str, str, str]]:
 def as_estimate(r: Paired) -> fx.Estimate:
     """A paired comparison as an ``effects.Estimate`` (per-seed differences, ``n - 1`` df)."""
     se = r.sd / math.sqrt(r.n) if r.n >= 2 else math.nan
-    return fx.Estimate(np.asarray(r.mean_diff), np.asarray(se), np.asarray(float(r.n - 1)),
-                       np.asarray(r.sd), 1, r.n)
+    return fx.Estimate(mean=np.asarray(r.mean_diff), se=np.asarray(se),
+                       df=np.asarray(float(r.n - 1)), sd_seed=np.asarray(r.sd), cells=1, seeds=r.n)
 
 
 def _equiv_p(r: Paired, margin: float) -> float:
