@@ -135,9 +135,9 @@ def read_doc(name: str, text: str, folder: Path) -> Doc:
                 words = _words(part)
                 if words[:1] == ["cd"] and len(words) == 2:
                     cwd = (cwd / words[1]).resolve()
-                    commands.append(Command(name, start, cwd, part))
+                    commands.append(Command(doc=name, line=start, cwd=cwd, text=part))
                 elif words:
-                    commands.append(Command(name, start, cwd, part))
+                    commands.append(Command(doc=name, line=start, cwd=cwd, text=part))
     return Doc(name, folder, "\n".join(prose), tuple(commands), "\n".join(python))
 
 

@@ -75,8 +75,8 @@ def _one(template: Template, step: StepFn, window: Sequence[MicroBatch], k: int,
     before = params_of(rig.model)
     step(rig, window)
     if not seen:
-        return ProbeResult(name, verdict(float("inf"), tol), float("inf"), tol,
-                           f"{what}: the loop took no optimizer step")
+        return ProbeResult(name=name, status=verdict(float("inf"), tol), measured=float("inf"),
+                           tolerance=tol, meaning=f"{what}: the loop took no optimizer step")
     got = flat(seen[-1])
     g_err = rel(got, ref)
     update = LR * ref
@@ -88,7 +88,7 @@ def _one(template: Template, step: StepFn, window: Sequence[MicroBatch], k: int,
     meaning = f"{what}: grad rel err {g_err:.2e}, 1-step param rel diff {p_err:.2e}"
     if status.value != "pass":
         meaning += "; FAIL: " + diagnose(template, window, k, got, ref, g_err, tol)
-    return ProbeResult(name, status, g_err, tol, meaning)
+    return ProbeResult(name=name, status=status, measured=g_err, tolerance=tol, meaning=meaning)
 
 
 def _fit(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:

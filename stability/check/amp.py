@@ -53,8 +53,8 @@ def probe_clip(template: Template, step: StepFn, window: Sequence[MicroBatch],
     name = "clip.unscaled"
     norm, scale = unscaled_norm(template, window, precision, baseline)
     if not math.isfinite(norm) or norm == 0:
-        return ProbeResult(name, Status.WARN, norm, CLIP_TOL,
-                           "no finite gradient at init under fp16: clipping not probed")
+        return ProbeResult(name=name, status=Status.WARN, measured=norm, tolerance=CLIP_TOL,
+                           meaning="no finite gradient at init under fp16: clipping not probed")
     max_norm = norm / 2
     rig = template.rig(precision=precision, max_norm=max_norm, accum_steps=len(window),
                        init_scale=scale)
@@ -68,7 +68,8 @@ def probe_clip(template: Template, step: StepFn, window: Sequence[MicroBatch],
                + ("" if status is Status.PASS else
                   "; FAIL: clipping did not act on unscaled gradients (clip before "
                   "scaler.unscale_, or no clip)"))
-    return ProbeResult(name, status, measured, CLIP_TOL, meaning)
+    return ProbeResult(name=name, status=status, measured=measured, tolerance=CLIP_TOL,
+                       meaning=meaning)
 
 
 def _state(opt: torch.optim.Optimizer) -> torch.Tensor:
@@ -113,4 +114,5 @@ def probe_skip(template: Template, step: StepFn, window: Sequence[MicroBatch],
     status = verdict(float(len(broken)), 0.0)
     meaning = ("inf gradient: params, optimizer state, schedule unchanged; scale halved; "
                "1 skip" if not broken else "FAIL: " + "; ".join(broken))
-    return ProbeResult("skip.is_skip", status, float(len(broken)), 0.0, meaning)
+    return ProbeResult(name="skip.is_skip", status=status, measured=float(len(broken)),
+                       tolerance=0.0, meaning=meaning)

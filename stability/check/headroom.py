@@ -57,14 +57,16 @@ def probe_range(template: Template, batch: MicroBatch, scale: float) -> list[Pro
     ratio = max(top_act[1], top_grad[1]) / FP16_MAX
     status = verdict(ratio, HEADROOM_WARN, 1.0)
     return [
-        ProbeResult("headroom.fp16_range", status, ratio, HEADROOM_WARN,
-                    f"largest |activation| {top_act[1]:.3g} ({top_act[0]}), |grad| "
+        ProbeResult(name="headroom.fp16_range", status=status, measured=ratio,
+                    tolerance=HEADROOM_WARN,
+                    meaning=f"largest |activation| {top_act[1]:.3g} ({top_act[0]}), |grad| "
                     f"{top_grad[1]:.3g} ({top_grad[0]}) vs fp16 max 65504"
                     + ("; FAIL: overflows fp16" if status is Status.FAIL else "")),
-        ProbeResult("headroom.fp16_underflow", verdict(share, UNDERFLOW_WARN, 1.0), share,
-                    UNDERFLOW_WARN,
-                    f"share of gradient elements flushed to zero in fp16 at scale {scale:g} "
-                    f"({small / nonzero if nonzero else 0:.2%} below the smallest normal)"),
+        ProbeResult(name="headroom.fp16_underflow", status=verdict(share, UNDERFLOW_WARN, 1.0),
+                    measured=share, tolerance=UNDERFLOW_WARN,
+                    meaning=f"share of gradient elements flushed to zero in fp16 at scale "
+                    f"{scale:g} ({small / nonzero if nonzero else 0:.2%} below the smallest "
+                    "normal)"),
     ]
 
 
@@ -93,16 +95,18 @@ def probe_low_precision(template: Template, batch: MicroBatch,
         try:
             loss, grad = _loss_and_grad(template, batch, p)
         except RuntimeError as err:  # an op without a CPU kernel in this dtype
-            out.append(ProbeResult(f"headroom.{p}_vs_fp32", Status.WARN, math.nan,
-                                   LOW_PRECISION_TOL, f"{p} forward not runnable here: "
+            out.append(ProbeResult(name=f"headroom.{p}_vs_fp32", status=Status.WARN,
+                                   measured=math.nan, tolerance=LOW_PRECISION_TOL,
+                                   meaning=f"{p} forward not runnable here: "
                                    f"{' '.join(str(err).split())[:80]}"))
             continue
         l_err = abs(loss - loss32) / abs(loss32) if loss32 else abs(loss)
         g_err = rel(grad, grad32)
         measured = max(l_err, g_err)
         status = verdict(measured, LOW_PRECISION_TOL, LOW_PRECISION_WARN)
-        out.append(ProbeResult(f"headroom.{p}_vs_fp32", status, measured, LOW_PRECISION_TOL,
-                               f"{p} at init: loss rel err {l_err:.2e}, grad rel err "
+        out.append(ProbeResult(name=f"headroom.{p}_vs_fp32", status=status, measured=measured,
+                               tolerance=LOW_PRECISION_TOL,
+                               meaning=f"{p} at init: loss rel err {l_err:.2e}, grad rel err "
                                f"{g_err:.2e}" + ("; FAIL: this precision breaks the "
                                                  "gradient" if status is Status.FAIL else "")))
     return out

@@ -26,7 +26,8 @@ OK, FAILED, BAD_INPUT, RAISED = 0, 1, 2, 3
 
 def not_applicable(name: str, reason: str) -> ProbeResult:
     """A probe that cannot run on this trainer here: ``n/a`` with the reason (never a pass)."""
-    return ProbeResult(name, Status.NA, math.nan, math.nan, f"n/a: {reason}")
+    return ProbeResult(name=name, status=Status.NA, measured=math.nan, tolerance=math.nan,
+                       meaning=f"n/a: {reason}")
 
 
 @dataclass(frozen=True)

@@ -37,15 +37,17 @@ def probe_init_loss(template: Template, batch: MicroBatch,
         loss = float(template.loss(template.rig().model, batch))
     if expected is None:
         if not math.isfinite(loss):
-            return ProbeResult("sanity.init_loss", Status.FAIL, loss, math.nan,
-                               f"FAIL: loss at init is {loss}")
-        return ProbeResult("sanity.init_loss", Status.NA, math.nan, math.nan,
-                           f"n/a: the task declares no expected_init_loss (loss at init "
+            return ProbeResult(name="sanity.init_loss", status=Status.FAIL, measured=loss,
+                               tolerance=math.nan, meaning=f"FAIL: loss at init is {loss}")
+        return ProbeResult(name="sanity.init_loss", status=Status.NA, measured=math.nan,
+                           tolerance=math.nan,
+                           meaning=f"n/a: the task declares no expected_init_loss (loss at init "
                            f"{loss:.4g}); declare it to check the loss and its reduction")
     measured = abs(loss - expected) / abs(expected)
     status = verdict(measured, INIT_LOSS_TOL, INIT_LOSS_WARN)
-    return ProbeResult("sanity.init_loss", status, measured, INIT_LOSS_TOL,
-                       f"loss at init {loss:.4g} vs expected {expected:.4g}"
+    return ProbeResult(name="sanity.init_loss", status=status, measured=measured,
+                       tolerance=INIT_LOSS_TOL,
+                       meaning=f"loss at init {loss:.4g} vs expected {expected:.4g}"
                        + ("" if status is Status.PASS else
                           "; the loss, its reduction or the output layer is not what it says"))
 
@@ -67,7 +69,7 @@ def probe_determinism(build: Callable[[], nn.Module], template: Template, step: 
         a, b = run(), run()
     diff = float((a - b).abs().max())
     status = verdict(diff, 0.0)
-    return ProbeResult("sanity.same_seed", status, diff, 0.0,
-                       f"same seed twice, {len(windows)} steps: max |param diff| {diff:.3g}"
+    return ProbeResult(name="sanity.same_seed", status=status, measured=diff, tolerance=0.0,
+                       meaning=f"same seed twice, {len(windows)} steps: max |param diff| {diff:.3g}"
                        + ("" if status is Status.PASS else
                           "; FAIL: runs are not reproducible (unseeded init or data order)"))

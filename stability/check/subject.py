@@ -90,8 +90,9 @@ def subject(cfg: RunConfig, loop: str, step: StepFn, k: int) -> Subject:
     if probe.step is not None and loop != OUR_LOOP:
         raise ConfigError(f"check.loop={loop!r} is invalid for a {probe.label} task: its trainer "
                           "is the loop under check (allowed values: ours)")
-    template = Template(no_dropout(probe.model), probe.loss_fn or _unused, cfg.seed,
-                        probe.loss_of, probe.grad_of, probe.join)
+    template = Template(model=no_dropout(probe.model), loss_fn=probe.loss_fn or _unused,
+                        seed=cfg.seed, loss_of=probe.loss_of, grad_of=probe.grad_of,
+                        join=probe.join)
     build = probe.build
 
     def fresh() -> nn.Module:
@@ -99,11 +100,12 @@ def subject(cfg: RunConfig, loop: str, step: StepFn, k: int) -> Subject:
 
     micro = _samples(probe, k)
     if probe.step is None:  # our loop's task: the loop under check is check.loop's
-        return Subject(template, fresh, micro, step, ours,
-                       OUR_LOOP if loop == OUR_LOOP else "plain", task,
-                       dict(probe.not_applicable))
-    return Subject(template, fresh, micro, probe.step, probe.step, probe.label, task,
-                   dict(probe.not_applicable))
+        return Subject(template=template, build=fresh, micro=micro, step=step, baseline=ours,
+                       trainer=OUR_LOOP if loop == OUR_LOOP else "plain", task=task,
+                       not_applicable=dict(probe.not_applicable))
+    return Subject(template=template, build=fresh, micro=micro, step=probe.step,
+                   baseline=probe.step, trainer=probe.label, task=task,
+                   not_applicable=dict(probe.not_applicable))
 
 
 def _unused(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

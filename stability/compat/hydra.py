@@ -15,8 +15,9 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
 from stability.compat.gate import VersionGate
 
-GATE = VersionGate("hydra-core", "1.3.2", "1.4", "stability/compat/hydra.py",
-                   "BasicSweeper, ConfigLoaderImpl._apply_overrides_to_config and "
+GATE = VersionGate(package="hydra-core", low="1.3.2", below="1.4",
+                   module="stability/compat/hydra.py",
+                   reads="BasicSweeper, ConfigLoaderImpl._apply_overrides_to_config and "
                    "get_overrides_dirname")
 BASIC_LAUNCHER_LOGGER = "hydra._internal.core_plugins.basic_launcher"  # its progress lines
 

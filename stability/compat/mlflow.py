@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 from stability.compat.gate import VersionGate
 
-GATE = VersionGate("mlflow", "3.1", "4", "stability/compat/mlflow.py",
-                   "the columns and rules of its SQL tables metrics, latest_metrics, runs")
+GATE = VersionGate(package="mlflow", low="3.1", below="4", module="stability/compat/mlflow.py",
+                   reads="the columns and rules of its SQL tables metrics, latest_metrics, runs")
 MAX_DOUBLE = 1.7976931348623157e308  # what MLflow's SQL store writes for an infinity
 # The columns of MLflow's tables written here; a store with any others is not written.
 SCHEMA = {"metrics": {"key", "value", "timestamp", "run_uuid", "step", "is_nan"},

@@ -13,8 +13,8 @@ from typing import Any
 
 from stability.compat.gate import VersionGate
 
-GATE = VersionGate("torch", "2.13", "2.14", "stability/compat/torch.py",
-                   "torch.amp.GradScaler._growth_tracker")
+GATE = VersionGate(package="torch", low="2.13", below="2.14", module="stability/compat/torch.py",
+                   reads="torch.amp.GradScaler._growth_tracker")
 
 
 def restart_growth_streak(scaler: Any) -> None:

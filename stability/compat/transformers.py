@@ -16,12 +16,14 @@ from typing import Any
 
 from stability.compat.gate import VersionGate
 
-GATE = VersionGate("transformers", "5.24", "6", "stability/compat/transformers.py",
-                   "Trainer.training_step(model, inputs, ...) and the hook order of "
+GATE = VersionGate(package="transformers", low="5.24", below="6",
+                   module="stability/compat/transformers.py",
+                   reads="Trainer.training_step(model, inputs, ...) and the hook order of "
                    "Trainer._inner_training_loop")
-ACCELERATE_GATE = VersionGate("accelerate", "1.15", "2", "stability/compat/transformers.py",
-                              "Accelerator.unscale_gradients and _clip_grad_norm_dtensor_aware, "
-                              "called by clip_grad_norm_")
+ACCELERATE_GATE = VersionGate(package="accelerate", low="1.15", below="2",
+                              module="stability/compat/transformers.py",
+                              reads="Accelerator.unscale_gradients and "
+                              "_clip_grad_norm_dtensor_aware, called by clip_grad_norm_")
 
 
 def wrap_measuring_points(trainer: Any, after_unscale: Callable[[], None],

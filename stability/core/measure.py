@@ -82,7 +82,8 @@ _recorded = attrgetter(*RECORDED)  # their values, in RECORDED's order
 def unmeasured(loss: float, scale: float) -> Measurement:
     """The ``Measurement`` of a step skipped before its gradients existed (a non-finite loss
     skips the backward): no norms (NaN), nothing clipped, the loss and the loss scale."""
-    return Measurement(math.nan, math.nan, loss, False, False, scale)
+    return Measurement(grad_l2_pre_clip=math.nan, grad_l2_post_clip=math.nan, loss=loss,
+                       finite=False, clipped=False, scaler_scale=scale)
 
 
 def _named(model: nn.Module) -> Iterable[tuple[str, nn.Parameter]]:

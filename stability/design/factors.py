@@ -19,6 +19,11 @@ from stability.core.precision import SIMPLEST_FIRST
 
 CLIP, ACCUM, PRECISION = "clipping", "accumulation", "precision"
 
+# The params a first-class factor's level is read from (a config's label names them too).
+CLIP_ENABLED, CLIP_METHOD, MAX_NORM, CLIP_VALUE = (
+    "clip.enabled", "clip.method", "clip.max_norm", "clip.clip_value")
+ACCUM_STEPS, PRECISION_NAME = "train.accum_steps", "precision.name"
+
 Params = Mapping[str, Any]  # one config's params as dotted keys (``core.identity.flatten``)
 
 
@@ -38,11 +43,11 @@ def _number_first(level: str) -> tuple:
 
 
 def _clip_level(p: Params) -> str:
-    if not flag(p.get("clip.enabled", False)):
+    if not flag(p.get(CLIP_ENABLED, False)):
         return "off"
-    if p.get("clip.method", "norm") == "value":
-        return f"value {float(p['clip.clip_value']):g}"
-    return f"max_norm {float(p['clip.max_norm']):g}"
+    if p.get(CLIP_METHOD, "norm") == "value":
+        return f"value {float(p[CLIP_VALUE]):g}"
+    return f"max_norm {float(p[MAX_NORM]):g}"
 
 
 def _clip_order(level: str) -> tuple:
@@ -50,10 +55,12 @@ def _clip_order(level: str) -> tuple:
     return (on, level.split()[0], float(level.split()[-1]) if on else 0.0)
 
 
+PRECISIONS = tuple(str(p) for p in SIMPLEST_FIRST)  # the precisions a loop knows, simplest first
+
+
 def precision_rank(level: Any) -> int:
     """fp32 0, bf16 1, fp16 2 (``core.precision.SIMPLEST_FIRST``); any other name after them."""
-    names = [str(p) for p in SIMPLEST_FIRST]
-    return names.index(str(level)) if str(level) in names else len(names)
+    return PRECISIONS.index(str(level)) if str(level) in PRECISIONS else len(PRECISIONS)
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,13 @@ class Kind:
         simplest: a level's simplicity from its name and position (0: simplest).
         heatmap: where the loss heatmap puts it: ``rows``, ``columns`` or ``panels`` (one
             panel per combination of the panel factors' levels).
+        keys: the params its level is read from (``params`` may own more): a config's label
+            names them, so the report never adds them to a label to tell configs apart.
+        known: the levels a loop knows, simplest first (the report's "best of each"); empty:
+            none named in advance.
+        tie_break: its place in the selection rule's tie-break between configs with equal
+            means (lower first); None: no part in it.
+        simpler: that tie-break in words (``clip off before on``).
     """
 
     name: str
@@ -82,6 +96,10 @@ class Kind:
     label: Callable[[str], str] | None = None
     simplest: Callable[[str, int], int] = lambda level, position: 0
     heatmap: str = "panels"
+    keys: tuple[str, ...] = ()
+    known: tuple[str, ...] = ()
+    tie_break: int | None = None
+    simpler: str = ""
 
     def owns(self, param: str) -> bool:
         """Whether ``param`` is one of this factor's params (a group prefix owns its keys)."""
@@ -93,18 +111,25 @@ class Kind:
 
 
 FIRST_CLASS: tuple[Kind, ...] = (
-    Kind(CLIP, "Clipping", ("clip.",), "clipping", level=_clip_level, order=_clip_order,
-         label=lambda lv: "clip off" if lv == "off" else lv,
-         simplest=lambda lv, _: 0 if lv == "off" else 1, heatmap="rows"),
-    Kind(ACCUM, "Accumulation", ("train.accum_steps",), "train.accum_steps",
-         level=lambda p: str(int(p.get("train.accum_steps", 1))),
+    Kind(name=CLIP, title="Clipping", params=("clip.",), axis="clipping", level=_clip_level,
+         order=_clip_order, label=lambda lv: "clip off" if lv == "off" else lv,
+         simplest=lambda lv, _: 0 if lv == "off" else 1, heatmap="rows",
+         keys=(CLIP_ENABLED, CLIP_METHOD, MAX_NORM, CLIP_VALUE), tie_break=0,
+         simpler="clip off before on"),
+    Kind(name=ACCUM, title="Accumulation", params=(ACCUM_STEPS,), axis=ACCUM_STEPS,
+         level=lambda p: str(int(p.get(ACCUM_STEPS, 1))),
          label=lambda lv: f"accum {lv}", simplest=lambda _, position: position,
-         heatmap="columns"),
-    Kind(PRECISION, "Precision", ("precision.",), "precision",
-         level=lambda p: str(p.get("precision.name", "")),
+         heatmap="columns", keys=(ACCUM_STEPS,), tie_break=2, simpler=f"smaller {ACCUM_STEPS}"),
+    Kind(name=PRECISION, title="Precision", params=("precision.",), axis="precision",
+         level=lambda p: str(p.get(PRECISION_NAME, "")),
          order=lambda lv: (precision_rank(lv), lv), label=lambda lv: lv,
-         simplest=lambda _, position: position),
+         simplest=lambda _, position: position, keys=(PRECISION_NAME,), known=PRECISIONS,
+         tie_break=1, simpler=" before ".join(PRECISIONS)),
 )
+
+# The first-class factors of the selection rule's tie-break, in its order.
+TIE_BREAK: tuple[Kind, ...] = tuple(sorted((k for k in FIRST_CLASS if k.tie_break is not None),
+                                           key=lambda k: k.tie_break or 0))
 
 # Titles of plain factors that have one (any other is titled by its key).
 PLAIN_TITLES = {"train.lr": "Learning rate"}
@@ -116,7 +141,7 @@ def kind(name: str) -> Kind:
     """The registry entry of ``name``, or a plain factor's for any other (swept) param."""
     if name in _BY_NAME:
         return _BY_NAME[name]
-    return Kind(name, PLAIN_TITLES.get(name, name), (name,), name)
+    return Kind(name=name, title=PLAIN_TITLES.get(name, name), params=(name,), axis=name)
 
 
 def first_class(param: str) -> bool:
@@ -145,3 +170,25 @@ def simplicity(name: str, level: str, position: int) -> int:
     No level of a plain factor (e.g. ``train.lr``) is simpler than another.
     """
     return kind(name).simplest(level, position)
+
+
+def label_keys() -> tuple[str, ...]:
+    """The params a config's label names: every first-class factor's ``keys``."""
+    return tuple(p for k in FIRST_CLASS for p in k.keys)
+
+
+def tie_break(params: Mapping[str, Params]) -> dict[str, tuple[int, ...]]:
+    """Each config's simplicity per factor of the tie-break (``TIE_BREAK``'s order), 0 simplest.
+
+    Args:
+        params: each config's id and params (dotted keys); a level's position is its place
+            among the levels these configs have (``order``), as in ``design.Design.of``.
+    """
+    simplest: dict[str, list[int]] = {c: [] for c in params}
+    for k in TIE_BREAK:
+        assert k.level is not None  # a first-class factor reads its level
+        level = {c: k.level(p) for c, p in params.items()}
+        ranked = sorted(set(level.values()), key=k.order)
+        for c in params:
+            simplest[c].append(k.simplest(level[c], ranked.index(level[c])))
+    return {c: tuple(s) for c, s in simplest.items()}

@@ -171,7 +171,8 @@ def probe(task: Task, cfg: RunConfig) -> Probe:
     model = task.model()
     wanted = getattr(task, "training_arguments", dict)()
     b = int(wanted.get("per_device_train_batch_size", cfg.train.batch_size))
-    return Probe(model, task.model, task.train_val()[0], b,
-                 f"per_device_train_batch_size={b}", hf.collator or default_collate,
+    return Probe(model=model, build=task.model, samples=task.train_val()[0], batch_size=b,
+                 batch_key=f"per_device_train_batch_size={b}",
+                 collate=hf.collator or default_collate,
                  loss_of=hf.loss, join=hf.join, step=hf.step, label="hf",
                  not_applicable={"clip.unscaled": CPU_FP16, "skip.is_skip": CPU_FP16})

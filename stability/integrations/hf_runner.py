@@ -194,9 +194,10 @@ def prepare(task: Task, cfg: RunConfig, device: str, folder: Path,
                               lambda resume: _checkpoint(folder, int(resume.step)))
     if ckpt is not None:
         log.info("resuming the train from %s", ckpt)
-    return Fit(model, cb,
-               lambda: trainer.train(resume_from_checkpoint=None if ckpt is None else str(ckpt)),
-               lambda: _remove_checkpoints(folder))
+    return Fit(model=model, callback=cb,
+               run=lambda: trainer.train(
+                   resume_from_checkpoint=None if ckpt is None else str(ckpt)),
+               ended=lambda: _remove_checkpoints(folder))
 
 
 def rebuild(task: Task, cfg: RunConfig) -> nn.Module:

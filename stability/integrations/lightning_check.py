@@ -141,8 +141,10 @@ def probe(task: Task, cfg: RunConfig) -> Probe:
     common: dict[str, Any] = {"loss_of": module_loss, "grad_of": trainer_gradient, "step": step}
     if not getattr(model, "automatic_optimization", True):
         # its accumulation is its own code: a failure is never Lightning's
-        return Probe(model, build, loader.dataset, b, f"the training loader's batch_size={b}",
-                     loader.collate_fn, label="lightning-manual",
+        return Probe(model=model, build=build, samples=loader.dataset, batch_size=b,
+                     batch_key=f"the training loader's batch_size={b}",
+                     collate=loader.collate_fn, label="lightning-manual",
                      not_applicable={"clip.unscaled": MANUAL_CLIP}, **common)
-    return Probe(model, build, loader.dataset, b, f"the training loader's batch_size={b}",
-                 loader.collate_fn, label="lightning", **common)
+    return Probe(model=model, build=build, samples=loader.dataset, batch_size=b,
+                 batch_key=f"the training loader's batch_size={b}",
+                 collate=loader.collate_fn, label="lightning", **common)

@@ -130,10 +130,11 @@ def prepare(task: Task, cfg: RunConfig, device: str, folder: Path,
         log.info("resuming the fit from %s", ckpt)
     # weights_only explicitly: Lightning's None defers to torch's default, which an
     # environment variable (TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD) can turn into unpickling
-    return Fit(module, cb, lambda: trainer.fit(module, datamodule=data,
-                                               ckpt_path=None if ckpt is None else str(ckpt),
-                                               weights_only=True),
-               lambda: _remove_checkpoints(folder))
+    return Fit(model=module, callback=cb,
+               run=lambda: trainer.fit(module, datamodule=data,
+                                       ckpt_path=None if ckpt is None else str(ckpt),
+                                       weights_only=True),
+               ended=lambda: _remove_checkpoints(folder))
 
 
 def _remove_checkpoints(folder: Path) -> None:

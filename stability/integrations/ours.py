@@ -68,4 +68,5 @@ def probe(cfg: RunConfig, task: Task) -> Probe:
     model = task.model()
     train_set, _ = task.train_val()
     b = cfg.train.batch_size
-    return Probe(model, task.model, train_set, b, f"train.batch_size={b}", loss_fn=task.loss)
+    return Probe(model=model, build=task.model, samples=train_set, batch_size=b,
+                 batch_key=f"train.batch_size={b}", loss_fn=task.loss)

@@ -164,14 +164,14 @@ class StepRecorder:
         sample = self.meter.samples_underflow(step)
         if not norm_later:
             m = measure(params, MEASURE_ONLY, scaler, model=self.model, sample_underflow=sample)
-            self._pending = _Pending(step, float(lr), m, params)
+            self._pending = _Pending(step=step, lr=float(lr), m=m, params=params)
             return
         scaling = scaler is not None and scaler.is_enabled()
         underflow = math.nan
         if scaling and sample:
             underflow = fp16_underflow_fraction([p.grad for p in params if p.grad is not None])
-        self._pending = _Pending(step, float(lr), None, params,
-                                 scaler.get_scale() if scaling else 1.0, underflow)
+        self._pending = _Pending(step=step, lr=float(lr), m=None, params=params,
+                                 scale=scaler.get_scale() if scaling else 1.0, underflow=underflow)
 
     @property
     def awaits_norm(self) -> bool:
@@ -192,8 +192,9 @@ class StepRecorder:
             with_grad = [q for q in p.params if q.grad is not None]
             per_tensor = grad_norms([q.grad for q in with_grad])[0]
             name = _first_non_finite(self.model, with_grad, per_tensor)
-        p.m = Measurement(pre_f, pre_f, math.nan, finite, False, p.scale,
-                          p.underflow if finite else math.nan, name)
+        p.m = Measurement(grad_l2_pre_clip=pre_f, grad_l2_post_clip=pre_f, loss=math.nan,
+                          finite=finite, clipped=False, scaler_scale=p.scale,
+                          underflow_frac=p.underflow if finite else math.nan, nonfinite_param=name)
 
     @property
     def stepping(self) -> bool:

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from stability.core.steplog import COLUMN
+from stability.design.factors import ACCUM_STEPS, CLIP_ENABLED
 
 
 @dataclass(frozen=True)
@@ -94,12 +95,12 @@ def recommend(runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.Dat
         chosen: the decision's config row (``clip_enabled``, ``max_norm``, ``accum_steps``);
             each recommendation then says how it stands to that choice (``against``).
     """
-    if "clip.enabled" not in runs or "train.accum_steps" not in runs:
+    if CLIP_ENABLED not in runs or ACCUM_STEPS not in runs:
         return []  # clipping not swept (a run that does not record it): no clip-off runs known
-    off = runs[(runs["outcome"] == "finished") & ~runs["clip.enabled"].astype(bool)]
+    off = runs[(runs["outcome"] == "finished") & ~runs[CLIP_ENABLED].astype(bool)]
     swept = sorted(float(m) for m in configs["max_norm"].dropna().unique())
     out = []
-    for accum, group in off.groupby("train.accum_steps"):
+    for accum, group in off.groupby(ACCUM_STEPS):
         per_seed: dict[int, np.ndarray] = {}
         for _, row in group.iterrows():
             if row["run_id"] in steps:  # precisions of one seed pool: clipping acts unscaled

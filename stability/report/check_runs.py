@@ -73,8 +73,8 @@ def read(run: Any) -> CheckRun:
         if key.startswith(CHECK_PREFIX) and status == FAIL:
             value = metrics.get(key, math.nan)
             failed.append((_clean(key[len(CHECK_PREFIX):]), float(value)))
-    return CheckRun(_clean(run.info.run_id), task_params(params), tuple(failed),
-                    int(run.info.start_time or 0))
+    return CheckRun(run_id=_clean(run.info.run_id), task=task_params(params), failed=tuple(failed),
+                    start_time=int(run.info.start_time or 0))
 
 
 def _quotable(user: str) -> bool:

@@ -29,9 +29,8 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import pandas as pd
 
-from stability.core.precision import SIMPLEST_FIRST
 from stability.report.format import signed, size
-from stability.report.select import baseline, best_of, per_seed
+from stability.report.select import baseline, best_of_each_precision, per_seed
 from stability.report.table import VersusWinner
 from stability.stats import effects as fx
 from stability.stats.paired import Paired, min_detectable, paired, seeds_needed
@@ -60,6 +59,28 @@ def sensitivity(result: Paired, effect: float, alpha: float, power: float) -> Se
     """Minimum detectable difference and seeds needed, from the SD of the paired differences."""
     return Sensitivity(power, alpha, min_detectable(result.sd, result.n, alpha, power), effect,
                        seeds_needed(effect, result.sd, alpha, power))
+
+
+@dataclass(frozen=True)
+class Criteria:
+    """How the paired comparisons are judged (the report's options, the margin resolved).
+
+    Attributes:
+        confidence: level of the intervals on the mean difference.
+        alpha: significance level of the verdicts.
+        power: power of the minimum detectable difference.
+        min_effect: the effect whose seed count is reported (loss units); None uses
+            ``min_effect_sd`` times the winner's seed SD.
+        min_effect_sd: see ``min_effect``.
+        margin: the equivalence margin (loss units) of the TOST.
+    """
+
+    confidence: float = 0.95
+    alpha: float = 0.05
+    power: float = 0.8
+    min_effect: float | None = None
+    min_effect_sd: float = 1.0
+    margin: float = math.nan
 
 
 def named_effect(configs: pd.DataFrame, min_effect: float | None, min_effect_sd: float) -> float:
@@ -111,9 +132,8 @@ def _questions(configs: pd.DataFrame) -> list[tuple[str, str, str, str]]:
     lowest = configs.sort_values("rank", kind="stable").iloc[0]["fingerprint"]
     wanted: list[tuple[str, str, str, str | None]] = [
         ("winner vs baseline (fp32, clip off, accum 1)", "winner", win, baseline(configs))]
-    for p in SIMPLEST_FIRST:
-        wanted.append((f"winner vs best {p}", "winner", win,
-                       best_of(configs, configs["precision"] == p)))
+    for p, best in best_of_each_precision(configs):
+        wanted.append((f"winner vs best {p}", "winner", win, best))
     wanted.append(("winner vs lowest validation mean", "winner", win, str(lowest)))
     merged: dict[tuple[str, str, str], str] = {}
     for question, kind, ref, other in wanted:
@@ -128,8 +148,8 @@ def _questions(configs: pd.DataFrame) -> list[tuple[str, str, str, str]]:
 def as_estimate(r: Paired) -> fx.Estimate:
     """A paired comparison as an ``effects.Estimate`` (per-seed differences, ``n - 1`` df)."""
     se = r.sd / math.sqrt(r.n) if r.n >= 2 else math.nan
-    return fx.Estimate(np.asarray(r.mean_diff), np.asarray(se), np.asarray(float(r.n - 1)),
-                       np.asarray(r.sd), 1, r.n)
+    return fx.Estimate(mean=np.asarray(r.mean_diff), se=np.asarray(se),
+                       df=np.asarray(float(r.n - 1)), sd_seed=np.asarray(r.sd), cells=1, seeds=r.n)
 
 
 def _equiv_p(r: Paired, margin: float) -> float:
@@ -138,24 +158,18 @@ def _equiv_p(r: Paired, margin: float) -> float:
     return float(fx.p_equivalent(as_estimate(r), margin))
 
 
-def comparisons(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0.95,
-                alpha: float = 0.05, power: float = 0.8, min_effect: float | None = None,
-                min_effect_sd: float = 1.0, margin: float = math.nan) -> list[Comparison]:
+def comparisons(runs: pd.DataFrame, configs: pd.DataFrame,
+                criteria: Criteria = Criteria()) -> list[Comparison]:
     """The review's paired comparisons with selection-adjusted p-values, power and verdicts.
 
     Args:
         runs: one row per training run.
         configs: ``select.aggregate(runs)`` (ranked; row 0 is the winner).
-        confidence: level of the intervals on the mean difference.
-        alpha: significance level for the verdicts.
-        power: power of the minimum detectable difference.
-        min_effect: the effect whose seed count is reported (loss units); None uses
-            ``min_effect_sd`` times the winner's seed SD.
-        min_effect_sd: see ``min_effect``.
-        margin: the equivalence margin (loss units) of the TOST.
+        criteria: levels, power, the named effect and the equivalence margin.
     """
+    confidence, alpha, margin = criteria.confidence, criteria.alpha, criteria.margin
     out = []
-    effect = named_effect(configs, min_effect, min_effect_sd)
+    effect = named_effect(configs, criteria.min_effect, criteria.min_effect_sd)
     family = selection_family(configs)
     for question, kind, ref, other in _questions(configs):
         result = paired(per_seed(runs, ref), per_seed(runs, other), confidence)
@@ -165,7 +179,8 @@ def comparisons(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0
                               p_adj=selected(result.p_t, family),
                               p_equiv_adj=selected(_equiv_p(result, margin), family),
                               margin=margin, confidence=confidence,
-                              power=sensitivity(result, effect, alpha / family, power)))
+                              power=sensitivity(result, effect, alpha / family,
+                                                criteria.power)))
     worded = [replace(c, word=_word(c, alpha)) for c in out]
     return [replace(c, verdict=verdict(c, alpha)) for c in worded]
 
@@ -229,9 +244,8 @@ def verdict(c: Comparison, alpha: float) -> str:
             f"{unseen(c)} ({c.other} vs the winner: {_numbers(c)}).{lost}")
 
 
-def versus(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0.95,
-           alpha: float = 0.05, power: float = 0.8,
-           margin: float = math.nan) -> tuple[VersusWinner, ...]:
+def versus(runs: pd.DataFrame, configs: pd.DataFrame,
+           criteria: Criteria = Criteria()) -> tuple[VersusWinner, ...]:
     """Each config's paired comparison with the winner (row 0 of ``configs``), in its order.
 
     The paired t-test (``p_vs_winner``, unadjusted) and Wilcoxon p, ``within_ci`` (mean inside
@@ -242,7 +256,10 @@ def versus(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0.95,
     ``margin``, each selection-adjusted, ``p_adj_vs_winner``; a config with unfinished seeds
     is never equivalent). Configs with an infinite mean are never within noise: by the +inf
     rule they cannot win. The winner is not its own competitor: NaN, False and "winner".
+    ``criteria``'s confidence, alpha, power and margin apply (not its named effect).
     """
+    confidence, alpha, power, margin = (criteria.confidence, criteria.alpha, criteria.power,
+                                        criteria.margin)
     win = configs.iloc[0]
     ref = per_seed(runs, str(win["fingerprint"]))
     results = [paired(ref, per_seed(runs, str(fp)), confidence) for fp in configs["fingerprint"]]
@@ -272,10 +289,9 @@ def versus(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0.95,
     return tuple(out)
 
 
-def versus_winner(runs: pd.DataFrame, configs: pd.DataFrame, confidence: float = 0.95,
-                  alpha: float = 0.05, power: float = 0.8,
-                  margin: float = math.nan) -> pd.DataFrame:
+def versus_winner(runs: pd.DataFrame, configs: pd.DataFrame,
+                  criteria: Criteria = Criteria()) -> pd.DataFrame:
     """``configs`` with ``versus``'s fields as columns, for analyses that read a DataFrame."""
-    parts = versus(runs, configs, confidence, alpha, power, margin)
+    parts = versus(runs, configs, criteria)
     return configs.assign(**{f.name: [getattr(v, f.name) for v in parts]
                              for f in fields(VersusWinner)})

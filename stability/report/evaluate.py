@@ -148,7 +148,8 @@ def evaluate_winner(c: Any, runs: pd.DataFrame, winner: str, workdir: Path,
         rid, seed = row["run_id"], int(row["seed"])
         got = loaded[rid]
         if isinstance(got, str):
-            results.append(SeedTestResult(rid, seed, math.nan, math.nan, False, got))
+            results.append(SeedTestResult(run_id=rid, seed=seed, test_loss=math.nan,
+                                          test_acc=math.nan, logged=False, note=got))
             continue
         cfg, state = got
         check_precision_supported(cfg.precision.name, dev)
@@ -156,8 +157,9 @@ def evaluate_winner(c: Any, runs: pd.DataFrame, winner: str, workdir: Path,
             got = _test_one(cfg, state, winner, splits, dev)
         except Exception as err:
             log.warning("cannot evaluate run %s: %s", rid, err)
-            results.append(SeedTestResult(rid, seed, math.nan, math.nan, False,
-                                          _reason(err)))
+            results.append(SeedTestResult(run_id=rid, seed=seed, test_loss=math.nan,
+                                          test_acc=math.nan, logged=False,
+                                          note=_reason(err)))
             continue
         results.append(_record(c, row, rid, seed, got["loss"], got.get("acc", math.nan)))
     ok = [r for r in results if math.isfinite(r.test_loss)]
@@ -202,8 +204,9 @@ def _record(c: Any, row: pd.Series, run_id: str, seed: int, loss: float,
         same = abs(old_loss - loss) <= MISMATCH_TOL and abs(old_acc - acc) <= MISMATCH_TOL
         note = "" if same else (f"re-evaluation differs from the logged test_loss "
                                 f"{old_loss:.6f} / test_acc {old_acc:.4f}; kept the logged ones")
-        return SeedTestResult(run_id, seed, loss, acc, False, note)
+        return SeedTestResult(run_id=run_id, seed=seed, test_loss=loss, test_acc=acc,
+                              logged=False, note=note)
     ts = int(time.time() * 1000)
     c.log_batch(run_id, metrics=[Metric("test_loss", loss, ts, 0), Metric("test_acc", acc, ts, 0)],
                 synchronous=True)
-    return SeedTestResult(run_id, seed, loss, acc, True)
+    return SeedTestResult(run_id=run_id, seed=seed, test_loss=loss, test_acc=acc, logged=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -161,8 +161,10 @@ class Cube:
         return d[ran], int((ran & ~complete).sum())
 
 
-def _effect(c: Cube, factor: str, level: str, ref: str, margin: float, confidence: float,
+def _effect(c: Cube, f: Factor, a: int, margin: float, confidence: float,
             ref_unfinished: int = 0, at: str = "") -> tuple[Effect | None, int]:
+    """Level ``a`` of ``f`` against its reference from the contrast cube ``c``, and the cells
+    that lacked a seed (None: fewer than two seeds, or no finite mean)."""
     d, lost = c.cells_by_seeds()
     if d.size == 0 or d.shape[1] < 2:
         return None, lost
@@ -170,10 +172,12 @@ def _effect(c: Cube, factor: str, level: str, ref: str, margin: float, confidenc
     if e.seeds < 2 or not np.isfinite(e.mean):
         return None, lost
     low, high = fx.interval(e, confidence)
-    return Effect(factor, level, ref, float(e.mean), float(low), float(high),
-                  float(fx.p_two_sided(e)), float(fx.p_equivalent(e, margin)), float(e.df),
-                  float(e.sd_seed), e.cells, e.seeds,
-                  (int(c.unfinished.sum()), ref_unfinished), int(c.ran.sum()), at=at), lost
+    return Effect(factor=f.name, level=f.levels[a], reference=f.reference, mean=float(e.mean),
+                  low=float(low), high=float(high), p=float(fx.p_two_sided(e)),
+                  p_equiv=float(fx.p_equivalent(e, margin)), df=float(e.df),
+                  sd_seed=float(e.sd_seed), cells=e.cells, seeds=e.seeds,
+                  unfinished=(int(c.unfinished.sum()), ref_unfinished), runs=int(c.ran.sum()),
+                  at=at), lost
 
 
 def _decide(effects: list[Effect], alpha: float, power: float, margin: float,
@@ -192,9 +196,9 @@ def _decide(effects: list[Effect], alpha: float, power: float, margin: float,
     for e, ph, pq, v in zip(effects, p_holm, p_eq_holm, verdicts, strict=True):
         need = fx.seeds_to_decide(e.mean, e.sd_seed, margin, first, power) \
             if v == fx.UNDECIDED and equivalence else math.nan
-        out.append(Effect(**{**e.__dict__, "p_holm": float(ph), "p_equiv_holm": float(pq),
-                             "verdict": str(v), "seeds_to_decide": need,
-                             "detectable": min_detectable(e.sd_seed, e.seeds, first, power)}))
+        out.append(replace(e, p_holm=float(ph), p_equiv_holm=float(pq), verdict=str(v),
+                           seeds_to_decide=need,
+                           detectable=min_detectable(e.sd_seed, e.seeds, first, power)))
     return out
 
 
@@ -218,8 +222,7 @@ def analyse(runs: pd.DataFrame, configs: pd.DataFrame, margin: float, alpha: flo
     for i, f in enumerate(factors):
         ref_bad = int(cube.at(i, 0).unfinished.sum())
         for a in range(1, len(f.levels)):
-            e, lost = _effect(cube.contrast(i, a, 0), f.name, f.levels[a], f.reference, margin,
-                              confidence, ref_bad)
+            e, lost = _effect(cube.contrast(i, a, 0), f, a, margin, confidence, ref_bad)
             dropped += lost
             if e is not None:
                 clipped = table.loc[table[f.name] == f.levels[a], "clip_fraction"].mean()
@@ -230,30 +233,31 @@ def analyse(runs: pd.DataFrame, configs: pd.DataFrame, margin: float, alpha: flo
         jj = j - (j > i)  # fb's axis once fa's axis is contrasted away
         for a in range(1, len(fa.levels)):
             diff = cube.contrast(i, a, 0)
-            by_b = [_effect(diff.at(jj, b), fa.name, fa.levels[a], fa.reference, margin,
-                            confidence, int(cube.at(i, 0).at(jj, b).unfinished.sum()),
+            by_b = [_effect(diff.at(jj, b), fa, a, margin, confidence,
+                            int(cube.at(i, 0).at(jj, b).unfinished.sum()),
                             at=f"{fb.name} {fb.levels[b]}")[0] for b in range(len(fb.levels))]
             simple[(fa.name, fa.levels[a], fb.name)] = tuple(e for e in by_b if e is not None)
             if i > j:  # each 2 x 2 interaction once
                 continue
             for b in range(1, len(fb.levels)):
                 twice = Cube(diff.at(jj, b).loss - diff.at(jj, 0).loss, np.zeros(1), np.zeros(1))
-                e, _ = _effect(twice, fa.name, fa.levels[a], fa.reference, margin, confidence,
+                e, _ = _effect(twice, fa, a, margin, confidence,
                                at=f"{fb.name} {fb.levels[b]} vs {fb.reference}")
                 if e is not None:
                     inter.append(e)
-    return FactorAnalysis(tuple(factors), margin, alpha, confidence,
-                          tuple(_decide(main, alpha, power, margin)),
-                          tuple(_decide(inter, alpha, power, margin, equivalence=False)),
-                          simple, dropped)
+    return FactorAnalysis(factors=tuple(factors), margin=margin, alpha=alpha,
+                          confidence=confidence, main=tuple(_decide(main, alpha, power, margin)),
+                          interactions=tuple(_decide(inter, alpha, power, margin,
+                                                     equivalence=False)),
+                          simple=simple, dropped_cells=dropped)
 
 
 def _with_cost(e: Effect, seconds: pd.Series | None, clipped: float = math.nan) -> Effect:
     """Training seconds per run at this level over the reference's, over all their configs."""
     if seconds is None:
-        return Effect(**{**e.__dict__, "clipped": float(clipped)})
+        return replace(e, clipped=float(clipped))
     frame = seconds.reset_index()
     lvl = frame[frame[e.factor] == e.level]["seconds"].mean()
     ref = frame[frame[e.factor] == e.reference]["seconds"].mean()
     ratio = float(lvl / ref) if ref and math.isfinite(ref) else math.nan
-    return Effect(**{**e.__dict__, "cost_ratio": ratio, "clipped": float(clipped)})
+    return replace(e, cost_ratio=ratio, clipped=float(clipped))

@@ -161,6 +161,6 @@ def gather(c: Any, runs: Sequence[tuple[Series, pd.Series]], steps: Mapping[str,
         df = steps.get(str(r["run_id"]))
         skipped = (frozenset(int(x) for x in df.loc[df[COLUMN.skipped] == 1, COLUMN.step])
                    if df is not None and COLUMN.skipped in df else None)
-        panels.append(Panel(s, int(r["seed"]), table, skipped))
+        panels.append(Panel(series=s, seed=int(r["seed"]), table=table, skipped=skipped))
     missing = tuple(f"{s.role}: {s.label}" for s, r in runs if str(r["run_id"]) not in tables)
     return LayerNorms(tuple(panels), len(runs), missing)

@@ -161,8 +161,9 @@ def _register(c: Any, uri: str, cfg: ReportConfig, fetched: stages.Fetched, winn
     try:
         loadable = load_winner(c, str(best["run_id"]), workdir, winner.fingerprint,
                                allowed_tasks(cfg.task))
-        version, created = publish.register_winner(c, uri, cfg.registered_model, fetched.sweep,
-                                                   winner, best, test, report_run, loadable,
+        candidate = publish.Candidate(sweep=fetched.sweep, winner=winner, run=best, test=test,
+                                      loadable=loadable, report_run_id=report_run)
+        version, created = publish.register_winner(c, uri, cfg.registered_model, candidate,
                                                    notes)
     except Exception as err:  # the report stands without a registry entry
         log.warning("model not registered: %s: %s", type(err).__name__, err)  # one line

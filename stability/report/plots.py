@@ -26,7 +26,7 @@ from stability.core.precision import Precision  # noqa: E402
 from stability.core.steplog import COLUMN  # noqa: E402
 from stability.core.task import DEFAULT_LOSS_NAME  # noqa: E402
 from stability.design.design import Design  # noqa: E402
-from stability.design.factors import CLIP, kind, precision_rank  # noqa: E402
+from stability.design.factors import CLIP, MAX_NORM, PRECISION, kind, precision_rank  # noqa: E402
 from stability.report.format import save  # noqa: E402
 
 PRECISION_COLORS = {Precision.FP32: "tab:blue", Precision.BF16: "tab:green",
@@ -121,11 +121,11 @@ def clip_fraction(configs: pd.DataFrame, folder: Path) -> Figure | None:
         swept = sorted(on["max_norm"].unique())
         ax.set_xticks(swept, [f"{m:g}" for m in swept])  # the swept values, not powers of 2
         ax.minorticks_off()
-        ax.set(title=f"accum_steps={acc}", xlabel="clip.max_norm (log axis, ticks: swept values)",
+        ax.set(title=f"accum_steps={acc}", xlabel=f"{MAX_NORM} (log axis, ticks: swept values)",
                ylim=(-0.03, 1.03))
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("fraction of optimizer steps clipped")
-    axes[0][-1].legend(title="precision")
+    axes[0][-1].legend(title=PRECISION)
     fig.suptitle("Clip fraction vs max_norm (mean over seeds, error bars: ±1 std)")
     name = save(fig, folder, "clip_fraction.png")
     return Figure(name, "Clip fraction vs max_norm",
@@ -208,7 +208,7 @@ def skipped_steps(configs: pd.DataFrame, folder: Path) -> Figure | None:
            xlabel="skipped optimizer steps per run", ylabel="config")
     ax.tick_params(axis="y", labelsize=7)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PRECISION_COLORS.values()]
-    ax.legend(handles, list(PRECISION_COLORS), title="precision", fontsize=8)
+    ax.legend(handles, list(PRECISION_COLORS), title=PRECISION, fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     name = save(fig, folder, "skipped_steps.png")
     return Figure(name, "Skipped steps per config",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from stability.core.precision import SIMPLEST_FIRST, Precision
+from stability.core.precision import Precision
 from stability.report import select
 from stability.report.plots import Series
 from stability.report.table import ConfigTable
@@ -24,8 +24,7 @@ ROLE_COLORS = ("tab:red", "tab:blue", "tab:purple", "tab:olive", "tab:cyan")
 def roles(configs: pd.DataFrame) -> list[tuple[str, str]]:
     """``(role, fingerprint)`` of the plotted configs: chosen, baseline, best of each precision."""
     wanted = [("chosen", configs.iloc[0]["fingerprint"]), ("baseline", select.baseline(configs))]
-    wanted += [(f"best {p}", select.best_of(configs, configs["precision"] == p))
-               for p in SIMPLEST_FIRST]
+    wanted += [(f"best {p}", best) for p, best in select.best_of_each_precision(configs)]
     named: dict[str, str] = {}
     for role, fp in wanted:
         if fp is not None:

@@ -13,6 +13,7 @@ import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -170,10 +171,30 @@ def _own_version(c: Any, v: Any, sweep: Sweep, fp: str, training_run_id: str) ->
             and tags.get(Tag.SWEEP_ID) == sweep.sweep_id and tags.get(Tag.WINNER) == fp)
 
 
-def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: ConfigRow,
-                    run: Mapping[str, Any], test: WinnerTestResult, report_run_id: str,
-                    loadable: LoadableWinner, notes: list[str] | None = None
-                    ) -> tuple[str, bool]:
+@dataclass(frozen=True)
+class Candidate:
+    """What a report registers: the winner's best seed, its test and its loadable model.
+
+    Attributes:
+        sweep: the sweep.
+        winner: the winner's row of the ranked config table.
+        run: the training run whose checkpoint is registered (the winner's seed with the
+            lowest best validation loss: chosen on validation, never on test).
+        test: the winner's test evaluation (its numbers become version tags).
+        loadable: that run's rebuilt model and input example (``evaluate.load_winner``).
+        report_run_id: the report run that registers it.
+    """
+
+    sweep: Sweep
+    winner: ConfigRow
+    run: Mapping[str, Any]
+    test: WinnerTestResult
+    loadable: LoadableWinner
+    report_run_id: str
+
+
+def register_winner(c: Any, uri: str, name: str, candidate: Candidate,
+                    notes: list[str] | None = None) -> tuple[str, bool]:
     """Log the winner as an MLflow Model, register it once per (sweep, winner), alias champion.
 
     The model is logged with ``mlflow.pytorch.log_model`` into the report run (``name="model"``,
@@ -186,13 +207,7 @@ def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: ConfigRow
         c: the MLflow client.
         uri: its tracking URI (``log_model`` resolves the global one).
         name: the registered model name.
-        sweep: the sweep.
-        winner: the winner's row of the ranked config table.
-        run: the training run whose checkpoint is registered (the winner's seed with the
-            lowest best validation loss: chosen on validation, never on test).
-        test: the winner's test evaluation (its numbers become version tags).
-        report_run_id: the report run that registers it.
-        loadable: that run's rebuilt model and input example (``evaluate.load_winner``).
+        candidate: the winner's run, test and model, and the report run that registers it.
         notes: receives a warning when the new version's input signature differs from the
             previous version's (two studies sharing one name: ``signature_warning``).
 
@@ -201,6 +216,8 @@ def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: ConfigRow
     """
     from mlflow.exceptions import MlflowException
 
+    sweep, winner, run, test = candidate.sweep, candidate.winner, candidate.run, candidate.test
+    report_run_id = candidate.report_run_id
     fp = winner.fingerprint
     for v in versions(c, name):
         if _own_version(c, v, sweep, fp, str(run["run_id"])):
@@ -230,15 +247,14 @@ def register_winner(c: Any, uri: str, name: str, sweep: Sweep, winner: ConfigRow
     }
     if seed_test is not None and math.isfinite(seed_test.test_loss):
         tags |= {"test_loss": f"{seed_test.test_loss:.6g}", "test_acc": f"{seed_test.test_acc:.6g}"}
-    info = _log_model(uri, sweep.experiment_id, report_run_id, loadable)
+    info = _log_model(uri, sweep.experiment_id, report_run_id, candidate.loadable)
     warning = signature_warning(c, name, info.signature)
     if warning:
         log.warning(warning)
         if notes is not None:
             notes.append(warning)
     mv = c.create_model_version(name, source=info.model_uri, run_id=str(run["run_id"]),
-                                tags=tags, description=_description(sweep, winner, run, test,
-                                                                    seed_test),
+                                tags=tags, description=_description(candidate, seed_test),
                                 model_id=info.model_id)
     c.set_registered_model_alias(name, CHAMPION, mv.version)
     c.set_tag(report_run_id, Tag.MODEL_URI, f"models:/{name}@{CHAMPION}")
@@ -297,8 +313,8 @@ def _log_model(uri: str, experiment_id: str, run_id: str, w: LoadableWinner) -> 
             metadata={"config_yaml": w.config_text, "training_run_id": w.run_id})
 
 
-def _description(sweep: Sweep, winner: ConfigRow, run: Mapping[str, Any],
-                 test: WinnerTestResult, seed_test: Any) -> str:
+def _description(candidate: Candidate, seed_test: Any) -> str:
+    sweep, winner, run, test = candidate.sweep, candidate.winner, candidate.run, candidate.test
     seed_line = (f"; this seed: test loss {seed_test.test_loss:.4f}, test accuracy "
                  f"{seed_test.test_acc:.4f}" if seed_test is not None
                  and math.isfinite(seed_test.test_loss) else "")

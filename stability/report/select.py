@@ -8,6 +8,7 @@ the mean of such a config is +inf: a config cannot win by losing its bad seeds.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -15,7 +16,19 @@ import pandas as pd
 from stability.core.cost import RUN_COST_METRICS
 from stability.core.identity import config_label
 from stability.core.precision import Precision
-from stability.design.factors import precision_rank
+from stability.design.factors import (
+    ACCUM_STEPS,
+    CLIP_ENABLED,
+    CLIP_METHOD,
+    MAX_NORM,
+    PRECISION,
+    PRECISION_NAME,
+    TIE_BREAK,
+    Params,
+    kind,
+    label_keys,
+    tie_break,
+)
 from stability.stats.paired import mean_ci
 
 TIE_DECIMALS = 10  # means equal to 1e-10 are a tie (summation order changes the last bits)
@@ -23,11 +36,9 @@ SELECTION_RULE = (
     "winner = lowest mean best_val_loss over seeds (validation split only); a seed that did "
     "not finish (diverged, failed, killed) counts as +inf, so a config cannot win by losing "
     "seeds; ties (means equal to 1e-10): fewer unfinished seeds, then the simpler config: "
-    "clip off before on, fp32 before bf16 before fp16, smaller train.accum_steps; then the "
-    "fingerprint, alphabetically"
+    + ", ".join(k.simpler for k in TIE_BREAK) + "; then the fingerprint, alphabetically"
 )
-LABEL_KEYS = ("precision.name", "clip.enabled", "clip.method", "clip.max_norm",
-              "clip.clip_value", "train.accum_steps")
+LABEL_KEYS = label_keys()  # the params a config's label names (the design's factors' keys)
 IGNORED_KEYS = ("tracking.", "output_dir", "device")
 
 
@@ -138,12 +149,12 @@ def aggregate(runs: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
         row = {
             "fingerprint": fp,
             "label": labels[fp],
-            "precision": f0.get("precision.name", ""),
-            "clip_enabled": bool(f0.get("clip.enabled", False)),
-            "clip_method": f0.get("clip.method", "norm"),
-            "max_norm": float(f0["clip.max_norm"]) if f0.get("clip.enabled", False)
-            and f0.get("clip.method", "norm") == "norm" else math.nan,
-            "accum_steps": int(f0.get("train.accum_steps", 1)),
+            "precision": f0.get(PRECISION_NAME, ""),
+            "clip_enabled": bool(f0.get(CLIP_ENABLED, False)),
+            "clip_method": f0.get(CLIP_METHOD, "norm"),
+            "max_norm": float(f0[MAX_NORM]) if f0.get(CLIP_ENABLED, False)
+            and f0.get(CLIP_METHOD, "norm") == "norm" else math.nan,
+            "accum_steps": int(f0.get(ACCUM_STEPS, 1)),
             "seeds": len(g),
             "seeds_finished": len(finished),
             "seeds_diverged": int((g["outcome"] == "diverged").sum()),
@@ -177,19 +188,25 @@ def aggregate(runs: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
             row[name] = float(v.median()) if len(v) else math.nan
         row["wall_time_s_max"] = float(wall.max()) if len(wall) else math.nan
         rows.append(row)
-    return rank(pd.DataFrame(rows))
+    return rank(pd.DataFrame(rows), {str(fp): first.loc[fp] for fp in first.index})
 
 
-def rank(configs: pd.DataFrame) -> pd.DataFrame:
-    """Sort by the selection rule (``SELECTION_RULE``) and number the ranks from 1."""
+def rank(configs: pd.DataFrame, params: Mapping[str, Params]) -> pd.DataFrame:
+    """Sort by the selection rule (``SELECTION_RULE``) and number the ranks from 1.
+
+    Args:
+        configs: one row per config (``fingerprint``, ``loss_mean``, seed counts).
+        params: each config's params by fingerprint: the tie-break's levels
+            (``design.factors.tie_break``).
+    """
+    simpler = tie_break(params)
     key = pd.DataFrame({
         "loss": configs["loss_mean"].fillna(math.inf).round(TIE_DECIMALS),
         "unfinished": configs["seeds_diverged"] + configs["seeds_failed"],
-        "clip": configs["clip_enabled"].astype(int),
-        "precision": configs["precision"].map(precision_rank),
-        "accum": configs["accum_steps"],
+        **{k.name: [simpler[str(fp)][i] for fp in configs["fingerprint"]]
+           for i, k in enumerate(TIE_BREAK)},
         "fingerprint": configs["fingerprint"],
-    })
+    }, index=configs.index)
     order = key.sort_values(list(key.columns), kind="stable").index
     out = configs.loc[order].reset_index(drop=True)
     out.insert(0, "rank", range(1, len(out) + 1))
@@ -211,6 +228,12 @@ def best_of(configs: pd.DataFrame, mask: pd.Series) -> str | None:
     """Fingerprint of the best-ranked config where ``mask`` holds (``configs`` is ranked)."""
     hit = configs[mask]
     return str(hit.iloc[0]["fingerprint"]) if len(hit) else None
+
+
+def best_of_each_precision(configs: pd.DataFrame) -> list[tuple[str, str | None]]:
+    """``(precision, its best-ranked config)`` for each precision a loop knows, simplest first
+    (the design's ``known`` levels of precision); None where no config has it."""
+    return [(p, best_of(configs, configs["precision"] == p)) for p in kind(PRECISION).known]
 
 
 def baseline(configs: pd.DataFrame) -> str | None:

@@ -159,9 +159,11 @@ def decide(fetched: Fetched, evidence: Evidence, cfg: ReportConfig) -> Decided:
     decision = decide_winner(runs, fetched.configs, evidence.analysis, margin, cfg.alpha,
                              cfg.cost_tolerance)
     configs = select.put_first(fetched.configs, decision.fingerprint)  # row 0: the winner
-    versus = compare.versus(runs, configs, cfg.confidence, cfg.alpha, cfg.power, margin)
-    comparisons = compare.comparisons(runs, configs, cfg.confidence, cfg.alpha, cfg.power,
-                                      cfg.min_effect, cfg.min_effect_sd, margin)
+    criteria = compare.Criteria(confidence=cfg.confidence, alpha=cfg.alpha, power=cfg.power,
+                                min_effect=cfg.min_effect, min_effect_sd=cfg.min_effect_sd,
+                                margin=margin)
+    versus = compare.versus(runs, configs, criteria)
+    comparisons = compare.comparisons(runs, configs, criteria)
     return Decided(decision=decision, configs=configs, versus=tuple(versus),
                    comparisons=tuple(comparisons))
 

@@ -162,7 +162,8 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
     table, factors = design(runs, configs)
     if not factors:  # one config: nothing to decide
         fp = _finished(configs)
-        return Decision((), fp[0] if fp else None, margin, alpha, cost_tolerance)
+        return Decision(choices=(), fingerprint=fp[0] if fp else None, margin=margin, alpha=alpha,
+                        cost_tolerance=cost_tolerance)
     cube = Cube.of(table, factors)
     timing = Cube.of(table.assign(loss=table["seconds"], finished=True), factors).loss
     # A grid that is not fully crossed (some combination never ran) cannot be read factor by
@@ -256,9 +257,11 @@ def _settle(table: pd.DataFrame, configs: pd.DataFrame, choices: list[Choice],
         note = "" if not any(ranks) else (
             "the rule's first choice is not a fully finished config of the grid (a config with "
             "an unfinished seed is never recommended): the next choice in order was taken")
-        return Decision(tuple(final), str(fp), margin, alpha, tolerance, note)
-    return Decision(tuple(choices), None, margin, alpha, tolerance,
-                    "no config of the grid finished every seed: nothing is recommended")
+        return Decision(choices=tuple(final), fingerprint=str(fp), margin=margin, alpha=alpha,
+                        cost_tolerance=tolerance, note=note)
+    return Decision(choices=tuple(choices), fingerprint=None, margin=margin, alpha=alpha,
+                    cost_tolerance=tolerance,
+                    note="no config of the grid finished every seed: nothing is recommended")
 
 
 def _moved(c: Choice, i: int, delta: float) -> Choice:

@@ -92,7 +92,8 @@ def estimate(d: np.ndarray) -> Estimate:
     sd = np.where(few, np.nan, sd)
     mean = np.where(n < 1, np.nan, mean)
     df = np.where(few, np.nan, n - 1).astype(float)
-    return Estimate(mean, sd / np.sqrt(np.maximum(n, 1)), df, sd, c, int(np.max(n)))
+    return Estimate(mean=mean, se=sd / np.sqrt(np.maximum(n, 1)), df=df, sd_seed=sd, cells=c,
+                    seeds=int(np.max(n)))
 
 
 def p_two_sided(e: Estimate) -> np.ndarray:

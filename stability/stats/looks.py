@@ -82,8 +82,8 @@ def replay(loss: np.ndarray, ran: np.ndarray, plan: sq.Plan,
     value = math.nan
     for n in plan.looks:
         if not ran[..., :n][state.needed].all():
-            return Replay(states, value, fills, state.needed[..., None]
-                          & ~ran & (np.arange(width) < n))
+            return Replay(states=states, margin=value, fill=fills,
+                          missing=state.needed[..., None] & ~ran & (np.arange(width) < n))
         window = finished[..., :n]
         fill = float(loss[..., :n][window].max()) if window.any() else math.nan
         unfinished = ran[..., :n] & ~window
@@ -95,4 +95,5 @@ def replay(loss: np.ndarray, ran: np.ndarray, plan: sq.Plan,
         fills.append(fill if unfinished.any() else math.nan)
         if not state.needed.any():
             break
-    return Replay(states, value, fills, np.zeros(levels + (width,), dtype=bool))
+    return Replay(states=states, margin=value, fill=fills,
+                  missing=np.zeros(levels + (width,), dtype=bool))

@@ -37,16 +37,16 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> MeanCI:
     x = np.asarray(values, dtype=float)
     n = len(x)
     if n == 0:
-        return MeanCI(0, math.nan, math.nan, math.nan, math.nan)
+        return MeanCI(n=0, mean=math.nan, std=math.nan, low=math.nan, high=math.nan)
     if not np.all(np.isfinite(x)):
-        return MeanCI(n, math.inf if not np.isnan(x).any() else math.nan,
-                      math.nan, math.nan, math.nan)
+        return MeanCI(n=n, mean=math.inf if not np.isnan(x).any() else math.nan,
+                      std=math.nan, low=math.nan, high=math.nan)
     mean = float(x.mean())
     if n < 2:
-        return MeanCI(n, mean, math.nan, math.nan, math.nan)
+        return MeanCI(n=n, mean=mean, std=math.nan, low=math.nan, high=math.nan)
     std = float(x.std(ddof=1))
     half = float(stats.t.ppf((1 + confidence) / 2, n - 1)) * std / math.sqrt(n)
-    return MeanCI(n, mean, std, mean - half, mean + half)
+    return MeanCI(n=n, mean=mean, std=std, low=mean - half, high=mean + half)
 
 
 @dataclass(frozen=True)

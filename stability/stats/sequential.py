@@ -294,8 +294,9 @@ def _estimate(d: np.ndarray, w: np.ndarray) -> fx.Estimate:
     d0 = np.where(wf > 0, d, 0.0)  # cells out of play may hold NaN (never run)
     seed_means = (d0 * wf).sum(axis=-2) / np.maximum(wf.sum(axis=-2), 1.0)
     sd = seed_means.std(axis=-1, ddof=1)
-    return fx.Estimate(seed_means.mean(axis=-1), sd / np.sqrt(s),
-                       np.full(np.shape(sd), s - 1, dtype=float), sd, d.shape[-2], s)
+    return fx.Estimate(mean=seed_means.mean(axis=-1), se=sd / np.sqrt(s),
+                       df=np.full(np.shape(sd), s - 1, dtype=float), sd_seed=sd,
+                       cells=d.shape[-2], seeds=s)
 
 
 def _alive(alive: tuple[np.ndarray, ...], verdict: np.ndarray,

@@ -306,7 +306,8 @@ class StabilitySweeper(BasicSweeper):
         for p in batch:
             if p.key in session.done:
                 rec = session.done[p.key]
-                out.append(PointResult(p, SKIPPED, rec.best_val_loss, rec.seconds))
+                out.append(PointResult(point=p, status=SKIPPED, best_val_loss=rec.best_val_loss,
+                                       seconds=rec.seconds))
         return out
 
     def _relay(self, strategy: Strategy) -> None:

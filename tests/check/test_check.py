@@ -245,20 +245,24 @@ def test_the_report_cites_the_newest_failed_check_of_the_same_task_only():
     from stability.report.check_runs import CheckRun, cited
 
     task = {"task._target_": "stability.tasks.sign_sum.SignSumTask", "task.seq_len": "20"}
-    old_fail = CheckRun("a1", task, (("skip.is_skip", 1.0),), 1)
-    new_fail = CheckRun("b2", task, (("accumulation.short_window", 0.5),
-                                     ("clip.unscaled", math.nan)), 2)
-    other = CheckRun("c3", {**task, "task.seq_len": "40"}, (("skip.is_skip", 1.0),), 3)
+    old_fail = CheckRun(run_id="a1", task=task, failed=(("skip.is_skip", 1.0),), start_time=1)
+    new_fail = CheckRun(run_id="b2", task=task,
+                        failed=(("accumulation.short_window", 0.5), ("clip.unscaled", math.nan)),
+                        start_time=2)
+    other = CheckRun(run_id="c3", task={**task, "task.seq_len": "40"},
+                     failed=(("skip.is_skip", 1.0),), start_time=3)
     assert cited(_runs(**task), [old_fail, new_fail, other]) == [
         "- `stability check` failed on this task (accumulation.short_window: 0.5; "
         "clip.unscaled: not measured): check run `b2`. The study measured a trainer whose "
         "mechanics fail that probe (docs/check.md)."]
     from stability.report.check_runs import WINDOW_MS
-    still = CheckRun("d4", task, (), 4)  # a pass soon after a failure does not hide it
+    # a pass soon after a failure does not hide it
+    still = CheckRun(run_id="d4", task=task, failed=(), start_time=4)
     assert cited(_runs(**task), [old_fail, new_fail, still])[0].endswith(
         "check run `b2`. The study measured a trainer whose mechanics fail that probe "
         "(docs/check.md).")
-    fixed = CheckRun("d4", task, (), 2 + WINDOW_MS + 1)  # a pass long after: nothing to cite
+    # a pass long after: nothing to cite
+    fixed = CheckRun(run_id="d4", task=task, failed=(), start_time=2 + WINDOW_MS + 1)
     assert cited(_runs(**task), [old_fail, new_fail, fixed]) == []
     assert cited(_runs(**{**task, "task.seq_len": "30"}), [new_fail, other]) == []
 

@@ -164,9 +164,11 @@ def test_a_lightning_hook_raising_names_the_hook():
     module = RaisesInTrainingStep(hidden=8)
     x, y = spirals.spirals(K * 8, 0.02, 0)
     micro = [[x[i : i + 8], y[i : i + 8]] for i in range(0, K * 8, 8)]
-    sub = Subject(Template(module, None, 0, lightning_check.module_loss,
-                           lightning_check.trainer_gradient), lambda: module, micro,
-                  lightning_check.step, lightning_check.step, "lightning", None)
+    template = Template(model=module, loss_fn=None, seed=0, loss_of=lightning_check.module_loss,
+                        grad_of=lightning_check.trainer_gradient)
+    sub = Subject(template=template, build=lambda: module, micro=micro,
+                  step=lightning_check.step, baseline=lightning_check.step, trainer="lightning",
+                  task=None)
     with pytest.raises(LoopRaised) as raised:
         run_probes(sub, K)
     assert raised.value.where.startswith("RaisesInTrainingStep.training_step (test_matrix")

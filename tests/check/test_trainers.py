@@ -48,7 +48,8 @@ def _lightning(spirals, k=4, b=8):
     build = lambda: spirals.SpiralMLP(hidden=8)  # noqa: E731
     x, y = spirals.spirals(k * b, 0.02, 0)
     micro = [[x[i : i + b], y[i : i + b]] for i in range(0, k * b, b)]
-    return Template(build(), None, 0, lightning_check.module_loss), build, micro
+    return Template(model=build(), loss_fn=None, seed=0,
+                    loss_of=lightning_check.module_loss), build, micro
 
 
 def test_lightning_accumulation_is_a_larger_batch_except_its_short_last_window(spirals):
@@ -88,7 +89,7 @@ def _gpt2(seq_len: int, loss_type: str | None = None):
     torch.manual_seed(0)
     ids = torch.randint(0, 20, (4 * 4, seq_len), generator=torch.Generator().manual_seed(1))
     micro = [{"input_ids": ids[i : i + 4], "labels": ids[i : i + 4]} for i in range(0, 16, 4)]
-    return Template(build(), None, 0, hf_check.model_loss), micro
+    return Template(model=build(), loss_fn=None, seed=0, loss_of=hf_check.model_loss), micro
 
 
 def test_hf_trainer_counts_a_gpt2_lm_heads_tokens_without_the_shift():
@@ -217,7 +218,7 @@ def _padded_gpt2(trainer_class):
     samples = [{"input_ids": torch.randint(1, 20, (int(n),), generator=g)}
                for n in torch.randint(3, 16, (16,), generator=g)]
     micro = [pad_collate(samples[i : i + 4]) for i in range(0, 16, 4)]
-    return Template(build(), None, 0, hf.loss, join=hf.join), hf, micro
+    return Template(model=build(), loss_fn=None, seed=0, loss_of=hf.loss, join=hf.join), hf, micro
 
 
 def test_hf_dynamic_padding_with_the_stock_trainer_is_a_larger_batch():

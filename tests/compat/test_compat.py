@@ -61,7 +61,8 @@ def test_pyproject_admits_no_version_the_gate_does_not(gate: VersionGate) -> Non
     ("2.14.0.dev20260101", False), ("3.0", False),
 ])
 def test_a_gate_admits_its_range_only(version: str, admitted: bool) -> None:
-    gate = VersionGate("torch", "2.13", "2.14", "stability/compat/torch.py", "x")
+    gate = VersionGate(package="torch", low="2.13", below="2.14",
+                       module="stability/compat/torch.py", reads="x")
     assert gate.admits(version) is admitted
     assert (gate.why_not(version) is None) is admitted
 
@@ -69,7 +70,8 @@ def test_a_gate_admits_its_range_only(version: str, admitted: bool) -> None:
 def test_an_untested_version_is_said_once_in_one_line(caplog: pytest.LogCaptureFixture,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gate_module, "_warned", set())
-    gate = VersionGate("torch", "0.1", "0.2", "stability/compat/torch.py", "the internals")
+    gate = VersionGate(package="torch", low="0.1", below="0.2",
+                       module="stability/compat/torch.py", reads="the internals")
     with caplog.at_level(logging.WARNING, logger="stability.compat.gate"):
         assert gate.check() is False
         assert gate.check() is False
@@ -152,7 +154,8 @@ def test_an_untested_mlflow_sends_metrics_through_mlflow(tmp_path: Path,
     """Outside the gate the direct writer never touches the tables: ``fallback`` gets all."""
     monkeypatch.setattr(gate_module, "_warned", set())
     monkeypatch.setattr(compat_mlflow, "GATE", VersionGate(
-        "mlflow", "0.1", "0.2", "stability/compat/mlflow.py", "its SQL tables"))
+        package="mlflow", low="0.1", below="0.2", module="stability/compat/mlflow.py",
+        reads="its SQL tables"))
     db = tmp_path / "mlflow.db"
     with sqlite3.connect(db) as con:  # the columns it knows: only the gate says no
         con.execute("CREATE TABLE metrics (key, value, timestamp, run_uuid, step, is_nan)")

@@ -53,3 +53,19 @@ def test_simplicity_is_the_decisions_tie_break() -> None:
             for i, lv in enumerate(["fp32", "bf16", "fp16"])] == [0, 1, 2]
     assert fv.simplicity("train.lr", "0.1", 3) == 0
     assert [fv.precision_rank(p) for p in ("fp32", "bf16", "fp16", "fp8")] == [0, 1, 2, 3]
+
+
+def test_the_selection_rules_tie_break_reads_the_registry() -> None:
+    """Clipping, then precision, then accumulation: off before on, fp32 before bf16 before fp16,
+    smaller accumulation; a level's simplicity among the levels the configs have."""
+    assert [k.name for k in fv.TIE_BREAK] == [fv.CLIP, fv.PRECISION, fv.ACCUM]
+    assert [k.simpler for k in fv.TIE_BREAK] == [
+        "clip off before on", "fp32 before bf16 before fp16", "smaller train.accum_steps"]
+    params = {"a": {fv.CLIP_ENABLED: True, fv.MAX_NORM: 1.0, fv.PRECISION_NAME: "fp16",
+                    fv.ACCUM_STEPS: 8},
+              "b": {fv.CLIP_ENABLED: "False", fv.PRECISION_NAME: "bf16", fv.ACCUM_STEPS: 2},
+              "c": {fv.CLIP_ENABLED: False, fv.PRECISION_NAME: "fp32", fv.ACCUM_STEPS: 1}}
+    assert fv.tie_break(params) == {"a": (1, 2, 2), "b": (0, 1, 1), "c": (0, 0, 0)}
+    assert set(fv.label_keys()) == {"precision.name", "clip.enabled", "clip.method",
+                                    "clip.max_norm", "clip.clip_value", "train.accum_steps"}
+    assert fv.kind(fv.PRECISION).known == ("fp32", "bf16", "fp16")

@@ -67,8 +67,8 @@ def _step_route(bug: str):
         with torch.no_grad():
             template.model[0].weight.mul_(1e5)
     micro = tc._micro(padded=bug == "token_mean")
-    return Subject(template, tc._model, micro, step, ours, "plain",
-                   SimpleNamespace(expected_init_loss=math.log(2))), "plain"
+    return Subject(template=template, build=tc._model, micro=micro, step=step, baseline=ours,
+                   trainer="plain", task=SimpleNamespace(expected_init_loss=math.log(2))), "plain"
 
 
 # --- route 2: a loop of one's own, nanoGPT's way -------------------------------------------
@@ -132,9 +132,10 @@ def _any_route(bug: str):
     if bug.startswith("token_mean"):
         micro = _padded(micro)
     step = step_of(train_step)
-    template = Template(model, None, 0, lambda m, b: m(*b)[1])
-    return Subject(template, lambda: copy.deepcopy(model), micro, step, step, "any",
-                   SimpleNamespace(expected_init_loss=math.log(gpt.VOCAB))), "any"
+    template = Template(model=model, loss_fn=None, seed=0, loss_of=lambda m, b: m(*b)[1])
+    return Subject(template=template, build=lambda: copy.deepcopy(model), micro=micro, step=step,
+                   baseline=step, trainer="any",
+                   task=SimpleNamespace(expected_init_loss=math.log(gpt.VOCAB))), "any"
 
 
 # --- route 3: a LightningModule under a real Trainer ---------------------------------------
@@ -196,10 +197,10 @@ def _lightning_route(bug: str):
             module.net[0].weight.mul_(1e6)
     x, y = spirals.spirals(K * 8, 0.02, 0)
     micro = [[x[i : i + 8], y[i : i + 8]] for i in range(0, K * 8, 8)]
-    template = Template(module, None, 0, lightning_check.module_loss,
-                        lightning_check.trainer_gradient)
-    return Subject(template, build, micro, lightning_check.step, lightning_check.step,
-                   "lightning", None), "lightning"
+    template = Template(model=module, loss_fn=None, seed=0, loss_of=lightning_check.module_loss,
+                        grad_of=lightning_check.trainer_gradient)
+    return Subject(template=template, build=build, micro=micro, step=lightning_check.step,
+                   baseline=lightning_check.step, trainer="lightning", task=None), "lightning"
 
 
 def _manual_route(bug: str):
@@ -208,11 +209,12 @@ def _manual_route(bug: str):
     module = build()
     x, y = spirals.spirals(K * 8, 0.02, 0)
     micro = [[x[i : i + 8], y[i : i + 8]] for i in range(0, K * 8, 8)]
-    template = Template(module, None, 0, lightning_check.module_loss,
-                        lightning_check.trainer_gradient)
-    return Subject(template, build, micro, lightning_check.step, lightning_check.step,
-                   "lightning-manual", None,
-                   {"clip.unscaled": lightning_check.MANUAL_CLIP}), "lightning-manual"
+    template = Template(model=module, loss_fn=None, seed=0, loss_of=lightning_check.module_loss,
+                        grad_of=lightning_check.trainer_gradient)
+    return Subject(template=template, build=build, micro=micro, step=lightning_check.step,
+                   baseline=lightning_check.step, trainer="lightning-manual", task=None,
+                   not_applicable={"clip.unscaled": lightning_check.MANUAL_CLIP}), \
+        "lightning-manual"
 
 
 ROUTES = {"step": _step_route, "any": _any_route, "lightning": _lightning_route,

@@ -198,7 +198,8 @@ def make_sweep(uri: str, experiment: str, sweep_id: str, specs: list[Spec], root
 
 @pytest.mark.server
 def test_fixture_runs_follow_the_tracking_contract(mlflow_server, tmp_path):
-    spec = Spec("fp16", 1.0, 2, {0: 0.4, 1: "diverged"}, skips=1, layer_norms=True)
+    spec = Spec(precision="fp16", clip=1.0, accum=2, losses={0: 0.4, 1: "diverged"}, skips=1,
+                layer_norms=True)
     ids = make_sweep(mlflow_server.uri, "fixture-contract", "fx", [spec], tmp_path)
     c = MlflowClient(mlflow_server.uri)
     (fp, _), rid = next(iter(ids.items()))

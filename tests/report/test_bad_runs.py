@@ -21,10 +21,10 @@ from stability.tracking.contract import Tag
 from tests.helpers.report_fixtures import Spec, make_sweep, run_config
 from tests.helpers.stores import sqlite_store
 
-WINNER = Spec("bf16", 1.0, 2, {0: 0.40, 1: 0.41})
-BASELINE = Spec("fp32", None, 1, {0: 0.50, 1: 0.52})
+WINNER = Spec(precision="bf16", clip=1.0, accum=2, losses={0: 0.40, 1: 0.41})
+BASELINE = Spec(precision="fp32", clip=None, accum=1, losses={0: 0.50, 1: 0.52})
 # train.lr swept: its own config, whose two runs carry an lr no run could have trained with
-BAD_LR = Spec("fp32", None, 1, {0: 0.45, 1: 0.46}, lr=3e-3,
+BAD_LR = Spec(precision="fp32", clip=None, accum=1, losses={0: 0.45, 1: 0.46}, lr=3e-3,
               planted=((0, "train.lr", "abc"), (1, "train.lr", "inf")))
 
 

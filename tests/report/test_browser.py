@@ -137,9 +137,10 @@ def test_the_report_opens_in_the_mlflow_ui_with_its_answer_and_figures(mlflow_se
     assert Path(CHROMIUM).exists(), "install Chromium: apt-get install chromium (make setup-dev)"
     uri, exp = mlflow_server.uri, "report-browser"
     make_sweep(uri, exp, "ui-sweep", [
-        Spec("bf16", 1.0, 2, {0: 0.40, 1: 0.41, 2: 0.42}),
-        Spec("fp32", None, 1, {0: 0.50, 1: 0.52, 2: 0.51}),
-        Spec("fp16", None, 1, {0: 0.45, 1: 0.47, 2: 0.46}, skips=2)], tmp_path)
+        Spec(precision="bf16", clip=1.0, accum=2, losses={0: 0.40, 1: 0.41, 2: 0.42}),
+        Spec(precision="fp32", clip=None, accum=1, losses={0: 0.50, 1: 0.52, 2: 0.51}),
+        Spec(precision="fp16", clip=None, accum=1, losses={0: 0.45, 1: 0.47, 2: 0.46}, skips=2)],
+               tmp_path)
     out = build_report(ReportConfig(tracking_uri=uri, experiment=exp, device="cpu",
                                     output_dir=str(tmp_path / "reports"),
                                     model_name="browser-winner"))

@@ -22,7 +22,8 @@ PROJECT = Path(__file__).resolve().parents[2]
 def server_with_sweep(mlflow_server, tmp_path_factory):
     """One experiment with a sweep, one empty experiment."""
     make_sweep(mlflow_server.uri, "cli-has-sweep", "real-sweep",
-               [Spec("fp32", None, 1, {0: 0.5})], tmp_path_factory.mktemp("cli"))
+               [Spec(precision="fp32", clip=None, accum=1, losses={0: 0.5})],
+               tmp_path_factory.mktemp("cli"))
     MlflowClient(mlflow_server.uri).create_experiment("cli-empty")
     return mlflow_server.uri
 
@@ -60,8 +61,9 @@ def test_bad_arguments_fail_with_a_clear_message(server_with_sweep, tmp_path, ar
 def test_a_sweep_whose_runs_all_diverged_gets_a_one_line_answer_and_exit_3(mlflow_server,
                                                                            tmp_path):
     make_sweep(mlflow_server.uri, "cli-all-diverged", "dead",
-               [Spec("fp16", None, 1, {0: "diverged", 1: "diverged"}),
-                Spec("fp32", 1.0, 1, {0: "failed"})], tmp_path / "sweep")
+               [Spec(precision="fp16", clip=None, accum=1, losses={0: "diverged", 1: "diverged"}),
+                Spec(precision="fp32", clip=1.0, accum=1, losses={0: "failed"})],
+               tmp_path / "sweep")
     done = report(f"tracking.uri={mlflow_server.uri}", "experiment=cli-all-diverged",
                   cwd=tmp_path)
     assert done.returncode == 3, done.stderr[-2000:]

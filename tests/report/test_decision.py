@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -11,7 +12,7 @@ import pytest
 from stability.design import factors as vocabulary
 from stability.design.margin import Margin
 from stability.report import factors, winner
-from stability.report.compare import versus_winner
+from stability.report.compare import Criteria, versus_winner
 from stability.report.options import ReportError, to_report_config
 from stability.report.sections import decision_text as decision
 from stability.report.select import aggregate
@@ -43,7 +44,7 @@ def study(effects: dict[str, float], seconds: dict[str, float], noise: float = 0
 
 def analysed(runs: pd.DataFrame, margin: float) -> tuple[pd.DataFrame, factors.FactorAnalysis]:
     configs = aggregate(runs)
-    configs = versus_winner(runs, configs, margin=margin)
+    configs = versus_winner(runs, configs, Criteria(margin=margin))
     return configs, factors.analyse(runs, configs, margin)
 
 
@@ -184,8 +185,7 @@ def test_the_reports_equivalence_verdict_is_tost_at_alpha_not_twice_it():
                           cells=1, seeds=5)
     [e] = factors._decide([base], 0.05, 0.8, 0.004)
     assert e.verdict == fx.UNDECIDED and e.p_equiv_holm == pytest.approx(0.07)
-    [e] = factors._decide([factors.Effect(**{**base.__dict__, "p_equiv": 0.03})], 0.05, 0.8,
-                          0.004)
+    [e] = factors._decide([replace(base, p_equiv=0.03)], 0.05, 0.8, 0.004)
     assert e.verdict == fx.EQUIVALENT
 
 

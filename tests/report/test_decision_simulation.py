@@ -166,8 +166,8 @@ def test_the_report_path_adjusts_every_winner_comparison_the_same_way():
     configs = aggregate(runs)
     an = factors.analyse(runs, configs, MARGIN)
     configs = put_first(configs, winner.decide(runs, configs, an, MARGIN).fingerprint)
-    configs = compare.versus_winner(runs, configs, margin=MARGIN)
-    found = compare.comparisons(runs, configs, margin=MARGIN)
+    configs = compare.versus_winner(runs, configs, compare.Criteria(margin=MARGIN))
+    found = compare.comparisons(runs, configs, compare.Criteria(margin=MARGIN))
     assert found and any("lowest validation mean" in c.question for c in found) \
         or configs.iloc[0]["rank"] == 1
     for c in found:

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.slow
 
 
 def _plant(kind: str, c, exp_id: str, parent: str, sweep: str, folder: Path, i: int) -> None:
-    cheap = Spec("fp16", 5.0, 1, {0: 0.0001})
+    cheap = Spec(precision="fp16", clip=5.0, accum=1, losses={0: 0.0001})
     good = {"best_val_loss": 0.0001, "best_epoch": 2.0}
     if kind == "killed_tagged_finished":
         plant(c, exp_id, parent, sweep, cheap, 0, "KILLED", "finished", good)

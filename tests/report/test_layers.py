@@ -72,8 +72,8 @@ def test_the_heatmap_marks_each_panels_first_non_finite_parameter(tmp_path: Path
     clean = table(a=[1.0, 2.0, 3.0], b=[0.1, 0.2, 0.0])
     broken = table(a=[1.0, 1.0, 2.0, 1.0], b=[0.5, INF, NAN, 0.4], c=[0.1, NAN, 0.1, 0.1])
     fig, notes = heatmap([Panel(Series("winner", "fp32 noclip acc=1", "tab:red"), 0, clean),
-                          Panel(Series("best fp16", "fp16 noclip acc=1", "tab:orange"), 3,
-                                broken, frozenset({2, 3}))], tmp_path)
+                          Panel(series=Series("best fp16", "fp16 noclip acc=1", "tab:orange"),
+                                seed=3, table=broken, skipped=frozenset({2, 3}))], tmp_path)
     assert fig is not None and (tmp_path / fig.file).read_bytes()[:8] == PNG
     assert notes == ["best fp16 (seed 3): first non-finite `b` at step 2"]
     assert heatmap([], tmp_path) == (None, [])
@@ -97,8 +97,10 @@ def test_the_report_draws_the_representative_runs_and_names_the_first_non_finite
 ):
     from stability.tracking.contract import Artifact
 
-    fp16 = Spec("fp16", 1.0, 1, {0: 0.40, 1: 0.41, 2: 0.42}, skips=2, layer_norms=True)
-    baseline = Spec("fp32", None, 1, {0: 0.50, 1: 0.52})  # an older run: no table
+    fp16 = Spec(precision="fp16", clip=1.0, accum=1, losses={0: 0.40, 1: 0.41, 2: 0.42}, skips=2,
+                layer_norms=True)
+    # an older run: no table
+    baseline = Spec(precision="fp32", clip=None, accum=1, losses={0: 0.50, 1: 0.52})
     out, md, page = _report(mlflow_server.uri, "report-layers", [fp16, baseline], tmp_path)
 
     assert (out.folder / Artifact.LAYER_NORMS_FIGURE).read_bytes()[:8] == PNG
@@ -121,7 +123,8 @@ def test_the_report_draws_the_representative_runs_and_names_the_first_non_finite
 def test_without_any_table_the_report_says_so_in_one_line_and_draws_nothing(
     mlflow_server, tmp_path
 ):
-    specs = [Spec("fp32", None, 1, {0: 0.5, 1: 0.6}), Spec("bf16", 1.0, 2, {0: 0.4, 1: 0.45})]
+    specs = [Spec(precision="fp32", clip=None, accum=1, losses={0: 0.5, 1: 0.6}),
+             Spec(precision="bf16", clip=1.0, accum=2, losses={0: 0.4, 1: 0.45})]
     out, md, page = _report(mlflow_server.uri, "report-no-layers", specs, tmp_path)
     lines = [line for line in md.splitlines() if "layer_norms" in line]
     assert lines == ["Per-layer gradient norms: none of the 2 representative runs has "

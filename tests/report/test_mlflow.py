@@ -31,11 +31,12 @@ pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.xdist_group("rep
 EXPERIMENT = "report-known"
 SWEEP = "known-1"
 MODEL = "report-test-winner"
-WINNER = Spec("bf16", 1.0, 2, {0: 0.40, 1: 0.41, 2: 0.42})
-BASELINE = Spec("fp32", None, 1, {0: 0.50, 1: 0.52, 2: 0.51})
-LUCKY = Spec("fp16", 1.0, 1, {0: 0.30, 1: 0.31, 2: "diverged"}, skips=2)  # best seeds, one lost
-SHORT = Spec("fp32", 0.5, 4, {0: 0.45, 1: 0.46})  # seed 2 missing
-FLAKY = Spec("fp16", None, 1, {0: 0.60, 1: "failed", 2: 0.61})
+WINNER = Spec(precision="bf16", clip=1.0, accum=2, losses={0: 0.40, 1: 0.41, 2: 0.42})
+BASELINE = Spec(precision="fp32", clip=None, accum=1, losses={0: 0.50, 1: 0.52, 2: 0.51})
+LUCKY = Spec(precision="fp16", clip=1.0, accum=1, losses={0: 0.30, 1: 0.31, 2: "diverged"},
+             skips=2)  # best seeds, one lost
+SHORT = Spec(precision="fp32", clip=0.5, accum=4, losses={0: 0.45, 1: 0.46})  # seed 2 missing
+FLAKY = Spec(precision="fp16", clip=None, accum=1, losses={0: 0.60, 1: "failed", 2: 0.61})
 SPECS = [BASELINE, WINNER, LUCKY, SHORT, FLAKY]
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +53,8 @@ def reported(mlflow_server, tmp_path_factory):
     c = MlflowClient(mlflow_server.uri)
     exp_id = c.get_experiment_by_name(EXPERIMENT).experiment_id
     # A resumed sweep: an earlier failed attempt of (baseline, seed 0) must not count.
-    log_run(c, exp_id, Spec("fp32", None, 1, {0: "failed"}), 0, root / "old", SWEEP, "")
+    log_run(c, exp_id, Spec(precision="fp32", clip=None, accum=1, losses={0: "failed"}), 0,
+            root / "old", SWEEP, "")
     cfg = ReportConfig(tracking_uri=mlflow_server.uri, experiment=EXPERIMENT,
                        output_dir=str(root / "reports"), model_name=MODEL, device="cpu")
     first = build_report(cfg)
@@ -188,7 +190,8 @@ def test_the_winner_loads_as_an_mlflow_model_and_champion_moves_to_the_newest(re
     assert model.experiment_id == c.get_run(first.report_run_id).info.experiment_id != "0"
     # A newer sweep with another winner: a new version, and the alias follows it.
     make_sweep(mlflow_server.uri, "report-newer", "known-2",
-               [Spec("fp32", 2.0, 1, {0: 0.2, 1: 0.21}), Spec("fp32", None, 1, {0: 0.3, 1: 0.3})],
+               [Spec(precision="fp32", clip=2.0, accum=1, losses={0: 0.2, 1: 0.21}),
+                Spec(precision="fp32", clip=None, accum=1, losses={0: 0.3, 1: 0.3})],
                tmp_path)
     newer = build_report(ReportConfig(tracking_uri=mlflow_server.uri, experiment="report-newer",
                                       output_dir=str(tmp_path / "reports"), model_name=MODEL,
@@ -199,7 +202,7 @@ def test_the_winner_loads_as_an_mlflow_model_and_champion_moves_to_the_newest(re
 
 
 def test_latest_sweep_is_the_default(mlflow_server, tmp_path):
-    specs = [Spec("fp32", None, 1, {0: 0.5})]
+    specs = [Spec(precision="fp32", clip=None, accum=1, losses={0: 0.5})]
     make_sweep(mlflow_server.uri, "report-latest", "older", specs, tmp_path)
     make_sweep(mlflow_server.uri, "report-latest", "newer", specs, tmp_path)
     c = MlflowClient(mlflow_server.uri)

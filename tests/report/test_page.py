@@ -37,7 +37,8 @@ def _specs() -> list[Spec]:
     for i, (precision, clip, accum) in enumerate(
             (p, c, a) for p in ("fp32", "bf16") for c in (None, 1.0, 5.0) for a in (1, 2)):
         low = 0.395 if (precision, clip, accum) == ("bf16", 5.0, 2) else 0.40 + 0.0005 * (i % 3)
-        out.append(Spec(precision, clip, accum, {0: low, 1: low + 0.004}))
+        out.append(Spec(precision=precision, clip=clip, accum=accum,
+                        losses={0: low, 1: low + 0.004}))
     return out
 
 
@@ -99,8 +100,9 @@ def test_the_mlflow_ui_opens_the_experiment_on_its_runs_with_the_answer(mlflow_s
     from tests.report.test_browser import open_and_read
 
     uri = mlflow_server.uri
-    make_sweep(uri, "page-ui", "ui-1", [Spec("bf16", 1.0, 2, {0: 0.40, 1: 0.41}),
-                                        Spec("fp32", None, 1, {0: 0.50, 1: 0.52})], tmp_path)
+    make_sweep(uri, "page-ui", "ui-1",
+               [Spec(precision="bf16", clip=1.0, accum=2, losses={0: 0.40, 1: 0.41}),
+                Spec(precision="fp32", clip=None, accum=1, losses={0: 0.50, 1: 0.52})], tmp_path)
     out = build_report(ReportConfig(tracking_uri=uri, experiment="page-ui", device="cpu",
                                     output_dir=str(tmp_path / "reports"), register=False))
     exp_id = MlflowClient(uri).get_experiment_by_name("page-ui").experiment_id

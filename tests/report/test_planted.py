@@ -20,8 +20,8 @@ from stability.tracking.contract import Tag
 from tests.helpers.report_fixtures import Spec, make_sweep, run_config
 from tests.helpers.stores import sqlite_store
 
-WINNER = Spec("bf16", 1.0, 2, {0: 0.40, 1: 0.41})
-BASELINE = Spec("fp32", None, 1, {0: 0.50, 1: 0.52})
+WINNER = Spec(precision="bf16", clip=1.0, accum=2, losses={0: 0.40, 1: 0.41})
+BASELINE = Spec(precision="fp32", clip=None, accum=1, losses={0: 0.50, 1: 0.52})
 
 
 def planted_sweep(tmp_path: Path, name: str) -> tuple[str, MlflowClient, str, str]:
@@ -64,7 +64,7 @@ def test_a_killed_run_tagged_finished_is_killed_not_the_winner(tmp_path: Path) -
     """Item 4: a KILLED run tagged ``stability.outcome=finished`` with best_val_loss 0.0001
     and no artifacts won (and was tested on 0 sequences). Its status decides: killed."""
     uri, c, exp_id, parent = planted_sweep(tmp_path, "p4")
-    other = Spec("fp16", 5.0, 1, {0: 0.0001})
+    other = Spec(precision="fp16", clip=5.0, accum=1, losses={0: 0.0001})
     plant(c, exp_id, parent, "p4", other, 0, "KILLED", "finished",
                 {"best_val_loss": 0.0001, "best_epoch": 2.0})
     result, text = report(uri, "p4", tmp_path / "out")
@@ -172,7 +172,7 @@ def test_a_diverged_run_with_a_thin_steps_csv_is_one_unreadable_run(tmp_path: Pa
     """Item 8: a diverged run's ``steps.csv`` of ``step,loss`` ended the report with
     ``KeyError: 'scaler_scale'`` (health.run_signs). Now that run is one line in Problems."""
     uri, c, exp_id, parent = planted_sweep(tmp_path, "p8")
-    other = Spec("fp16", 5.0, 1, {0: "diverged"})
+    other = Spec(precision="fp16", clip=5.0, accum=1, losses={0: "diverged"})
     rid = plant(c, exp_id, parent, "p8", other, 0, "FAILED", "diverged",
                 {"best_val_loss": 0.05, "diverged": 1.0})
     thin = tmp_path / "thin" / "steps.csv"
@@ -231,7 +231,8 @@ def test_a_yaml_alias_bomb_is_refused_before_any_walk(tmp_path: Path) -> None:
     with pytest.raises(Untrusted, match=r"YAML anchor or alias \(&/\*a0\) at line 1"):
         read_recorded(bomb)
     uri, c, exp_id, parent = planted_sweep(tmp_path, "p6")
-    rid = plant(c, exp_id, parent, "p6", Spec("fp16", 5.0, 1, {0: 0.01}), 0, "FINISHED",
+    rid = plant(c, exp_id, parent, "p6", Spec(precision="fp16", clip=5.0, accum=1,
+                                              losses={0: 0.01}), 0, "FINISHED",
                 "finished", {"best_val_loss": 0.01, "best_epoch": 2.0})
     c.log_artifact(rid, str(bomb))
     t0 = time.monotonic()
@@ -268,9 +269,11 @@ def test_memory_bombs_are_refused_by_their_declared_size(tmp_path: Path) -> None
                 "scaler_scale,epoch,clipped,micro_batches,samples,skips_cumulative,"
                 "underflow_frac,nonfinite_param\n")
         f.write(row * (MAX_STEPS_BYTES // len(row) + 1))
-    finished = plant(c, exp_id, parent, "p7", Spec("fp16", 5.0, 1, {0: 0.01}), 0, "FINISHED",
+    finished = plant(c, exp_id, parent, "p7", Spec(precision="fp16", clip=5.0, accum=1,
+                                                   losses={0: 0.01}), 0, "FINISHED",
                      "finished", {"best_val_loss": 0.01, "best_epoch": 2.0})
-    diverged = plant(c, exp_id, parent, "p7", Spec("fp16", 5.0, 1, {0: 0.01}), 1, "FAILED",
+    diverged = plant(c, exp_id, parent, "p7", Spec(precision="fp16", clip=5.0, accum=1,
+                                                   losses={0: 0.01}), 1, "FAILED",
                      "diverged", {"best_val_loss": 0.05, "diverged": 1.0})
     for rid in (finished, diverged):
         c.log_artifact(rid, str(big))
@@ -314,7 +317,8 @@ def test_text_from_artifacts_reaches_report_md_as_one_inert_line(tmp_path: Path)
     a fake ``## Answer``; a ``steps.csv`` header with newlines forged a section in Problems."""
     import pandas as pd
 
-    fp16 = Spec("fp16", 1.0, 2, {0: 0.40, 1: 0.41}, skips=1, layer_norms=True)
+    fp16 = Spec(precision="fp16", clip=1.0, accum=2, losses={0: 0.40, 1: 0.41}, skips=1,
+                layer_norms=True)
     uri = sqlite_store(tmp_path / "mlflow.db")
     ids = make_sweep(uri, "p11", "p11", [fp16, BASELINE], tmp_path / "runs")
     c = MlflowClient(uri)
@@ -355,7 +359,7 @@ def test_summary_csv_cells_never_start_a_formula(tmp_path: Path) -> None:
     import csv
 
     formula = '=HYPERLINK("http://evil/x","open me")'
-    hostile = Spec("fp32", None, 1, {0: 0.60, 1: 0.61},
+    hostile = Spec(precision="fp32", clip=None, accum=1, losses={0: 0.60, 1: 0.61},
                    planted=((0, "precision.name", formula), (1, "precision.name", formula)))
     uri = sqlite_store(tmp_path / "mlflow.db")
     make_sweep(uri, "p12", "p12", [WINNER, BASELINE, hostile], tmp_path / "runs")

@@ -17,9 +17,10 @@ from stability.report.options import ReportError, to_report_config
 from tests.helpers.report_fixtures import Spec, make_sweep
 from tests.helpers.stores import sqlite_store
 
-LONG = [Spec("fp32", None, 1, {0: 0.50, 1: 0.52}), Spec("bf16", 1.0, 1, {0: 0.40, 1: 0.41})]
-SHORT = [Spec("fp32", None, 1, {0: 0.30, 1: 0.31}, seq_len=20),
-         Spec("fp16", 1.0, 2, {0: 0.45, 1: 0.44}, seq_len=20)]
+LONG = [Spec(precision="fp32", clip=None, accum=1, losses={0: 0.50, 1: 0.52}),
+        Spec(precision="bf16", clip=1.0, accum=1, losses={0: 0.40, 1: 0.41})]
+SHORT = [Spec(precision="fp32", clip=None, accum=1, losses={0: 0.30, 1: 0.31}, seq_len=20),
+         Spec(precision="fp16", clip=1.0, accum=2, losses={0: 0.45, 1: 0.44}, seq_len=20)]
 
 
 @pytest.fixture(scope="module")

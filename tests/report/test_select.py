@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from stability.report.compare import comparisons, versus_winner
+from stability.report.compare import Criteria, comparisons, versus_winner
 from stability.report.options import ReportError, to_report_config
 from stability.report.select import (
     SELECTION_RULE,
@@ -67,6 +67,9 @@ def test_a_diverged_seed_counts_as_inf_so_the_config_cannot_win():
     assert lucky["seeds_diverged"] == 1 and lucky["seeds_finished"] == 2
     assert "did not finish" in lucky["flag"]
     assert "+inf" in SELECTION_RULE
+    # the tie-break in words, from the design's registry (``design.factors.TIE_BREAK``)
+    assert ("the simpler config: clip off before on, fp32 before bf16 before fp16, smaller "
+            "train.accum_steps; then the fingerprint, alphabetically") in SELECTION_RULE
 
 
 def test_failed_or_nan_runs_are_inf_too():
@@ -131,13 +134,13 @@ def test_an_unclear_winner_comparison_is_undecided_or_equivalent_never_no_differ
         ("other", "bf16", False, 1.0, 1, five_seeds(0.40, noise)),
     ])
     configs = versus_winner(runs, aggregate(runs))
-    [c] = comparisons(runs, configs, margin=0.001)
+    [c] = comparisons(runs, configs, Criteria(margin=0.001))
     assert c.question == "winner vs best bf16" and c.word == "undecided"
     assert c.verdict.startswith("**undecided**: neither shown different nor within ±0.0010")
     assert c.result.p_t == pytest.approx(stats.ttest_rel(
         [0.40 + d for d in noise], [0.40] * 5).pvalue)
     # The same data with a margin far outside the noise: TOST shows equivalence.
-    [wide] = comparisons(runs, configs, margin=0.05)
+    [wide] = comparisons(runs, configs, Criteria(margin=0.05))
     assert wide.word == "equivalent" and wide.verdict.startswith("**equivalent** within ±0.0500")
     assert "no significant difference" not in (c.verdict + wide.verdict).lower()
 
@@ -193,8 +196,8 @@ def test_a_non_significant_verdict_says_what_difference_would_go_unseen():
         ("base", "fp32", False, 1.0, 1, five_seeds(0.40, [0.0, 0.004, -0.004, 0.002, -0.002])),
         ("clip", "bf16", True, 1.0, 1, five_seeds(0.40, noise)),
     ])
-    configs = versus_winner(runs, aggregate(runs), alpha=0.05, power=0.8)
-    [clip] = comparisons(runs, configs, alpha=0.05, power=0.8, min_effect=0.005)
+    configs = versus_winner(runs, aggregate(runs), Criteria(alpha=0.05, power=0.8))
+    [clip] = comparisons(runs, configs, Criteria(alpha=0.05, power=0.8, min_effect=0.005))
     diffs = [n - b for n, b in zip(noise, [0.0, 0.004, -0.004, 0.002, -0.002], strict=True)]
     sd = float(pd.Series(diffs).std(ddof=1))
     expected = min_detectable(sd, 5, 0.05, 0.8)
@@ -215,7 +218,7 @@ def test_the_default_effect_is_the_winners_seed_sd():
         ("b", "bf16", True, 1.0, 1, five_seeds(0.31, [0.004, -0.006, 0.0, -0.01, 0.01])),
     ])
     configs = versus_winner(runs, aggregate(runs))
-    [c, *_] = comparisons(runs, configs, min_effect_sd=2.0)
+    [c, *_] = comparisons(runs, configs, Criteria(min_effect_sd=2.0))
     assert c.power.effect == pytest.approx(2.0 * configs.iloc[0]["loss_std"])
 
 

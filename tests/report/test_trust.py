@@ -31,8 +31,8 @@ from tests.helpers.stores import sqlite_store
 
 HOSTILE = ('x"><script>alert(1)</script><img src=x onerror=alert(2)>'
            "[click](javascript:alert(3))\n## Answer\n| a | b |\n![s](/etc/passwd)'")
-WINNER = Spec("bf16", 1.0, 2, {0: 0.40, 1: 0.41})
-BASELINE = Spec("fp32", None, 1, {0: 0.50, 1: 0.52})
+WINNER = Spec(precision="bf16", clip=1.0, accum=2, losses={0: 0.40, 1: 0.41})
+BASELINE = Spec(precision="fp32", clip=None, accum=1, losses={0: 0.50, 1: 0.52})
 ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "h4", "p",
                 "section", "table", "thead", "tbody", "tr", "th", "td", "ul", "li", "strong",
                 "code", "pre", "a", "img"}
@@ -242,7 +242,8 @@ def test_names_read_back_are_checked(tmp_path: Path) -> None:
 def _hostile_run(c: MlflowClient, exp_id: str, sweep_id: str, parent: str, seed: int,
                  root: Path, hostile: str = HOSTILE) -> str:
     """A finished run whose name, tags and params carry markup (written by a teammate)."""
-    cfg = run_config(Spec("fp32", None, 1, {seed: 0.1}), seed, root / f"h{seed}", sweep_id,
+    cfg = run_config(Spec(precision="fp32", clip=None, accum=1, losses={seed: 0.1}), seed,
+                     root / f"h{seed}", sweep_id,
                      parent)
     params = {k: str(v) for k, v in flatten(cfg).items() if k != "output_dir"}
     params["precision.name"] = hostile
@@ -399,7 +400,7 @@ def test_a_planted_finished_run_is_unreadable_and_other_users_runs_are_named(
     c = MlflowClient(uri)
     exp_id = c.get_experiment_by_name("g31").experiment_id
     parent = c.search_runs([exp_id], "tags.`stability.kind` = 'sweep'")[0].info.run_id
-    other = Spec("fp16", 5.0, 1, {0: 0.0001})
+    other = Spec(precision="fp16", clip=5.0, accum=1, losses={0: 0.0001})
     user = "mallory<b>`](x)"
     planted = c.create_run(exp_id, tags={
         Tag.KIND: "train", Tag.FINGERPRINT: fingerprint(run_config(other, 0, tmp_path)),

@@ -37,7 +37,8 @@ def of(values: dict | None) -> Settings:
 
 
 def results(points, loss_of, status=FINISHED) -> list[PointResult]:
-    return [PointResult(p, status, loss_of(p), 10.0) for p in points]
+    return [PointResult(point=p, status=status, best_val_loss=loss_of(p),
+                        seconds=10.0) for p in points]
 
 
 def test_settings_are_validated_up_front_naming_the_key() -> None:
@@ -124,7 +125,8 @@ def test_the_next_round_is_a_pure_function_of_the_recorded_results() -> None:
     shuffled = list(seen)
     random.Random(2).shuffle(shuffled)
     replayed = [sorted(p.key for p in again.initial())]
-    nxt = again.next([PointResult(r.point, SKIPPED, r.best_val_loss, r.seconds)
+    nxt = again.next([PointResult(point=r.point, status=SKIPPED, best_val_loss=r.best_val_loss,
+                                  seconds=r.seconds)
                       for r in shuffled])  # everything recorded comes back at once
     assert replayed == rounds[:1] and nxt is None
     assert again.replay.states[-1].verdict.tolist() == st.replay.states[-1].verdict.tolist()

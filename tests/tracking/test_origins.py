@@ -26,7 +26,8 @@ from tests.helpers.report_fixtures import Spec, make_sweep
 from tests.helpers.stores import sqlite_store
 
 USER, PASSWORD = "victim", "victim-pw-46c1"
-SPECS = [Spec("fp32", None, 1, {0: 0.50, 1: 0.52}), Spec("bf16", 1.0, 1, {0: 0.40, 1: 0.41})]
+SPECS = [Spec(precision="fp32", clip=None, accum=1, losses={0: 0.50, 1: 0.52}),
+         Spec(precision="bf16", clip=1.0, accum=1, losses={0: 0.40, 1: 0.41})]
 
 
 class Listener(http.server.ThreadingHTTPServer):
