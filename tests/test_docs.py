@@ -61,7 +61,8 @@ SHELL_LANGS = ("bash", "sh", "shell")
 
 # Hydra entry points: the config each composes (experiments/X.py and `stability X` alike).
 HYDRA_CONFIGS = {"sweep": "config", "report": "report", "check": "check"}
-ARGPARSE_SCRIPTS = ("experiments/benchmark.py", "experiments/sync.py", "experiments/gpu_check.py")
+ARGPARSE_SCRIPTS = ("experiments/benchmark.py", "experiments/sync.py", "experiments/gpu_check.py",
+                    "experiments/report_identity.py")
 PYTHONS = re.compile(r"^(?:\S*/)?python(?:3(?:\.\d+)?)?$")
 
 
