@@ -47,11 +47,10 @@ from stability.core.sinks import StepSink
 from stability.core.task import SEALED_TEST, Task
 from stability.integrations.hf import StabilityCallback, training_arguments
 from stability.integrations.hf_check import probe as probe  # the check adapter
-from stability.integrations.protocol import Fit
+from stability.integrations.protocol import EXAMPLE_ROWS, Fit
 from stability.integrations.study import save_resume_point, trainer_checkpoint
 
 REQUIRED = ("model", "train_val", SEALED_TEST)
-EXAMPLE_ROWS = 5
 log = logging.getLogger(__name__)
 # Set by the study (the key each comes from) or by this runner: a task may not set them.
 STUDY_KEYS = {"max_grad_norm": "clip.*", "fp16": "precision", "bf16": "precision",

@@ -41,12 +41,11 @@ from stability.core.sinks import StepSink
 from stability.core.task import SEALED_TEST, Task
 from stability.integrations.lightning import StabilityCallback, trainer_settings
 from stability.integrations.lightning_check import probe as probe  # the check adapter
-from stability.integrations.protocol import Fit
+from stability.integrations.protocol import EXAMPLE_ROWS, Fit
 from stability.integrations.study import save_resume_point, trainer_checkpoint
 
 REQUIRED = ("module", "datamodule", SEALED_TEST)
 LIGHTNING_CKPT = "checkpoints/lightning-epoch{epoch}.ckpt"  # Lightning's, beside last.pt
-EXAMPLE_ROWS = 5
 # What a fit in a study leaves to us: no logger, no checkpoint of its own, no progress bar.
 QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
          "enable_model_summary": False}

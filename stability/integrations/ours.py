@@ -23,9 +23,7 @@ from stability.core.loop import RunResult
 from stability.core.loop import train as _train
 from stability.core.sinks import StepSink
 from stability.core.task import Task, first_batch
-from stability.integrations.protocol import Probe
-
-EXAMPLE_ROWS = 5  # validation inputs in the logged model's input example
+from stability.integrations.protocol import EXAMPLE_ROWS, Probe
 
 unused_params: tuple[str, ...] = ()  # our loop uses every setting
 

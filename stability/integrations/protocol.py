@@ -20,6 +20,8 @@ from stability.core.loop import RunResult
 from stability.core.sinks import StepSink
 from stability.core.task import OUR_LOOP, Task
 
+EXAMPLE_ROWS = 5  # validation inputs in a logged model's input example (every ``example``)
+
 
 @dataclass
 class Fit:
