@@ -248,7 +248,7 @@ def test_origin_by_module_in_a_folder_named_stability(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     # the modules did import through the folder named stability (else the test proves nothing)
-    assert all(f.startswith(str(home) + "/") for f in got["files"]), got["files"]
+    assert all(Path(f).is_relative_to(home) for f in got["files"]), got["files"]
     assert len(got["ours"]) >= 5 and set(got["ours"]) == {OUR_LOOP}, got
     assert min(got["optimizer"]) >= 1, got  # AdamW's step counters: torch's, not ours
     assert got["raised"] == "raise_here (users_task.py:2)", got
