@@ -7,13 +7,17 @@ there, but they can be counted: ``HostReads`` wraps those methods of ``torch.Ten
 is entered and sorts each call by who made it (the first frame outside torch's own tensor
 code):
 
-- ``ours``: code under ``stability/`` (the step, ``measure``, the sinks, the callbacks);
+- ``ours``: the imported ``stability`` package (the step, ``measure``, the sinks, the callbacks);
 - ``scaler``: ``torch.amp`` (``GradScaler.step`` reads its ``found_inf``); a read inside
   ``GradScaler.get_scale`` counts for its caller;
 - ``optimizer``: ``torch.optim`` (its step counters, CPU tensors on every device unless the
   optimizer is ``capturable`` or ``fused``: not a device sync);
 - ``trainer``: Lightning, transformers, accelerate;
 - ``other``: the caller's own code (a test's sampler, a user's loop).
+
+A frame belongs to a package when its resolved file lies under the resolved folder of that
+package as imported here, never by a substring of its path: a checkout cloned into a folder
+named ``stability`` holds torch in ``stability/.venv/...``, and torch is still torch there.
 
 ``StepBoundaries`` is a step sink (``core.sinks.StepSink``) that closes one interval per
 optimizer step: the reads from one step's record to the next, within an epoch (an interval
@@ -25,9 +29,13 @@ are syncs (``device="cuda"``).
 from __future__ import annotations
 
 import collections
+import functools
+import importlib.util
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,21 +44,52 @@ READS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy")
 ORIGINS = ("ours", "scaler", "optimizer", "trainer", "other")
 # A getter whose read belongs to whoever called it (``GradScaler.get_scale``: our ``measure``).
 _ASKED = {"get_scale"}
-_TORCH_TENSOR_CODE = ("torch/_tensor.py", "torch/_tensor_str.py", "torch/overrides.py",
-                      "torch/utils/_device.py")
+# The files of torch's own tensor code (relative to torch's folder): a read made there is
+# made for its caller.
+_TORCH_TENSOR_CODE = ("_tensor.py", "_tensor_str.py", "overrides.py", "utils/_device.py")
+# origin -> the packages whose folders hold its code, in the order they are tried (torch.amp
+# before the rest of torch: none of torch is ours).
+_PACKAGES = (("ours", ("stability",)), ("scaler", ("torch.amp", "torch.cuda.amp")),
+             ("optimizer", ("torch.optim",)),
+             ("trainer", ("lightning", "pytorch_lightning", "lightning_fabric", "transformers",
+                          "accelerate")))
 
 
+def _folders(name: str) -> list[Path]:
+    """The resolved folders of package ``name`` as this interpreter imports it (none when it
+    is not installed); found without importing it (its parent, torch, is imported already)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return []
+    return [Path(os.path.realpath(f)) for f in (spec.submodule_search_locations or [])
+            ] if spec else []
+
+
+@functools.cache
+def _roots() -> tuple[tuple[str, tuple[Path, ...]], ...]:
+    return tuple((origin, tuple(f for name in names for f in _folders(name)))
+                 for origin, names in _PACKAGES)
+
+
+@functools.cache
 def _origin(filename: str) -> str:
-    path = filename.replace("\\", "/")
-    if "/stability/" in path:
-        return "ours"
-    if "/torch/amp/" in path or "/torch/cuda/amp/" in path:
-        return "scaler"
-    if "/torch/optim/" in path:
-        return "optimizer"
-    if any(f"/{name}/" in path for name in ("lightning", "transformers", "accelerate")):
-        return "trainer"
+    """The origin of code in ``filename`` (a frame's ``co_filename``): by the resolved folder
+    of the package it lies in."""
+    if filename.startswith("<"):  # <string>, <frozen ...>: nobody's file
+        return "other"
+    path = Path(os.path.realpath(filename))
+    for origin, folders in _roots():
+        if any(path.is_relative_to(folder) for folder in folders):
+            return origin
     return "other"
+
+
+@functools.cache
+def _is_tensor_code(filename: str) -> bool:
+    """Whether ``filename`` is one of torch's own tensor files (``_TORCH_TENSOR_CODE``)."""
+    torch_dir = Path(os.path.realpath(torch.__file__)).parent
+    return Path(os.path.realpath(filename)) in {torch_dir / f for f in _TORCH_TENSOR_CODE}
 
 
 class HostReads:
@@ -81,7 +120,7 @@ class HostReads:
                     reads.device is None or tensor.device.type == reads.device):
                 frame = sys._getframe(1)
                 while frame.f_back is not None and (
-                        frame.f_code.co_filename.replace("\\", "/").endswith(_TORCH_TENSOR_CODE)
+                        _is_tensor_code(frame.f_code.co_filename)
                         or frame.f_code.co_name in _ASKED):
                     frame = frame.f_back
                 where = f"{frame.f_code.co_filename}:{frame.f_lineno}"

@@ -236,3 +236,32 @@ def test_workcount_sees_the_per_layer_table_read_at_its_flush_not_every_step() -
     assert 0 < on["host_reads"] - off["host_reads"] <= on["steps"] // 10
     assert no_ratio["host_reads"] == on["host_reads"]
     assert off["aten"] < no_ratio["aten"] < on["aten"]
+
+
+def test_profile_pieces_are_ours_by_module_file(tmp_path: Path) -> None:
+    """``--profile``'s fixed-cost pieces: a function counts for a module when its file is that
+    module's resolved file; a user's ``stability/core/batches.py`` with an ``evaluate_task`` (a
+    path that ends like ours) is not ours."""
+    import importlib.util
+    import io
+
+    from benchmarks.profiling import profile_call
+    from stability.core.config import RunConfig
+    from stability.core.loop import write_config
+
+    fake = tmp_path / "stability" / "core" / "batches.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("def evaluate_task():\n    return sum(range(1000))\n")
+    spec = importlib.util.spec_from_file_location("users_loop", fake)
+    assert spec is not None and spec.loader is not None
+    users = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(users)
+
+    def work() -> None:
+        users.evaluate_task()
+        torch.save(torch.zeros(3), io.BytesIO())
+        write_config(RunConfig(), tmp_path / "config.yaml")
+
+    pieces = profile_call(work, tmp_path / "profile.txt")
+    assert {"checkpoints (torch.save)", "config.yaml"} <= set(pieces), pieces
+    assert "validation passes (inside epochs)" not in pieces, pieces

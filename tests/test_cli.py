@@ -126,7 +126,8 @@ def test_a_non_editable_install_runs_a_sweep_from_any_folder(tmp_path: Path) -> 
     work = tmp_path / "somewhere"
     work.mkdir()
     where = _run([str(python), "-c", "import stability; print(stability.__file__)"], work)
-    assert where.stdout.strip().startswith(str(site))  # the installed copy, not the checkout
+    # the installed copy, not the checkout (by resolved folder, not a prefix of the text)
+    assert Path(where.stdout.strip()).resolve().is_relative_to(site.resolve())
     proc = _run([str(venv / "bin" / "stability"), "sweep", "train.epochs=1",
                  "data.num_samples=100", "tracking.experiment=installed"], work)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -49,12 +49,13 @@ def canonical(run: RunConfig) -> dict[str, Any]:
 
     With clipping off, ``clip.method``, ``clip.max_norm`` and ``clip.clip_value`` do not
     influence training, so they are replaced by ``None``; the GradScaler knobs only matter
-    for fp16. Output locations, tracking and telemetry settings and ``train.num_workers``
-    (same batches in the same order either way) are dropped, and so is ``task._target_`` of a
-    task that declares ``hash_target = False`` (the default task: it keeps every fingerprint
-    from before tasks existed). The rule is the task's, the same for every task. The default
-    optimizer (AdamW) and schedule (constant) are dropped too: the loop trained with exactly
-    those before they were keys, so every existing fingerprint still names the same training.
+    for fp16 (``inert``). Output locations, tracking and telemetry settings and
+    ``train.num_workers`` (same batches in the same order either way) are dropped, and so is
+    ``task._target_`` of a task that declares ``hash_target = False`` (the default task: it
+    keeps every fingerprint from before tasks existed). The rule is the task's, the same for
+    every task. The default optimizer (AdamW) and schedule (constant) are dropped too: the loop
+    trained with exactly those before they were keys, so every existing fingerprint still
+    names the same training.
     """
     flat = flatten(run)
     for key in [k for k in flat if k.startswith(("tracking.", "telemetry."))] + [
@@ -67,15 +68,36 @@ def canonical(run: RunConfig) -> dict[str, Any]:
         if default:
             for key in [k for k in flat if k.startswith(section)]:
                 flat.pop(key)
-    if not run.clip.enabled:
-        flat.update({"clip.method": None, "clip.max_norm": None, "clip.clip_value": None})
-    elif run.clip.method == "norm":
-        flat["clip.clip_value"] = None
-    else:
-        flat["clip.max_norm"] = None
-    if not Precision(run.precision.name).scaled:
-        flat.update({"precision.init_scale": None, "precision.growth_interval": None})
+    flat.update(dict.fromkeys(sorted(inert(flat)), None))
     return flat
+
+
+def inert(flat: Mapping[str, Any]) -> set[str]:
+    """The dotted keys whose value cannot influence a run with these settings: the one rule
+    of what cannot matter (``canonical``, the sweep's de-duplication, the report's grid).
+
+    With clipping off, ``clip.method``, ``clip.max_norm`` and ``clip.clip_value``; with norm
+    clipping ``clip.clip_value``, with value clipping ``clip.max_norm``; the GradScaler knobs
+    (``precision.init_scale``, ``precision.growth_interval``) unless the precision is scaled.
+
+    Args:
+        flat: dotted settings as a config holds them (``clip.enabled`` a bool, absent: off;
+            ``clip.method`` absent: norm); a precision name no loop knows keeps its knobs.
+    """
+    keys: set[str] = set()
+    if not flat.get("clip.enabled", False):
+        keys |= {"clip.method", "clip.max_norm", "clip.clip_value"}
+    elif flat.get("clip.method", "norm") == "norm":
+        keys.add("clip.clip_value")
+    else:
+        keys.add("clip.max_norm")
+    try:
+        scaled = Precision(flat.get("precision.name")).scaled
+    except ValueError:
+        scaled = True
+    if not scaled:
+        keys |= {"precision.init_scale", "precision.growth_interval"}
+    return keys
 
 
 def fingerprint(run: RunConfig, world_size: int = 1) -> str:

@@ -6,8 +6,10 @@ param (``sweep/parent.py``). A key whose value is a sweep (``a,b``, ``range(...)
 (``stability.design.design.Design.of``), never every param that happens to vary: forty extra params
 planted on two runs would otherwise be forty factors and a cube of 3^40 cells. A run whose
 value of a setting the sweep did not sweep differs from the one the sweep's own runs share is
-no point of the grid: it is set aside with one line. A sweep without a recorded grid (no
-parent run) is read as before.
+no point of the grid: it is set aside with one line. A setting that cannot matter for a run
+(``core.identity.inert``: ``clip.max_norm`` with clipping off, which the sweep drops from that
+run's overrides, so it records the default) is neither compared for that run nor counted in
+the shared value. A sweep without a recorded grid (no parent run) is read as before.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from stability.core.identity import inert
 from stability.design.design import NEVER, set_by
+from stability.design.factors import CLIP_ENABLED, flag
 from stability.report.html import one_line
 
 log = logging.getLogger(__name__)
@@ -52,11 +56,14 @@ def outside(runs: Sequence[Any], swept: Sequence[str],
     """
     keys = {k for r in [*runs, *reference] for k in r.data.params
             if "." in k and not k.startswith(NEVER) and not set_by(k, swept)}
-    shared = {k: Counter(r.data.params.get(k) for r in reference).most_common(1)[0][0]
-              for k in keys} if reference else {}
+    shared = {}
+    for k in keys:  # the value the runs it can matter for share
+        values = Counter(r.data.params.get(k) for r in reference if k not in _inert(r))
+        if values:
+            shared[k] = values.most_common(1)[0][0]
     kept, lines = [], []
     for r in runs:
-        odd = sorted(k for k in shared if r.data.params.get(k) != shared[k])
+        odd = sorted(k for k in shared.keys() - _inert(r) if r.data.params.get(k) != shared[k])
         if not odd:
             kept.append(r)
             continue
@@ -70,3 +77,9 @@ def outside(runs: Sequence[Any], swept: Sequence[str],
     for line in lines:
         log.warning("%s", line)
     return kept, lines
+
+
+def _inert(run: Any) -> set[str]:
+    """The settings that cannot matter for ``run`` (``core.identity.inert`` of its params)."""
+    params = run.data.params
+    return inert({**params, CLIP_ENABLED: flag(params.get(CLIP_ENABLED, False))})

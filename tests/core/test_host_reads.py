@@ -11,6 +11,11 @@ skip decision (docs/performance.md, "Host reads per optimizer step"). The same s
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import sysconfig
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -22,6 +27,7 @@ from stability.core.config import ClipConfig, PrecisionConfig, RunConfig, TrainC
 from stability.core.loop import train
 from stability.tasks.sign_sum import DataConfig
 
+ROOT = Path(__file__).resolve().parents[2]
 # 640 sequences: a training split of 448 = 28 micro-batches of 16, whole windows of 4.
 SAMPLES, BATCH = 640, 16
 # Reads our code makes per steady-state optimizer step, by route. Before issue 48 (main
@@ -192,3 +198,57 @@ def test_counting_leaves_tensors_as_they_were() -> None:
         assert t.item() == 1.5 and bool(t) and t.tolist() == [1.5]
     assert sum(reads.counts.values()) == 3
     assert {n: torch.Tensor.__dict__.get(n) for n in before} == before
+
+
+# Run in a fresh interpreter whose torch (its site-packages) and checkout both import through a
+# folder named ``stability``, as ``git clone`` names the clone (and make setup its .venv in it).
+_IN_A_FOLDER_NAMED_STABILITY = textwrap.dedent("""
+    import json, site, sys
+    home, out = sys.argv[1], sys.argv[2]
+    site.addsitedir(home + "/site-packages")  # -S: no other site-packages on the path
+    sys.path.insert(0, home + "/checkout")
+    import benchmarks, stability, torch
+    from benchmarks.host_reads import counted
+    from stability.check.raised import where_raised
+    from stability.core.config import PrecisionConfig, RunConfig, TrainConfig
+    from stability.core.loop import train
+    from stability.tasks.sign_sum import DataConfig
+    sys.path.insert(0, home)
+    import users_task
+    try:
+        users_task.raise_here()
+    except ValueError as err:
+        raised = where_raised(err)
+    cfg = RunConfig(seed=0, device="cpu", output_dir=out, data=DataConfig(num_samples=640),
+                    precision=PrecisionConfig("fp32"),
+                    train=TrainConfig(epochs=2, batch_size=16, accum_steps=1))
+    with counted() as steps:
+        train(cfg, sinks=[steps])
+    print(json.dumps({"files": [m.__file__ for m in (benchmarks, stability, torch)],
+                      "ours": steps.taken(), "optimizer": steps.taken("optimizer"),
+                      "raised": raised}))
+""")
+
+
+def test_origin_by_module_in_a_folder_named_stability(tmp_path: Path) -> None:
+    """Torch imported from ``.../stability/site-packages`` (a clone's ``.venv`` in a folder
+    named ``stability``) and the checkout from ``.../stability/checkout``: AdamW's step
+    counters still count as the optimizer's, our loop's one read as ours, and a user's file in
+    that folder is the user's (``check.raised``), by the resolved file of each package. A
+    check by the substring ``/stability/`` of the path counts torch's reads as ours here,
+    whatever the CI clone's own folder is named."""
+    home = tmp_path / "stability"
+    home.mkdir()
+    (home / "site-packages").symlink_to(Path(sysconfig.get_paths()["purelib"]).resolve())
+    (home / "checkout").symlink_to(ROOT)
+    (home / "users_task.py").write_text("def raise_here():\n    raise ValueError('bad')\n")
+    proc = subprocess.run([sys.executable, "-S", "-c", _IN_A_FOLDER_NAMED_STABILITY, str(home),
+                           str(tmp_path / "run")], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    # the modules did import through the folder named stability (else the test proves nothing)
+    assert all(Path(f).is_relative_to(home) for f in got["files"]), got["files"]
+    assert len(got["ours"]) >= 5 and set(got["ours"]) == {OUR_LOOP}, got
+    assert min(got["optimizer"]) >= 1, got  # AdamW's step counters: torch's, not ours
+    assert got["raised"] == "raise_here (users_task.py:2)", got
