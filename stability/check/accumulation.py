@@ -16,11 +16,11 @@ unequally), orders of magnitude above it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from stability.check.result import ProbeResult, verdict
+from stability.check.result import ProbeResult, Status, verdict
 from stability.check.rig import (
     StepFn,
     Template,
@@ -70,6 +70,14 @@ def summation_order_error(template: Template, window: Sequence[MicroBatch]) -> f
 def _one(template: Template, step: StepFn, window: Sequence[MicroBatch], k: int,
          name: str, tol: float, what: str) -> ProbeResult:
     ref = flat(reference_gradient(template, window))
+    if float(ref.norm()) == 0:
+        # a reference of zero makes every loop look right (0 vs 0): the trainer's own
+        # one-batch step zeroed it (a hook's zero_grad); never a pass
+        return ProbeResult(name=name, status=Status.FAIL, measured=float("inf"), tolerance=tol,
+                           meaning=f"{what}: FAIL: the reference gradient (one step over the "
+                           "window's samples as one batch) is zero at the optimizer step: "
+                           "something zeroes the gradients after backward (zero_grad() or "
+                           "grad.zero_() in a hook such as on_after_backward)")
     rig = template.rig(accum_steps=k, lr=LR)
     seen = gradients_at_step(rig)
     before = params_of(rig.model)
@@ -109,6 +117,10 @@ def diagnose(template: Template, window: Sequence[MicroBatch], k: int, got: torc
     """
     j = len(window)
     c, off = _fit(got, ref)
+    if float(got.norm()) == 0:
+        return ("the optimizer stepped on a zero gradient (|g| = 0): something zeroes the "
+                "gradients between backward and the step (zero_grad() or grad.zero_() in a "
+                "hook such as on_after_backward or on_before_optimizer_step)")
     if template.grad_of is not None and not getattr(template.model, "automatic_optimization",
                                                     True):
         # a manual-optimization module: the reference is its own step over one batch, so
@@ -122,6 +134,9 @@ def diagnose(template: Template, window: Sequence[MicroBatch], k: int, got: torc
                  abs(c - j) < 1e-3 * j else
                  f"the loss is divided by the configured accum_steps={k} on a window of {j} "
                  "(divide by the window's own count)" if abs(c - j / k) < 1e-3 else
+                 f"the loss is divided by the accumulation twice (|g|/|g_ref| = 1/{j}: the "
+                 "loss divided by the window's count, e.g. by accumulate_grad_batches in "
+                 "training_step, and again by the trainer)" if abs(c * j - 1) < 1e-3 else
                  "the loss is normalised by the wrong count")
         return f"not a larger batch: |g|/|g_ref| = {c:.4g}, {cause}"
     if j > 1:
@@ -131,10 +146,37 @@ def diagnose(template: Template, window: Sequence[MicroBatch], k: int, got: torc
             return (f"grad rel err {g_err:.3g}: only the last of {j} micro-batches reached the "
                     f"step (|g|/|g_last| = {c_last:.4g}): zero_grad (or grad = None) runs inside "
                     "the accumulation window; call it once per optimizer step")
+    size = ("" if abs(c - 1) < 0.25 else
+            f"the gradient is {c:.3g}x the larger batch's (not divided by the window's "
+            f"{j} micro-batches) and " if abs(c / j - 1) < 0.25 else
+            f"the gradient is {c:.3g}x the larger batch's and ")
     return (f"grad rel err {g_err:.3g} (|g|/|g_ref| = {float(got.norm() / ref.norm()):.4g}, "
-            f"direction off by {off:.3g}): the micro-batches are weighted unequally, e.g. a "
-            "mean per micro-batch over varying item counts (padded tokens); sum the loss and "
-            "divide by the window's item count")
+            f"direction off by {off:.3g}): {size}the micro-batches are weighted unequally, "
+            "e.g. a mean per micro-batch over varying item counts (padded tokens); sum the "
+            "loss and divide by the window's item count")
+
+
+def window_probes(template: Template, step: StepFn, micro: Sequence[MicroBatch],
+                  k: int) -> dict[str, Callable[[], ProbeResult]]:
+    """The two accumulation probes, each runnable on its own (so an exception names the one
+    that ran): a full window of ``k`` micro-batches and a short last window of
+    ``max(1, k // 2)``; the tolerance is measured once, on the full window."""
+    full, short = list(micro[:k]), list(micro[: max(1, k // 2)])
+    tols: list[float] = []
+
+    def tol() -> float:
+        if not tols:
+            tols.append(max(FLOOR, ORDER_FACTOR * summation_order_error(template, full)))
+        return tols[0]
+
+    return {
+        "accumulation.full": lambda: _one(
+            template, step, full, k, "accumulation.full", tol(),
+            f"accum {k} x {size(full[0])} vs one batch of {sum(size(m) for m in full)}"),
+        "accumulation.short_window": lambda: _one(
+            template, step, short, k, "accumulation.short_window", tol(),
+            f"short last window of {len(short)}/{k} micro-batches vs one batch"),
+    }
 
 
 def probe_accumulation(template: Template, step: StepFn, micro: Sequence[MicroBatch],
@@ -148,13 +190,6 @@ def probe_accumulation(template: Template, step: StepFn, micro: Sequence[MicroBa
         k: the configured accumulation (micro-batches per optimizer step), >= 2.
         short_window: False when the loop never sees a short window (only the full is run).
     """
-    full, short = list(micro[:k]), list(micro[: max(1, k // 2)])
-    tol = max(FLOOR, ORDER_FACTOR * summation_order_error(template, full))
-    results = [_one(template, step, full, k, "accumulation.full", tol,
-                    f"accum {k} x {size(full[0])} vs one batch of "
-                    f"{sum(size(m) for m in full)}")]
-    if short_window:
-        results.append(_one(template, step, short, k, "accumulation.short_window", tol,
-                            f"short last window of {len(short)}/{k} micro-batches vs one "
-                            "batch"))
-    return results
+    probes = window_probes(template, step, micro, k)
+    names = ["accumulation.full"] + (["accumulation.short_window"] if short_window else [])
+    return [probes[n]() for n in names]

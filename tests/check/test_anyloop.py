@@ -45,10 +45,12 @@ def test_the_example_check_exits_0_on_the_correct_loop(tmp_path, monkeypatch, ca
     assert done.value.code == 0, capsys.readouterr()
     body = json.loads((tmp_path / "check.json").read_text())
     status = {p["name"]: p["status"] for p in body["probes"]}
-    assert body["exit_status"] == 0 and len(status) == 10
+    assert body["exit_status"] == 0 and len(status) == 11
     assert status["accumulation.short_window"] == "n/a"  # short_window=False: nanoGPT samples
-    assert {s for n, s in status.items() if n != "accumulation.short_window"} == {"pass"}
-    assert "check: ok (0 failed of 10)" in capsys.readouterr().out
+    assert status["schedule.per_step"] == "n/a"  # nanoGPT sets the LR itself: no scheduler
+    assert {s for n, s in status.items() if n not in ("accumulation.short_window",
+                                                      "schedule.per_step")} == {"pass"}
+    assert "check: ok (0 failed of 11)" in capsys.readouterr().out
 
 
 def test_a_parameter_the_check_cannot_supply_is_exit_2_naming_it(gpt, capsys):

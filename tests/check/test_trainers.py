@@ -128,7 +128,7 @@ def test_cli_check_on_the_trainer_examples(tmp_path, folder, task, fails, na):
     assert done.returncode == 1, done.stderr[-2000:]
     body = json.loads(out.read_text())
     got = {p["name"]: p for p in body["probes"]}
-    assert len(got) == 10 and body["exit_status"] == 1
+    assert len(got) == 11 and body["exit_status"] == 1
     assert {n for n, p in got.items() if p["status"] == "fail"} == set(fails)
     for name, value in fails.items():
         assert float(got[name]["measured"]) == pytest.approx(value, rel=1e-3)
