@@ -10,6 +10,7 @@ The data are the task's first training samples in order (no shuffling): ``k`` mi
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -20,7 +21,7 @@ from stability.check.accumulation import window_probes
 from stability.check.amp import SCALE, probe_clip, probe_skip
 from stability.check.headroom import probe_low_precision, probe_range
 from stability.check.raised import LoopRaised, NotApplicable, load, one_line, where_raised
-from stability.check.result import ProbeResult, not_applicable
+from stability.check.result import ProbeResult, Status, not_applicable
 from stability.check.rig import StepFn, ours
 from stability.check.sanity import declared_init_loss, probe_determinism, probe_init_loss
 from stability.check.schedule import probe_schedule
@@ -150,8 +151,18 @@ def run_probes(sub: Subject, k: int, scale: float = SCALE) -> list[ProbeResult]:
             results += [not_applicable(n, str(why)) for n in names]
             continue
         except Exception as err:
-            raise LoopRaised(probe=names[0], where=where_raised(err), error=one_line(err),
-                             results=results) from err
+            failed = [r.name for r in results if r.status is Status.FAIL]
+            if not failed:
+                raise LoopRaised(probe=names[0], where=where_raised(err), error=one_line(err),
+                                 results=results) from err
+            # after a failure, a crash on the state the bug left (a GradScaler that recorded
+            # no inf check because a hook dropped the gradients) is that bug, not a new one
+            results += [ProbeResult(name=n, status=Status.FAIL, measured=math.nan,
+                                    tolerance=math.nan,
+                                    meaning=f"FAIL: raised in {where_raised(err)}: "
+                                    f"{one_line(err)} (after {', '.join(failed)} failed: the "
+                                    "same bug, most likely)") for n in names]
+            continue
         ran = {r.name: r for r in (got if isinstance(got, list) else [got])}
         results += [not_applicable(n, na[n]) if n in na else ran[n] for n in names]
     return results

@@ -86,3 +86,73 @@ def test_the_users_code_raising_is_exit_3_naming_the_function(gpt, tmp_path, cap
 def test_supplied_names_cover_nanogpts_and_the_common_spellings():
     assert {"model", "optimizer", "scaler", "scheduler", "window", "batches", "accum_steps",
             "gradient_accumulation_steps", "grad_clip", "max_norm", "ctx"} <= set(SUPPLIED)
+
+
+def test_every_user_mistake_is_one_line_exit_2(gpt, tmp_path, capsys):
+    batches = _batches(gpt)
+    cases = [
+        ({"accept": ["lightning.shortwindow"]}, ["accept", "lightning.short_window |"]),
+        ({"names": {"data": "batchez"}}, ["names['data']", "batches"]),
+        ({"names": {"nope": "batches"}}, ["names=", "parameters of train_step"]),
+    ]
+    for kwargs, needles in cases:
+        code = stability.check.loop(gpt.train_step, gpt.TinyGPT(), _loss, batches, output=None,
+                                    **kwargs)
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+        assert all(n in err for n in needles), err
+    code = stability.check.loop(gpt.train_step, gpt.TinyGPT(), _loss, None, output=None)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "batches=None is invalid" in err, err
+    # the loop named by where it is: its file's syntax or import error is its file:line
+    bad = tmp_path / "broken_loop.py"
+    bad.write_text("import torch\n\ndef train_step(model, optimizer, window)\n    pass\n")
+    code = stability.check.loop(f"{bad}:train_step", gpt.TinyGPT(), _loss, batches, output=None)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "broken_loop.py:3: SyntaxError" in err, err
+    missing = tmp_path / "missing_dep_loop.py"
+    missing.write_text("import torch\nimport no_such_package_here\n\ndef train_step(model):\n"
+                       "    pass\n")
+    code = stability.check.loop(f"{missing}:train_step", gpt.TinyGPT(), _loss, batches,
+                                output=None)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "missing_dep_loop.py:2" in err and "No module named 'no_such_package_here'" in err
+
+
+def test_a_short_window_error_names_the_short_window_probe(gpt, capsys):
+    def train_step(model, optimizer, scaler, window, gradient_accumulation_steps, grad_clip,
+                   ctx):
+        if len(window) < gradient_accumulation_steps:
+            raise IndexError("the epoch's last window is short")
+        gpt.train_step(model, optimizer, scaler, window, gradient_accumulation_steps,
+                       grad_clip, ctx)
+
+    code = stability.check.loop(train_step, gpt.TinyGPT(), _loss, _batches(gpt), output=None)
+    err = capsys.readouterr().err
+    assert code == 3 and "during accumulation.short_window: IndexError" in err, err
+
+
+def test_the_loops_own_names_and_settings_it_uses_unconditionally(gpt, capsys):
+    # a loop that names its data its own way, clips and steps its scheduler unconditionally:
+    # the probes pass a max_norm and a scheduler that work (never None)
+    def train_step(model, optimizer, scaler, data, iters_to_accumulate, max_norm, scheduler):
+        for X, Y in data:
+            _, loss = model(X, Y)
+            scaler.scale(loss / len(data)).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scale = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        if scaler.get_scale() >= scale:
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    code = stability.check.loop(train_step, gpt.TinyGPT(), _loss, _batches(gpt), scaler=True,
+                                names={"data": "batches", "iters_to_accumulate": "accum_steps"},
+                                output=None)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "schedule.per_step          pass" in out and "check: ok (0 failed of 11)" in out
