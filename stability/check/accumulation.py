@@ -40,7 +40,8 @@ LR = 0.05
 
 
 def reference_gradient(template: Template, window: Sequence[MicroBatch],
-                       dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+                       dtype: torch.dtype = torch.float32,
+                       precision: str = "fp32") -> list[torch.Tensor]:
     """The gradient of the task's loss over the window's samples as one batch (the trainer's
     own when the template says how: ``Template.grad_of``, fp32 only)."""
     batch = (template.join or concat)(window)
@@ -49,7 +50,7 @@ def reference_gradient(template: Template, window: Sequence[MicroBatch],
             raise TypeError("the trainer computes its gradient in fp32")
         return template.grad_of(template, batch)
     model = template.rig().model.to(dtype)
-    template.loss(model, to_dtype(batch, dtype)).backward()
+    template.loss(model, to_dtype(batch, dtype), precision).backward()
     return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
             for p in model.parameters()]
 
@@ -84,7 +85,12 @@ def _one(template: Template, step: StepFn, window: Sequence[MicroBatch], k: int,
     step(rig, window)
     if not seen:
         return ProbeResult(name=name, status=verdict(float("inf"), tol), measured=float("inf"),
-                           tolerance=tol, meaning=f"{what}: the loop took no optimizer step")
+                           tolerance=tol, meaning=f"{what}: FAIL: the loop took no optimizer "
+                           "step" + ("" if len(window) >= k else
+                                     " on a short last window: its gradients stay in .grad and "
+                                     "are added to the next window's (step on the epoch's last "
+                                     "batch too, or make the batch count a multiple of the "
+                                     "accumulation and say short_window=False)"))
     got = flat(seen[-1])
     g_err = rel(got, ref)
     update = LR * ref
@@ -94,9 +100,43 @@ def _one(template: Template, step: StepFn, window: Sequence[MicroBatch], k: int,
     rounding = float((before.abs() * torch.finfo(torch.float32).eps).norm() / update.norm())
     status = verdict(max(g_err, p_err - rounding), tol)
     meaning = f"{what}: grad rel err {g_err:.2e}, 1-step param rel diff {p_err:.2e}"
+    own = own_autocast(template, window, got, g_err) if status is not Status.PASS else None
+    if own is not None:
+        precision, err, moved = own
+        return ProbeResult(name=name, status=Status.WARN, measured=err, tolerance=moved,
+                           meaning=f"{what}: the loop runs its own {precision} autocast (the "
+                           f"probe asked for fp32): grad rel err {err:.2e} against a "
+                           f"{precision} reference, within the {moved:.2e} a {precision} "
+                           f"forward moves it from fp32 ({g_err:.2e} against fp32); "
+                           "normalisation checked at that precision only")
     if status.value != "pass":
         meaning += "; FAIL: " + diagnose(template, window, k, got, ref, g_err, tol)
     return ProbeResult(name=name, status=status, measured=g_err, tolerance=tol, meaning=meaning)
+
+
+def own_autocast(template: Template, window: Sequence[MicroBatch], got: torch.Tensor,
+                 g_err: float) -> tuple[str, float, float] | None:
+    """Whether the loop autocasts by itself (a hard-coded ``autocast(dtype=torch.float16)``):
+    ``(precision, error against that precision's reference, how far that precision's forward
+    moves the reference from fp32)``, or None.
+
+    It does when the gradient it stepped on is within that precision's own effect of a
+    reference computed under the same autocast (one batch of the window's samples), and far
+    closer to it than to the fp32 one. A correct accumulation at that precision differs from
+    it by rounding of that same size; a normalisation bug is O(1) and stays a failure.
+    """
+    if template.grad_of is not None:  # a trainer's own gradient: its precision is the rig's
+        return None
+    ref32 = flat(reference_gradient(template, window))
+    for precision in ("fp16", "bf16"):
+        try:
+            low = flat(reference_gradient(template, window, precision=precision))
+        except RuntimeError:  # an op without a CPU kernel in this dtype
+            continue
+        moved, err = rel(low, ref32), rel(got, low)
+        if err <= moved and 4 * err <= g_err:
+            return precision, err, moved
+    return None
 
 
 def _fit(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
@@ -130,6 +170,11 @@ def diagnose(template: Template, window: Sequence[MicroBatch], k: int, got: torc
                 f"{off:.3g}): training_step must divide by the window's own count, also on an "
                 "epoch's last, shorter window (and on a one-batch epoch)")
     if off <= max(tol, 1e-4):
+        known = template.known(template.model, window) if template.known else {}
+        for name, scale in known.items():
+            if abs(c - scale) <= 1e-3 * max(1.0, scale):
+                return (f"not a larger batch: |g|/|g_ref| = {c:.4g}, the trainer's own count "
+                        f"(signature {name})")
         cause = ("the loss is not divided by the window's micro-batch count" if
                  abs(c - j) < 1e-3 * j else
                  f"the loss is divided by the configured accum_steps={k} on a window of {j} "

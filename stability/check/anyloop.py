@@ -20,8 +20,10 @@ parameter name                       what the check passes
 ``max_norm``                         the clip threshold (``inf`` when the probe does not
                                      clip: ``clip_grad_norm_(p, inf)`` changes nothing)
 ``grad_clip``                        the same, 0.0 for no clipping (nanoGPT's convention)
-``ctx`` / ``autocast``               the autocast context of the probe's precision
+``ctx``                              the autocast context of the probe's precision
 ``precision``                        ``fp32`` | ``fp16``
+``epochs``                           ``range(1)``: one pass over the window (a top-level
+                                     loop over epochs: ``check.body``)
 ===================================  ======================================================
 
 The step returns whether it stepped, or nothing (then: whether ``optimizer.step`` ran; a
@@ -44,6 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from stability.check.body import lines_of, step_of_lines
 from stability.check.raised import LoopRaised, load
 from stability.check.result import BAD_INPUT, RAISED, ProbeResult, exit_status, table, write_json
 from stability.check.rig import Rig, StepFn, Template
@@ -75,10 +78,11 @@ SUPPLIED: dict[str, Callable[[Rig, Sequence[Any]], Any]] = {
     "max_norm": lambda r, w: math.inf if r.max_norm is None else r.max_norm,
     "grad_clip": lambda r, w: 0.0 if r.max_norm is None else r.max_norm,
     "ctx": lambda r, w: autocast(r.precision, "cpu"),
-    "autocast": lambda r, w: autocast(r.precision, "cpu"),
     "precision": lambda r, w: r.precision,
+    "epochs": lambda r, w: range(1),
 }
 SCHEDULERS = ("scheduler", "lr_scheduler")
+WHERE = "an import path, file.py:name of a function or file.py:START-END of its loop"
 
 
 def wiring(train_step: Callable[..., Any],
@@ -131,14 +135,15 @@ def loop(train_step: Callable[..., Any] | str, model: nn.Module,
          loss_fn: Callable[[nn.Module, Any], Any], batches: Iterable[Any], *,
          accum_steps: int = 4, scaler: object = None, short_window: bool = True,
          expected_init_loss: float | None = None, accept: Sequence[str] = (),
-         names: Mapping[str, str] | None = None, output: str | Path | None = "check.json",
-         seed: int = 0, quiet: bool = False) -> int:
+         names: Mapping[str, str] | None = None, scope: Mapping[str, Any] | None = None,
+         output: str | Path | None = "check.json", seed: int = 0, quiet: bool = False) -> int:
     """Every probe on the user's own ``train_step``; prints the table, writes the JSON.
 
     Args:
         train_step: one optimizer step over a window of micro-batches (module docstring), or
             where it is (``"my_loop.train_step"``, ``"my_loop.py:train_step"``: imported
-            here, so a syntax or import error in its file is one line, exit 2).
+            here, so a syntax or import error in its file is one line, exit 2), or the lines
+            of top-level code that are the loop (``"train.py:120-140"``: ``check.body``).
         model: the initial model (not modified: the probes deepcopy it).
         loss_fn: ``loss_fn(model, batch)``, the mean loss of a batch.
         batches: at least ``accum_steps`` micro-batches (the first ``accum_steps`` are used).
@@ -150,6 +155,7 @@ def loop(train_step: Callable[..., Any] | str, model: nn.Module,
         accept: the trainer's own known faults to accept (``check.upstream``).
         names: ``train_step``'s own parameter names -> the names above
             (``{"data": "batches", "iters_to_accumulate": "accum_steps"}``).
+        scope: the user's own objects the loop's lines read (``{"loss_fn": loss_fn}``).
         output: the JSON file (None: not written).
         seed: the seed of the probes' torch state.
         quiet: print nothing but an error line.
@@ -158,11 +164,15 @@ def loop(train_step: Callable[..., Any] | str, model: nn.Module,
         The exit status: 0 pass, 1 a probe failed, 2 bad input, 3 the user's code raised.
     """
     try:
-        fn = load(train_step, "train_step", "an import path or file.py:name of a function") \
-            if isinstance(train_step, str) else train_step
-        require(callable(fn), "train_step", train_step, "a function (or where it is)")
-        wired = wiring(fn, names)
-        step = step_of(fn, names)
+        span = lines_of(train_step) if isinstance(train_step, str) else None
+        if span is not None:  # top-level code, as published (check.body)
+            step, received = step_of_lines(*span, SUPPLIED, names, scope)
+        else:
+            fn = load(train_step, "train_step", WHERE) if isinstance(train_step, str) \
+                else train_step
+            require(callable(fn), "train_step", train_step, "a function (or " + WHERE + ")")
+            received = set(wiring(fn, names).values())
+            step = step_of(fn, names)
         require(isinstance(accum_steps, int) and accum_steps >= 2, "accum_steps",
                 accum_steps, "an integer >= 2")
         require(isinstance(accept, list | tuple) and all(a in ACCEPTABLE for a in accept),
@@ -180,8 +190,9 @@ def loop(train_step: Callable[..., Any] | str, model: nn.Module,
                                            "(short_window=False): no short last window")
     if scaler is None:
         na["skip.is_skip"] = "the loop has no GradScaler (scaler=None): no fp16 skip to probe"
-    if not any(s in SCHEDULERS for s in wired.values()):
-        na["schedule.per_step"] = "the loop takes no scheduler (no parameter named scheduler)"
+    if not received & set(SCHEDULERS):
+        na["schedule.per_step"] = ("the loop takes no scheduler (it reads none by the names "
+                                   "scheduler, lr_scheduler)")
     sub = Subject(template=Template(model=start, loss_fn=_unused, seed=seed, loss_of=loss_fn),
                   build=lambda: copy.deepcopy(start), micro=micro, step=step, baseline=step,
                   trainer="any", task=SimpleNamespace(expected_init_loss=expected_init_loss),

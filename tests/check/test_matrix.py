@@ -59,6 +59,7 @@ CASES = [
     ("lightning", "clip_in_hook", "clip.unscaled", 1.0, 1e-2, ()),
     ("lightning", "double_division", "sanity.init_loss", 0.75, 1e-2, ()),
     ("lightning", "double_division_trainer", "accumulation.full", 0.75, 1e-3, SHORT),
+    ("hf", "per_batch_mean", "accumulation.full", 3.17, 1e-2, SHORT),
 ]
 CAUSE = {"short_window": "divided by the configured accum_steps=4 on a window of 2",
          "schedule_per_micro": "the schedule runs 4x too fast",
@@ -67,6 +68,7 @@ CAUSE = {"short_window": "divided by the configured accum_steps=4 on a window of
          "clip_in_hook": "a hook that sees the scaled gradients, such as on_after_backward",
          "double_division": "double division",
          "double_division_trainer": "divided by the accumulation twice",
+         "per_batch_mean": "not divided by the window's 4 micro-batches",
          "no_division": "not divided by the window's micro-batch count",
          "zero_grad": "zero_grad", "token_mean": "weighted unequally",
          "clip_before_unscale": "clip before scaler.unscale_",
@@ -78,7 +80,8 @@ def _table(rows):
     return {r.name: r for r in rows}
 
 
-SLOW = ("any",)  # the nanoGPT loop's ten probes take 3-8 s a case on a loaded 2-core machine
+# the nanoGPT loop's probes take 3-8 s a case on a loaded 2-core machine, the HF Trainer's 7-15
+SLOW = ("any", "hf")
 
 
 @pytest.mark.parametrize(("route", "bug", "probe", "number", "rtol", "also"), [
@@ -144,6 +147,41 @@ def test_manual_optimization_is_driven_and_its_faults_are_the_modules():
     assert "the module's own accumulation" in short["accumulation.full"].meaning
     skip = _table(results("manual", "scheduler_on_skip", accept))["skip.is_skip"]
     assert skip.status is Status.FAIL and skip.measured == 1, skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", ["", "seq_cls_fixed"])
+def test_the_hf_trainer_with_transformers_collators_passes(bug):
+    # raw tokenized samples, collated once by DataCollatorForLanguageModeling /
+    # DataCollatorWithPadding (a BatchEncoding) inside the Trainer, as in a plain run
+    got = results("hf", bug)
+    assert exit_status(got) == 0, [(r.name, r.status.value, r.meaning) for r in got]
+    table = _table(got)
+    assert table["accumulation.full"].status is Status.PASS
+    assert table["accumulation.short_window"].status is Status.PASS
+    assert table["schedule.per_step"].status is Status.PASS
+    assert "accelerate refuses fp16 on CPU" in table["clip.unscaled"].meaning
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("bug", "name", "full", "issue"), [
+    ("loss_type_none", "hf.num_items_shift", None, "transformers PR #46204"),
+    ("seq_cls", "hf.loss_kwargs_ignored", 3.0, "transformers #47688"),
+], ids=["num_items_shift", "loss_kwargs_ignored"])
+def test_hfs_own_faults_are_its_own_and_accepted_by_name(bug, name, full, issue):
+    got = _table(results("hf", bug))
+    for probe in ("accumulation.full", "accumulation.short_window"):
+        r = got[probe]
+        assert r.status is Status.FAIL and f"not your code's ({name})" in r.meaning, r
+        assert issue in r.meaning and f"check.accept=[{name}]" in r.meaning
+    if full is not None:  # the classification head: each micro-batch's mean summed, 4x
+        assert got["accumulation.full"].measured == pytest.approx(full, rel=1e-3)
+    accepted = results("hf", bug, accept=(name,))
+    assert exit_status(accepted) == 0
+    assert _table(accepted)["accumulation.full"].status is Status.ACCEPTED
+    # a user's compute_loss with the same 4x is the user's: never accepted as HF's
+    own = _table(results("hf", "per_batch_mean", accept=(name,)))
+    assert own["accumulation.full"].status is Status.FAIL
 
 
 if __name__ == "__main__":  # the table docs/check.md shows, from a real run

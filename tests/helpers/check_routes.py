@@ -307,8 +307,89 @@ def _manual_route(bug: str):
         "lightning-manual"
 
 
+# --- route 4: the HF Trainer with a stock collator over raw tokenized samples ---------------
+
+HF_CPU = "accelerate refuses fp16 on CPU"
+HF_BUGS = ("", "loss_type_none", "seq_cls", "seq_cls_fixed", "per_batch_mean")
+
+
+def _tokenizer():
+    """A character-level fast tokenizer built here (nothing downloaded), padding id 0."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{c: i + 2 for i, c in enumerate("abcdefghijklmnopqr")}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]")
+
+
+def _hf_route(bug: str):
+    """A tiny GPT-2 trained by the HF Trainer on 16 texts of 3..15 characters, tokenized as a
+    dataset gives them (lists of ids), collated by transformers' own collators: the LM head
+    with ``DataCollatorForLanguageModeling`` (its ``loss_type`` set to ``ForCausalLM``, or
+    left None: ``loss_type_none``), the classification head with ``DataCollatorWithPadding``
+    (``seq_cls``: stock; ``seq_cls_fixed``: ``accepts_loss_kwargs = False``), and a user
+    ``compute_loss`` returning the model's mean (``per_batch_mean``)."""
+    from transformers import (
+        DataCollatorForLanguageModeling,
+        DataCollatorWithPadding,
+        GPT2Config,
+        GPT2ForSequenceClassification,
+        GPT2LMHeadModel,
+        Trainer,
+    )
+
+    from stability.integrations import hf_check
+
+    hf_check.quiet()
+    fast = _tokenizer()
+    g = torch.Generator().manual_seed(1)
+    texts = ["".join("abcdefghijklmnopqr"[int(i)]
+                     for i in torch.randint(0, 18, (int(n),), generator=g))
+             for n in torch.randint(3, 16, (16,), generator=g)]
+    config = {"vocab_size": 20, "n_positions": 16, "n_embd": 16, "n_layer": 1, "n_head": 2,
+              "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+    if bug.startswith("seq_cls"):
+        samples = [{**fast(t), "labels": len(t) % 2} for t in texts]
+        collator = DataCollatorWithPadding(tokenizer=fast)
+
+        def build():
+            model = GPT2ForSequenceClassification(GPT2Config(**config, num_labels=2))
+            if bug == "seq_cls_fixed":
+                model.accepts_loss_kwargs = False  # the workaround: the Trainer divides
+            return no_dropout(model)
+    else:
+        samples = [fast(t) for t in texts]
+        collator = DataCollatorForLanguageModeling(tokenizer=fast, mlm=False)
+
+        def build():
+            model = GPT2LMHeadModel(GPT2Config(**config))
+            if bug != "loss_type_none":
+                model.loss_type = "ForCausalLM"  # the Trainer counts the shifted tokens
+            return no_dropout(model)
+
+    class PerBatchMean(Trainer):
+        """compute_loss as often written: the model's mean, num_items_in_batch ignored."""
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            outputs = model(**inputs)
+            return (outputs.loss, outputs) if return_outputs else outputs.loss
+
+    hf = hf_check.HFLoop(PerBatchMean if bug == "per_batch_mean" else None, collator)
+    torch.manual_seed(0)
+    model = build()
+    collate = hf_check.collated(collator)
+    micro = [collate(samples[i : i + 4]) for i in range(0, 16, 4)]
+    template = Template(model=model, loss_fn=None, seed=0, loss_of=hf.loss, join=hf.join,
+                        known=hf.known)
+    return Subject(template=template, build=build, micro=micro, step=hf.step,
+                   baseline=hf.step, trainer="hf", task=None,
+                   not_applicable={"clip.unscaled": HF_CPU, "skip.is_skip": HF_CPU}), "hf"
+
+
 ROUTES = {"step": _step_route, "any": _any_route, "lightning": _lightning_route,
-          "manual": _manual_route}
+          "manual": _manual_route, "hf": _hf_route}
 
 
 def results(route: str, bug: str, accept=()):
