@@ -75,8 +75,11 @@ def step_of_lines(file: Path, start: int, end: int, supplied: Mapping[str, Calla
     wired = {n: names.get(n, n) for n in read if names.get(n, n) in supplied}
     loose = sorted(n for n in read - bound - set(wired) - set(scope) - own
                    if not hasattr(builtins, n))
-    require(not loose, f"the loop at {file.name}:{start}-{end} reads {', '.join(loose)}", loose,
-            " | ".join(supplied) + " (or map it: names={...}, or pass it: scope={...})")
+    if loose:
+        raise ConfigError(f"the loop at {file.name}:{start}-{end} reads {', '.join(loose)}, "
+                          "which the check does not supply: allowed values are "
+                          + " | ".join(supplied) + " (or map it: names={...}, or pass it: "
+                          "scope={...})")
 
     seen: dict[Any, Any] = {}  # one warnings registry: a warning of the loop's prints once
 

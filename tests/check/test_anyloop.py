@@ -156,3 +156,74 @@ def test_the_loops_own_names_and_settings_it_uses_unconditionally(gpt, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "schedule.per_step          pass" in out and "check: ok (0 failed of 11)" in out
+
+
+# --- top-level loops as published: the lines of their own file (stability.check.body) --------
+
+def _run_example(name, tmp_path, monkeypatch, source=None):
+    """``STABILITY_CHECK=1 python <name>`` in this process (from a copy when ``source``)."""
+    path = ANY / name
+    if source is not None:
+        path = tmp_path / name
+        path.write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(ANY))
+    monkeypatch.setenv("STABILITY_CHECK", "1")
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(path), run_name="__main__")
+    body = json.loads((tmp_path / "check.json").read_text())
+    return done.value.code, {p["name"]: p for p in body["probes"]}
+
+
+def _added(name):
+    """The lines under the example's STABILITY_CHECK flag: all a user adds."""
+    lines = (ANY / name).read_text().splitlines()
+    start = next(i for i, t in enumerate(lines) if t.startswith("if os.environ.get("))
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("    "))
+    return end - start
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "added"), [("amp_recipe.py", 5), ("nanogpt_train.py", 4)])
+def test_the_published_loops_are_checked_as_written(name, added, tmp_path, monkeypatch):
+    assert _added(name) == added
+    code, got = _run_example(name, tmp_path, monkeypatch)
+    assert code == 0, {n: (p["status"], p["meaning"]) for n, p in got.items()}
+    for probe in ("accumulation.full", "clip.unscaled", "skip.is_skip", "sanity.same_seed"):
+        assert got[probe]["status"] == "pass", got[probe]
+
+
+@pytest.mark.slow
+def test_the_loops_own_autocast_is_reported_as_such_and_a_bug_in_it_still_fails(tmp_path,
+                                                                                monkeypatch):
+    recipe = (ANY / "amp_recipe.py").read_text()
+    # the recipe as a CPU user adapts it: its own fp16 autocast, whatever the probe asks
+    own = recipe.replace('device_type="cuda"', 'device_type="cpu"')
+    code, got = _run_example("amp_recipe.py", tmp_path, monkeypatch, own)
+    full = got["accumulation.full"]
+    assert code == 0 and full["status"] == "warn", full
+    assert "runs its own fp16 autocast" in full["meaning"] and "padded" not in full["meaning"]
+    # the same loop without the division by iters_to_accumulate: a failure, named
+    bug = own.replace("loss = loss / iters_to_accumulate", "loss = loss")
+    code, got = _run_example("amp_recipe.py", tmp_path, monkeypatch, bug)
+    full = got["accumulation.full"]
+    assert code == 1 and full["status"] == "fail", full
+    assert "not divided by the window's micro-batch count" in full["meaning"], full
+
+
+def test_a_loops_lines_that_do_not_parse_or_read_unknown_names_are_one_line(gpt, tmp_path,
+                                                                            capsys):
+    src = tmp_path / "train.py"
+    src.write_text("import torch\nfor X, Y in data:\n    loss = model(X, Y)[1] / n\n"
+                   "    loss.backward()\noptimizer.step()\n")
+    for spec, needle in [(f"{src}:2-5", "reads n, which the check does not supply"),
+                         (f"{src}:2-9", "lines within 1-5")]:
+        code = stability.check.loop(spec, gpt.TinyGPT(), _loss, _batches(gpt), output=None,
+                                    names={"data": "batches"})
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and needle in err, err
+    src.write_text("import torch\nfor X, Y in data:\n    loss = model(X, Y)[1] /\n")
+    code = stability.check.loop(f"{src}:2-3", gpt.TinyGPT(), _loss, _batches(gpt),
+                                output=None)
+    err = capsys.readouterr().err
+    assert code == 2 and "train.py:3: SyntaxError" in err, err
