@@ -1,7 +1,9 @@
 """Probes 2 and 3: clipping sees unscaled gradients; a skip is a skip.
 
 Both run under a GradScaler with a large scale (2**16; the clip probe halves it, as the scaler
-backs off, until a correct step on the task's gradients at init does not overflow). On CPU the
+backs off, until the task's scaled gradients at init do not overflow, and runs again 2**8
+below it). The clip threshold comes from the task's loss alone, never from a step the user's
+hooks touched. On CPU the
 scaler is ``torch.amp.GradScaler("cpu")``, which scales, unscales, finds infs and backs off
 exactly as on CUDA; the forward runs under the rig's precision (fp16 autocast on CPU where the
 task supports it: the default task's RNN does).

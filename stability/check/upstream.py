@@ -11,6 +11,14 @@ whose own code is otherwise right:
 - ``lightning.skip_schedule``: Lightning steps its LR scheduler after a GradScaler skipped the
   optimizer step (Lightning #5558, #16228). Signature: the schedule advancing is the skip
   probe's one broken invariant.
+- ``hf.num_items_shift``: the HF Trainer counts ``num_items_in_batch`` over the unshifted
+  labels of a causal LM whose ``loss_type`` is not ``ForCausalLM`` (GPT-2's LM head: None;
+  transformers PR #46204 fixed the count for that loss type only). Signature: a pure scale
+  equal to the window's shifted over unshifted label count (``hf_check.HFLoop.known``).
+- ``hf.loss_kwargs_ignored``: a transformers head whose ``forward`` takes ``**kwargs`` but
+  whose loss ignores ``num_items_in_batch``: the Trainer stops dividing by the accumulation
+  (transformers #47688, #37766). Signature: a pure scale equal to the window's micro-batch
+  count, with the stock ``compute_loss``.
 
 Anything else (a full window off, a short window off by another factor, parameters changed on
 the inf step) stays the user's failure, accepted or not.

@@ -13,6 +13,10 @@ is the epoch's short last window: the Trainer steps on it.
 A task may declare its own Trainer subclass (``trainer_class``, e.g. its ``compute_loss``) and
 its ``data_collator()`` (dynamic padding): the steps train with them, the accumulation probe's
 reference is that ``compute_loss`` over the window's samples collated together (``HFLoop``).
+Each micro-batch keeps the raw samples it was collated from (``Collated``): the Trainer gets
+those and collates them once, with the task's collator, as a plain run does. ``HFLoop.known``
+gives the gradient scale each of the Trainer's own known faults would produce on a window
+(``check.upstream``: ``hf.num_items_shift``, ``hf.loss_kwargs_ignored``).
 
 The one stand-in: ``optimizers=(rig.optimizer, rig.scheduler)``, because the probes need plain
 SGD to see a gradient's scale in the parameters; the mechanics under test are the Trainer's.

@@ -184,15 +184,42 @@ def test_hfs_own_faults_are_its_own_and_accepted_by_name(bug, name, full, issue)
     assert own["accumulation.full"].status is Status.FAIL
 
 
-if __name__ == "__main__":  # the table docs/check.md shows, from a real run
-    print("| route | planted bug | probe | measured | meaning (the cause) | s |")
+# the correct controls and the trainers' own faults: (route, bug, accept, expected exit)
+CONTROLS = [
+    ("step", "", (), 0), ("any", "", (), 0), ("any", "token_mean_fixed", (), 0),
+    ("lightning", "", (), 1),
+    ("lightning", "", ("lightning.short_window", "lightning.skip_schedule"), 0),
+    ("manual", "", ("lightning.short_window", "lightning.skip_schedule"), 0),
+    ("hf", "", (), 0), ("hf", "seq_cls_fixed", (), 0),
+    ("hf", "loss_type_none", (), 1), ("hf", "loss_type_none", ("hf.num_items_shift",), 0),
+    ("hf", "seq_cls", (), 1), ("hf", "seq_cls", ("hf.loss_kwargs_ignored",), 0),
+]
+
+
+def _matrix() -> None:
+    """The table docs/check.md shows, from a real run: every case and control."""
+    print("| route | setup | expected | got | exit | s |")
     print("|---|---|---|---|---|---|")
-    for route, bug, probe, *_ in CASES:
+    for route, bug, probe, number, *_ in CASES:
         t0 = time.perf_counter()
-        r = _table(results(route, bug))[probe]
-        cause = r.meaning.split("FAIL: ", 1)[-1][:90]
-        print(f"| {route} | {bug} | `{probe}` | {r.status.value} {r.measured:.4g} | {cause} | "
+        got = results(route, bug)
+        r = _table(got)[probe]
+        cause = r.meaning.split("FAIL: ", 1)[-1][:80].replace("|", "\\|")
+        print(f"| {route} | {bug} | `{probe}` fail {number:.4g} | {r.status.value} "
+              f"{r.measured:.4g}: {cause} | {exit_status(got)} | "
               f"{time.perf_counter() - t0:.1f} |")
+    for route, bug, accept, code in CONTROLS:
+        t0 = time.perf_counter()
+        got = results(route, bug, accept)
+        shown = [f"{r.name} {r.status.value}" for r in got
+                 if r.status.value in ("fail", "accepted", "warn")]
+        setup = (bug or "correct") + (f", accept {', '.join(accept)}" if accept else "")
+        print(f"| {route} | {setup} | exit {code} | {'; '.join(shown) or 'all pass or n/a'} | "
+              f"{exit_status(got)} | {time.perf_counter() - t0:.1f} |")
+
+
+if __name__ == "__main__":
+    _matrix()
 
 
 def test_a_module_using_its_trainer_in_training_step_is_checked_through_a_real_trainer():
