@@ -18,7 +18,7 @@ from stability.check.result import ProbeResult
 from stability.core.validation import ConfigError, locate
 from stability.integrations.protocol import NotApplicable
 
-__all__ = ["LoopRaised", "NotApplicable", "load", "one_line", "where_raised"]
+__all__ = ["LoopRaised", "NotApplicable", "library_raised", "load", "one_line", "where_raised"]
 
 PACKAGE = Path(__file__).resolve().parents[1]
 LIBRARIES = tuple(Path(p).resolve() for p in {sysconfig.get_paths()["stdlib"],
@@ -46,6 +46,13 @@ def _is_user(path: str) -> bool:
     p = Path(path).resolve()
     return not (p.is_relative_to(PACKAGE) or any(p.is_relative_to(lib) for lib in LIBRARIES)
                 or path.startswith("<"))
+
+
+def library_raised(err: BaseException) -> bool:
+    """No frame of the user's own code in ``err``'s traceback: a library raised on the state
+    it was left in (the user's code that left it so has returned)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    return not any(_is_user(f.filename) for f in frames)
 
 
 def where_raised(err: BaseException) -> str:

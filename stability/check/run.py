@@ -20,7 +20,14 @@ import torch
 from stability.check.accumulation import window_probes
 from stability.check.amp import SCALE, probe_clip, probe_skip
 from stability.check.headroom import probe_low_precision, probe_range
-from stability.check.raised import LoopRaised, NotApplicable, load, one_line, where_raised
+from stability.check.raised import (
+    LoopRaised,
+    NotApplicable,
+    library_raised,
+    load,
+    one_line,
+    where_raised,
+)
 from stability.check.result import ProbeResult, Status, not_applicable
 from stability.check.rig import StepFn, ours
 from stability.check.sanity import declared_init_loss, probe_determinism, probe_init_loss
@@ -152,11 +159,12 @@ def run_probes(sub: Subject, k: int, scale: float = SCALE) -> list[ProbeResult]:
             continue
         except Exception as err:
             failed = [r.name for r in results if r.status is Status.FAIL]
-            if not failed:
+            if not failed or not library_raised(err):
                 raise LoopRaised(probe=names[0], where=where_raised(err), error=one_line(err),
                                  results=results) from err
-            # after a failure, a crash on the state the bug left (a GradScaler that recorded
-            # no inf check because a hook dropped the gradients) is that bug, not a new one
+            # after a failure, a library's crash on the state the bug left (a GradScaler that
+            # recorded no inf check because a hook dropped the gradients; no frame of the
+            # user's in the traceback) is that bug, not a new one
             results += [ProbeResult(name=n, status=Status.FAIL, measured=math.nan,
                                     tolerance=math.nan,
                                     meaning=f"FAIL: raised in {where_raised(err)}: "

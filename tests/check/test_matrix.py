@@ -261,3 +261,32 @@ def test_a_lightning_hook_raising_names_the_hook():
     assert raised.value.where.startswith("RaisesInTrainingStep.training_step (test_matrix")
     assert raised.value.error == "RuntimeError: shape mismatch in my loss"
     assert raised.value.probe == "accumulation.full" and raised.value.results == []
+
+
+class RaisesUnderFp16(spirals.SpiralMLP):
+    """A module whose own hook raises only once the scaled (fp16) fits start."""
+
+    def on_after_backward(self) -> None:
+        if self.trainer.precision == "16-mixed":
+            raise ValueError("my fp16 hook")
+
+
+def test_a_user_crash_after_another_probe_failed_is_still_exit_3():
+    # Lightning's own short-window fault fails first; the module's own hook raising later is
+    # the user's code raising (exit 3), not folded into that failure
+    from stability.check.raised import LoopRaised
+
+    torch.manual_seed(0)
+    module = RaisesUnderFp16(hidden=8)
+    x, y = spirals.spirals(K * 8, 0.02, 0)
+    micro = [[x[i : i + 8], y[i : i + 8]] for i in range(0, K * 8, 8)]
+    template = Template(model=module, loss_fn=None, seed=0, loss_of=lightning_check.module_loss,
+                        grad_of=lightning_check.trainer_gradient)
+    sub = Subject(template=template, build=lambda: module, micro=micro,
+                  step=lightning_check.step, baseline=lightning_check.step, trainer="lightning",
+                  task=None)
+    with pytest.raises(LoopRaised) as raised:
+        run_probes(sub, K)
+    assert raised.value.where.startswith("RaisesUnderFp16.on_after_backward (test_matrix")
+    assert raised.value.probe == "clip.unscaled"
+    assert [r.status for r in raised.value.results] == [Status.PASS, Status.FAIL]
