@@ -20,7 +20,7 @@ the model and a fresh optimizer, so no probe sees another's steps.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +68,8 @@ class Template:
             work in the user's hooks); None: a backward of ``loss``.
         join: the window's micro-batches as one batch (a task's dynamic-padding collator
             over all their samples); None: ``concat``.
+        known: ``(model, window) -> {fault: gradient scale}`` of the trainer's own known
+            faults (``integrations.protocol.Probe.known``); None: none.
     """
 
     model: nn.Module
@@ -76,6 +78,7 @@ class Template:
     loss_of: BatchLoss | None = None
     grad_of: Callable[[Template, Any], list[torch.Tensor]] | None = None
     join: Callable[[Sequence[Any]], Any] | None = None
+    known: Callable[[nn.Module, Sequence[Any]], Mapping[str, float]] | None = None
 
     def loss(self, model: nn.Module, batch: Any, precision: str = "fp32") -> torch.Tensor:
         """The task's loss of ``model`` on ``batch``: the forward under ``precision``'s
@@ -154,8 +157,8 @@ def concat(window: Sequence[Any]) -> Any:
 
 
 def size(batch: Any) -> int:
-    """The number of samples in a batch (its first tensor's length)."""
-    if isinstance(batch, dict):
+    """The number of samples in a batch (its first tensor's length; any mapping)."""
+    if isinstance(batch, Mapping):
         return len(next(iter(batch.values())))
     return len(batch[0]) if isinstance(batch, list | tuple) else len(batch)
 

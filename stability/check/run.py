@@ -10,25 +10,35 @@ The data are the task's first training samples in order (no shuffling): ``k`` mi
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
 
-from stability.check.accumulation import probe_accumulation
+from stability.check.accumulation import window_probes
 from stability.check.amp import SCALE, probe_clip, probe_skip
 from stability.check.headroom import probe_low_precision, probe_range
-from stability.check.raised import LoopRaised, NotApplicable, one_line, where_raised
-from stability.check.result import ProbeResult, not_applicable
+from stability.check.raised import (
+    LoopRaised,
+    NotApplicable,
+    library_raised,
+    load,
+    one_line,
+    where_raised,
+)
+from stability.check.result import ProbeResult, Status, not_applicable
 from stability.check.rig import StepFn, ours
 from stability.check.sanity import declared_init_loss, probe_determinism, probe_init_loss
+from stability.check.schedule import probe_schedule
 from stability.check.subject import Subject, subject
 from stability.check.upstream import ACCEPTABLE, attribute
 from stability.core.config import RunConfig
-from stability.core.validation import ConfigError, locate, require
+from stability.core.validation import ConfigError, require
 
 OURS = "ours"
+LOOPS = "ours | an import path of a step function"
 
 
 @dataclass(frozen=True)
@@ -77,12 +87,7 @@ class CheckConfig:
         """The loop under check."""
         if self.loop == OURS:
             return ours
-        try:
-            fn = locate(self.loop)
-        except Exception as err:
-            raise ConfigError(f"check.loop={self.loop!r} is invalid: it does not import "
-                              f"({type(err).__name__}); allowed values are ours | an import "
-                              "path of a step function") from None
+        fn = load(self.loop, "check.loop", LOOPS)
         require(callable(fn), "check.loop", self.loop, "ours | a callable step(rig, window)")
         return fn
 
@@ -122,18 +127,22 @@ def run_probes(sub: Subject, k: int, scale: float = SCALE) -> list[ProbeResult]:
     """
     template, micro, step = sub.template, sub.micro, sub.step
     one = micro[:1]
+    window = window_probes(template, step, micro, k)
+    # a trainer divides the loss by the accumulation itself: a loss already divided by it at
+    # init is the double division (sanity.init_loss names it)
+    divides = k if sub.trainer not in (OURS, "plain", "any") else None
     probes: list[tuple[tuple[str, ...], Callable[[], list[ProbeResult] | ProbeResult]]] = [
-        (("accumulation.full", "accumulation.short_window"),
-         lambda: probe_accumulation(template, step, micro, k,
-                                    "accumulation.short_window" not in sub.not_applicable)),
+        (("accumulation.full",), window["accumulation.full"]),
+        (("accumulation.short_window",), window["accumulation.short_window"]),
         (("clip.unscaled",), lambda: probe_clip(template, step, one, baseline=sub.baseline)),
         (("skip.is_skip",), lambda: probe_skip(template, step, one)),
+        (("schedule.per_step",), lambda: probe_schedule(template, step, micro[:k])),
         (("headroom.fp16_range", "headroom.fp16_underflow"),
          lambda: probe_range(template, micro[0], scale)),
         (("headroom.bf16_vs_fp32", "headroom.fp16_vs_fp32"),
          lambda: probe_low_precision(template, micro[0])),
         (("sanity.init_loss",),
-         lambda: probe_init_loss(template, micro[0], declared_init_loss(sub.task))),
+         lambda: probe_init_loss(template, micro[0], declared_init_loss(sub.task), divides)),
         (("sanity.same_seed",),
          lambda: probe_determinism(sub.build, template, step, [micro[:2], micro[2:k]])),
     ]
@@ -149,8 +158,19 @@ def run_probes(sub: Subject, k: int, scale: float = SCALE) -> list[ProbeResult]:
             results += [not_applicable(n, str(why)) for n in names]
             continue
         except Exception as err:
-            raise LoopRaised(probe=names[0], where=where_raised(err), error=one_line(err),
-                             results=results) from err
+            failed = [r.name for r in results if r.status is Status.FAIL]
+            if not failed or not library_raised(err):
+                raise LoopRaised(probe=names[0], where=where_raised(err), error=one_line(err),
+                                 results=results) from err
+            # after a failure, a library's crash on the state the bug left (a GradScaler that
+            # recorded no inf check because a hook dropped the gradients; no frame of the
+            # user's in the traceback) is that bug, not a new one
+            results += [ProbeResult(name=n, status=Status.FAIL, measured=math.nan,
+                                    tolerance=math.nan,
+                                    meaning=f"FAIL: raised in {where_raised(err)}: "
+                                    f"{one_line(err)} (after {', '.join(failed)} failed: the "
+                                    "same bug, most likely)") for n in names]
+            continue
         ran = {r.name: r for r in (got if isinstance(got, list) else [got])}
         results += [not_applicable(n, na[n]) if n in na else ran[n] for n in names]
     return results

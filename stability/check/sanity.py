@@ -30,9 +30,15 @@ def declared_init_loss(task: object) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def probe_init_loss(template: Template, batch: MicroBatch,
-                    expected: float | None) -> ProbeResult:
-    """Relative difference of the fp32 loss at init from ``expected``."""
+def probe_init_loss(template: Template, batch: MicroBatch, expected: float | None,
+                    divided_by: int | None = None) -> ProbeResult:
+    """Relative difference of the fp32 loss at init from ``expected``.
+
+    ``divided_by``: the accumulation a trainer divides the loss by itself (Lightning's
+    ``accumulate_grad_batches``, the HF Trainer's): a loss at init near ``expected /
+    divided_by`` is that division written once more in the user's code (double division),
+    which no gradient comparison can see (the reference takes the same loss).
+    """
     with torch.no_grad():
         loss = float(template.loss(template.rig().model, batch))
     if expected is None:
@@ -45,6 +51,14 @@ def probe_init_loss(template: Template, batch: MicroBatch,
                            f"{loss:.4g}); declare it to check the loss and its reduction")
     measured = abs(loss - expected) / abs(expected)
     status = verdict(measured, INIT_LOSS_TOL, INIT_LOSS_WARN)
+    if (divided_by and status is not Status.PASS
+            and abs(loss * divided_by - expected) / abs(expected) <= INIT_LOSS_TOL):
+        return ProbeResult(name="sanity.init_loss", status=Status.FAIL, measured=measured,
+                           tolerance=INIT_LOSS_TOL,
+                           meaning=f"loss at init {loss:.4g} vs expected {expected:.4g}: FAIL: "
+                           f"about expected / {divided_by}: the loss is divided by the "
+                           f"accumulation ({divided_by}) and the trainer divides it again "
+                           "(double division): return the plain mean loss")
     return ProbeResult(name="sanity.init_loss", status=status, measured=measured,
                        tolerance=INIT_LOSS_TOL,
                        meaning=f"loss at init {loss:.4g} vs expected {expected:.4g}"

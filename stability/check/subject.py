@@ -92,7 +92,7 @@ def subject(cfg: RunConfig, loop: str, step: StepFn, k: int) -> Subject:
                           "is the loop under check (allowed values: ours)")
     template = Template(model=no_dropout(probe.model), loss_fn=probe.loss_fn or _unused,
                         seed=cfg.seed, loss_of=probe.loss_of, grad_of=probe.grad_of,
-                        join=probe.join)
+                        join=probe.join, known=probe.known)
     build = probe.build
 
     def fresh() -> nn.Module:

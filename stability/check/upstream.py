@@ -11,6 +11,14 @@ whose own code is otherwise right:
 - ``lightning.skip_schedule``: Lightning steps its LR scheduler after a GradScaler skipped the
   optimizer step (Lightning #5558, #16228). Signature: the schedule advancing is the skip
   probe's one broken invariant.
+- ``hf.num_items_shift``: the HF Trainer counts ``num_items_in_batch`` over the unshifted
+  labels of a causal LM whose ``loss_type`` is not ``ForCausalLM`` (GPT-2's LM head: None;
+  transformers PR #46204 fixed the count for that loss type only). Signature: a pure scale
+  equal to the window's shifted over unshifted label count (``hf_check.HFLoop.known``).
+- ``hf.loss_kwargs_ignored``: a transformers head whose ``forward`` takes ``**kwargs`` but
+  whose loss ignores ``num_items_in_batch``: the Trainer stops dividing by the accumulation
+  (transformers #47688, #37766). Signature: a pure scale equal to the window's micro-batch
+  count, with the stock ``compute_loss``.
 
 Anything else (a full window off, a short window off by another factor, parameters changed on
 the inf step) stays the user's failure, accepted or not.
@@ -41,9 +49,14 @@ class Known:
         matches: whether a result (and the other results, the window size) has its signature.
     """
 
+    @property
+    def probes(self) -> tuple[str, ...]:
+        """The probes it fails."""
+        return (self.probe,) if isinstance(self.probe, str) else self.probe
+
     name: str
     trainer: str
-    probe: str
+    probe: str | tuple[str, ...]
     what: str
     issue: str
     workaround: str
@@ -60,6 +73,12 @@ def _skip_schedule(r: ProbeResult, by: dict[str, ProbeResult], k: int) -> bool:
     return r.measured == 1 and r.meaning.startswith("FAIL: LR schedule advanced")
 
 
+def _signature(name: str) -> Callable[[ProbeResult, dict[str, ProbeResult], int], bool]:
+    # the accumulation probe measured exactly the scale this fault gives on its window
+    # (``accumulation.diagnose`` with the adapter's ``known`` scales)
+    return lambda r, by, k: f"(signature {name})" in r.meaning
+
+
 KNOWN = (
     Known(name="lightning.short_window", trainer="lightning", probe="accumulation.short_window",
           what="Lightning divides each micro-batch's loss by accumulate_grad_batches, also in "
@@ -72,6 +91,23 @@ KNOWN = (
           "step", issue="Lightning #5558, #16228",
           workaround="override LightningModule.lr_scheduler_step to skip when the scaler's scale "
           "dropped on this step, or use manual optimization", matches=_skip_schedule),
+    Known(name="hf.num_items_shift", trainer="hf",
+          probe=("accumulation.full", "accumulation.short_window"),
+          what="the Trainer counts num_items_in_batch over the unshifted labels while the "
+          "causal-LM loss sums the shifted ones (it shifts the count only for a model whose "
+          "loss_type is ForCausalLM; GPT-2's LM head has loss_type None)",
+          issue="transformers PR #46204",
+          workaround='set model.loss_type = "ForCausalLM" before building the Trainer',
+          matches=_signature("hf.num_items_shift")),
+    Known(name="hf.loss_kwargs_ignored", trainer="hf",
+          probe=("accumulation.full", "accumulation.short_window"),
+          what="the model's forward takes **kwargs, so the Trainer passes num_items_in_batch "
+          "and no longer divides by the accumulation, but its loss ignores it: each "
+          "micro-batch's mean is summed (the gradient grows with gradient_accumulation_steps)",
+          issue="transformers #47688, #37766",
+          workaround="set model.accepts_loss_kwargs = False before building the Trainer (it "
+          "then divides by the accumulation), or a compute_loss that divides by "
+          "num_items_in_batch", matches=_signature("hf.loss_kwargs_ignored")),
 )
 ACCEPTABLE = tuple(k.name for k in KNOWN)
 
@@ -90,7 +126,7 @@ def attribute(results: Sequence[ProbeResult], trainer: str, accept: Sequence[str
     by = {r.name: r for r in results}
     out = []
     for r in results:
-        known = next((k for k in KNOWN if k.trainer == trainer and k.probe == r.name
+        known = next((k for k in KNOWN if k.trainer == trainer and r.name in k.probes
                       and r.status is Status.FAIL and k.matches(r, by, accum_steps)), None)
         if known is None:
             out.append(r)

@@ -13,6 +13,10 @@ is the epoch's short last window: the Trainer steps on it.
 A task may declare its own Trainer subclass (``trainer_class``, e.g. its ``compute_loss``) and
 its ``data_collator()`` (dynamic padding): the steps train with them, the accumulation probe's
 reference is that ``compute_loss`` over the window's samples collated together (``HFLoop``).
+Each micro-batch keeps the raw samples it was collated from (``Collated``): the Trainer gets
+those and collates them once, with the task's collator, as a plain run does. ``HFLoop.known``
+gives the gradient scale each of the Trainer's own known faults would produce on a window
+(``check.upstream``: ``hf.num_items_shift``, ``hf.loss_kwargs_ignored``).
 
 The one stand-in: ``optimizers=(rig.optimizer, rig.scheduler)``, because the probes need plain
 SGD to see a gradient's scale in the parameters; the mechanics under test are the Trainer's.
@@ -22,9 +26,11 @@ and skip probes are n/a for this trainer on CPU.
 
 from __future__ import annotations
 
+import inspect
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,22 +46,50 @@ CPU_FP16 = ("accelerate refuses fp16 on CPU (the study's mapping says so: it wou
 
 
 def size(batch: Any) -> int:
-    """The number of samples in a batch (its first tensor's length)."""
-    if isinstance(batch, dict):
+    """The number of samples in a batch (its first tensor's length; a ``BatchEncoding`` is a
+    mapping, not a dict)."""
+    if isinstance(batch, Collated):
+        return len(batch.samples)
+    if isinstance(batch, Mapping):
         return len(next(iter(batch.values())))
     return len(batch[0]) if isinstance(batch, list | tuple) else len(batch)
 
 
-class _Samples(Dataset):
-    """The window's samples, one dict each, in order."""
+class Collated(dict):
+    """A micro-batch as the task's collator made it, and the raw samples it made it of.
 
-    def __init__(self, window: Sequence[dict[str, torch.Tensor]]) -> None:
-        self.items = [{k: v[i] for k, v in mb.items()} for mb in window for i in range(size(mb))]
+    The probes' forwards read the tensors; the Trainer gets the raw samples and collates them
+    itself, once, with the same collator, as in a plain run (collating a collated batch again
+    crashes a stock collator and turns a hand-written one's padding into targets).
+    """
+
+    samples: list[Any]
+
+    def __init__(self, batch: Mapping[str, Any], samples: Sequence[Any]) -> None:
+        super().__init__(batch)
+        self.samples = list(samples)
+
+
+def collated(collator: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Collated]:
+    """``collator`` keeping the raw samples beside its batch (``Collated``)."""
+    def collate(samples: list[Any]) -> Collated:
+        return Collated(collator(list(samples)), samples)
+    return collate
+
+
+class _Samples(Dataset):
+    """The window's samples in order: the raw ones a ``Collated`` micro-batch was made of
+    (else each collated micro-batch cut into one dict per sample)."""
+
+    def __init__(self, window: Sequence[Any]) -> None:
+        self.items = [s for mb in window for s in (
+            mb.samples if isinstance(mb, Collated) else
+            [{k: v[i] for k, v in mb.items()} for i in range(size(mb))])]
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+    def __getitem__(self, i: int) -> Any:
         return self.items[i]
 
 
@@ -66,8 +100,8 @@ def quiet() -> None:
     transformers.logging.set_verbosity_error()
 
 
-def items(window: Sequence[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
-    """The window's samples, one dict each, in order."""
+def items(window: Sequence[Any]) -> list[Any]:
+    """The window's samples in order (raw, where the micro-batches kept them)."""
     return _Samples(window).items
 
 
@@ -92,10 +126,51 @@ class HFLoop:
 
         return self.trainer_class or Trainer
 
-    def join(self, window: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """The window's samples as one batch, collated as the task collates (padded to the
+    def join(self, window: Sequence[Any]) -> Collated:
+        """The window's raw samples as one batch, collated as the task collates (padded to the
         window's longest sample by a dynamic-padding collator)."""
-        return (self.collator or default_collate)(items(window))
+        return collated(self.collator or default_collate)(items(window))
+
+    def trainer(self, model: nn.Module) -> Any:
+        """One Trainer of the task's class around ``model`` (its ``compute_loss``, and what it
+        decides about the model: ``model_accepts_loss_kwargs``, ``_loss_shifts_labels``)."""
+        if "trainer" not in self._bound:
+            from transformers import TrainingArguments
+
+            args = TrainingArguments(output_dir=tempfile.mkdtemp(), report_to="none",
+                                     use_cpu=True)
+            self._bound["trainer"] = self.cls()(model=model, args=args)
+        return self._bound["trainer"]
+
+    def known(self, model: nn.Module, window: Sequence[Any]) -> dict[str, float]:
+        """The gradient scale (against the larger batch's) each of the Trainer's own known
+        faults would give on ``window`` (``check.upstream``: ``hf.*``); empty when none can.
+
+        ``hf.num_items_shift``: the model's loss is the causal-LM loss (it shifts the labels)
+        but the Trainer counts ``num_items_in_batch`` over the unshifted labels (its
+        ``_loss_shifts_labels`` reads the model's ``loss_type``, None for GPT-2's LM head):
+        the shifted count over the unshifted. ``hf.loss_kwargs_ignored``: a transformers head
+        whose ``forward`` takes ``**kwargs`` (so the Trainer passes ``num_items_in_batch`` and
+        stops dividing by the accumulation) but whose loss ignores it: the window's
+        micro-batch count (each micro-batch's mean, summed).
+        """
+        from transformers.loss.loss_utils import LOSS_MAPPING
+
+        trainer = self.trainer(model)
+        if not trainer.model_accepts_loss_kwargs:
+            return {}
+        out: dict[str, float] = {}
+        labels = [mb["labels"] for mb in window if isinstance(mb, Mapping) and "labels" in mb]
+        causal = getattr(model, "loss_function", None) is LOSS_MAPPING["ForCausalLM"]
+        if causal and not trainer._loss_shifts_labels and len(labels) == len(window):
+            shifted = sum(int(y[..., 1:].ne(-100).sum()) for y in labels)
+            counted = sum(int(y.ne(-100).sum()) for y in labels)
+            if counted and shifted != counted:
+                out["hf.num_items_shift"] = shifted / counted
+        own_loss = type(trainer).compute_loss is _stock_compute_loss()
+        if not causal and own_loss and trainer.compute_loss_func is None and _ours(model):
+            out["hf.loss_kwargs_ignored"] = float(len(window))
+        return out
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         """The task's loss on ``batch``: its Trainer's ``compute_loss`` without
@@ -103,13 +178,7 @@ class HFLoop:
         ``model(**batch).loss``)."""
         if self.trainer_class is None:
             return model(**batch).loss
-        if "trainer" not in self._bound:
-            from transformers import TrainingArguments
-
-            args = TrainingArguments(output_dir=tempfile.mkdtemp(), report_to="none",
-                                     use_cpu=True)
-            self._bound["trainer"] = self.cls()(model=model, args=args)
-        return self._bound["trainer"].compute_loss(model, dict(batch))
+        return self.trainer(model).compute_loss(model, dict(batch))
 
     def step(self, rig: Any, window: Sequence[Any]) -> bool:
         """One optimizer step of the rig's model by ``Trainer.train`` over ``window``.
@@ -151,6 +220,23 @@ class HFLoop:
 STOCK = HFLoop()
 
 
+def _stock_compute_loss() -> Any:
+    from transformers import Trainer
+
+    return Trainer.compute_loss
+
+
+def _ours(model: nn.Module) -> bool:
+    # the model's class is transformers' own (its module's file resolved, not its name)
+    import transformers
+
+    home = Path(inspect.getfile(transformers)).resolve().parent
+    try:
+        return Path(inspect.getfile(type(model))).resolve().is_relative_to(home)
+    except TypeError:
+        return False
+
+
 def model_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """The model's own loss on ``batch`` (labels inside it), as the Trainer computes it."""
     return STOCK.loss(model, batch)
@@ -173,6 +259,6 @@ def probe(task: Task, cfg: RunConfig) -> Probe:
     b = int(wanted.get("per_device_train_batch_size", cfg.train.batch_size))
     return Probe(model=model, build=task.model, samples=task.train_val()[0], batch_size=b,
                  batch_key=f"per_device_train_batch_size={b}",
-                 collate=hf.collator or default_collate,
-                 loss_of=hf.loss, join=hf.join, step=hf.step, label="hf",
+                 collate=collated(hf.collator or default_collate),
+                 loss_of=hf.loss, join=hf.join, step=hf.step, label="hf", known=hf.known,
                  not_applicable={"clip.unscaled": CPU_FP16, "skip.is_skip": CPU_FP16})

@@ -59,9 +59,22 @@ def module_loss(module: nn.Module, batch: Any) -> torch.Tensor:
 
 
 def trainer_gradient(template: Any, batch: Any) -> list[torch.Tensor]:
-    """The gradient of the module's loss on ``batch`` as a real ``Trainer.fit`` of one step
-    computes it (no accumulation, no clipping, fp32): the accumulation probe's reference.
-    ``self.trainer``, ``self.optimizers()`` and ``self.log`` work in the user's hooks."""
+    """The gradient of the module's loss on ``batch`` (no accumulation, no clipping, fp32):
+    the accumulation probe's reference.
+
+    A backward of ``training_step`` called directly, without a Trainer, so none of the user's
+    hooks (``on_after_backward``, ``on_before_optimizer_step``: a ``zero_grad`` or a clip
+    there) can touch the reference. A ``training_step`` that needs its Trainer
+    (``self.trainer``, ``self.optimizers()``) gets a real ``Trainer.fit`` of one step instead,
+    where its hooks run too (the accumulation probe refuses a zero reference).
+    """
+    model = template.rig().model
+    try:
+        module_loss(model, batch).backward()
+        return [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
+                for p in model.parameters()]
+    except NotApplicable:
+        pass
     rig = template.rig(accum_steps=1)
     seen: list[list[torch.Tensor]] = []
 

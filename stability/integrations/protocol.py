@@ -66,6 +66,9 @@ class Probe:
         step: the trainer's step function (``check.rig.StepFn``); None: the loop under check
             is ``check.loop`` (ours, or a user's step function: our loop's tasks).
         label: the trainer in the results (``check.upstream`` knows its faults by it).
+        known: ``(model, window) -> {fault name: gradient scale}``: the scale against the
+            larger batch's each of the trainer's own known faults would give on the window
+            (``hf_check.HFLoop.known``); a failure of exactly that scale is the trainer's.
         not_applicable: probe name -> why it cannot run for this backend here.
     """
 
@@ -81,6 +84,7 @@ class Probe:
     join: Callable[[Sequence[Any]], Any] | None = None
     step: Callable[[Any, Sequence[Any]], bool] | None = None
     label: str = OUR_LOOP
+    known: Callable[[nn.Module, Sequence[Any]], Mapping[str, float]] | None = None
     not_applicable: Mapping[str, str] = field(default_factory=dict)
 
 

@@ -221,7 +221,7 @@ def test_cli_check_on_the_default_task(tmp_path, monkeypatch, capsys):
     assert done.returncode == 0, done.stderr
     assert "accumulation.short_window  pass" in done.stdout and str(out) in done.stdout
     body = json.loads(out.read_text())
-    assert body["exit_status"] == 0 and len(body["probes"]) == 10
+    assert body["exit_status"] == 0 and len(body["probes"]) == 11
     # the same entry point in this process: a planted bug fails (1), a bad value is one line (2)
     monkeypatch.chdir(ROOT)
     bad = in_process(["check", "check.loop=tests.check.test_check.short_window_by_configured",

@@ -80,3 +80,25 @@ def test_the_code_under_check_raising_is_exit_3_with_the_probes_that_ran(tmp_pat
     # the probes before it ran and are kept
     assert [(p["name"], p["status"]) for p in body["probes"]] == [
         ("accumulation.full", "pass"), ("accumulation.short_window", "pass")]
+
+
+@pytest.mark.parametrize(("source", "code", "needles"), [
+    ("def step(rig, window)\n    return True\n", 2, ["bad_loop_a.py:1: SyntaxError"]),
+    ("import no_such_dependency_x\n", 2, ["bad_loop_b.py:1", "no_such_dependency_x"]),
+    ("raise ValueError('configured wrong')\n", 3, [
+        "raised in <module> (bad_loop_c.py:1) during importing check.loop",
+        "ValueError: configured wrong"]),
+], ids=["syntax", "import", "raises"])
+def test_a_loop_file_that_does_not_import_is_one_line(source, code, needles, tmp_path,
+                                                      monkeypatch, capsys):
+    name = {2: "bad_loop_a", 3: "bad_loop_c"}[code] if "import" not in source[:6] else \
+        "bad_loop_b"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    done = in_process(["check", f"check.loop={name}.step", "tracking.enabled=false",
+                       f"check.output={tmp_path / 'c.json'}"], capsys)
+    assert done.code == code, (done.code, done.stderr[-2000:])
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    for n in needles:
+        assert n in done.stderr, done.stderr

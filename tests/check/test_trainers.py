@@ -128,7 +128,7 @@ def test_cli_check_on_the_trainer_examples(tmp_path, folder, task, fails, na):
     assert done.returncode == 1, done.stderr[-2000:]
     body = json.loads(out.read_text())
     got = {p["name"]: p for p in body["probes"]}
-    assert len(got) == 10 and body["exit_status"] == 1
+    assert len(got) == 11 and body["exit_status"] == 1
     assert {n for n, p in got.items() if p["status"] == "fail"} == set(fails)
     for name, value in fails.items():
         assert float(got[name]["measured"]) == pytest.approx(value, rel=1e-3)
@@ -217,7 +217,8 @@ def _padded_gpt2(trainer_class):
     g = torch.Generator().manual_seed(1)
     samples = [{"input_ids": torch.randint(1, 20, (int(n),), generator=g)}
                for n in torch.randint(3, 16, (16,), generator=g)]
-    micro = [pad_collate(samples[i : i + 4]) for i in range(0, 16, 4)]
+    collate = hf_check.collated(pad_collate)  # the Trainer collates the raw samples itself
+    micro = [collate(samples[i : i + 4]) for i in range(0, 16, 4)]
     return Template(model=build(), loss_fn=None, seed=0, loss_of=hf.loss, join=hf.join), hf, micro
 
 
@@ -236,6 +237,7 @@ def test_hf_trainer_subclass_compute_loss_ignoring_num_items_fails_and_its_fix_p
     # 4 per-micro-batch means, unequally weighted
     assert full.status is Status.FAIL and full.measured > 1, full
     assert "weighted unequally" in full.meaning, full.meaning
+    assert "not divided by the window's 4 micro-batches" in full.meaning, full.meaning
     template, hf, micro = _padded_gpt2(token_sum)
     got = probe_accumulation(template, hf.step, micro, 4)
     assert [r.status for r in got] == [Status.PASS, Status.PASS], got
