@@ -156,7 +156,7 @@ def report_job(cfg: DictConfig) -> None:
     created = "new" if out.model_created else "existing"
     if out.answer:
         print(out.answer + "\n")
-    print(f"winner {out.winner_label} ({out.winner}) of sweep {out.sweep_id}\n"
+    print(f"chosen {out.winner_label} ({out.winner}) of sweep {out.sweep_id}\n"
           f"report: {out.folder / 'report.md'}  MLflow report run: {out.report_run_id}"
           + (f"  model version: {out.model_version} ({created})" if out.model_version else ""))
     print(f"report finished in {time.perf_counter() - t0:.1f} s")

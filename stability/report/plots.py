@@ -46,7 +46,7 @@ class Figure:
 class Series:
     """One plotted config: its role in the report, label and colour."""
 
-    role: str  # "chosen", "baseline", "best fp16"...
+    role: str  # "chosen", "baseline", "lowest-mean fp16"...
     label: str
     color: str
     max_norm: float = math.nan  # NaN when clipping is off

@@ -13,7 +13,7 @@ from pathlib import Path
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.design.factors import level_name, title
 from stability.report.factors import FactorAnalysis
-from stability.report.format import save
+from stability.report.format import save, size
 from stability.report.plots import Figure, plt
 from stability.report.sections.section import Drawn, Part, drawn
 from stability.report.study import Study
@@ -34,7 +34,7 @@ def main_effects(an: FactorAnalysis, folder: Path,
     for ax, f in zip(axes[0], panels, strict=True):
         effects = {e.level: e for e in an.main if e.factor == f.name}
         ax.axhspan(-an.margin, an.margin, color="0.88", zorder=0,
-                   label=f"±margin {an.margin:.3g}")
+                   label=f"±margin {size(an.margin, 'nonfinite')}")
         ax.axhline(0, color="0.4", lw=0.8)
         for x, level in enumerate(f.levels):
             e = effects.get(level)
@@ -57,7 +57,8 @@ def main_effects(an: FactorAnalysis, folder: Path,
     return Figure(FILE, "Main effects (every run, seeds as blocks)",
                   f"Each level's effect on best validation loss against its factor's reference, "
                   f"pooled over every other setting and seed, with its {an.confidence:.0%} CI; "
-                  f"grey: the equivalence margin ±{an.margin:.3g}; the word is the verdict "
+                  f"grey: the equivalence margin ±{size(an.margin, 'nonfinite')}; the word is "
+                  "the verdict "
                   "(Holm over the table). Below zero lowers the loss.")
 
 

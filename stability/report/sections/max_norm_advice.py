@@ -28,11 +28,13 @@ def max_norm_advice(recs: Sequence, folder: Path) -> Figure | None:
     if not recs:
         return None
     name = save(draw_max_norm_advice(recs), folder, "max_norm_advice.png")
-    return Figure(name, "Recommended max_norm",
+    return Figure(name, "Clip-off gradient norms and an untested threshold",
                   "Distribution of pre-clip gradient norms of every finished clip-off run (all "
                   "seeds and precisions of an accumulation setting, skipped steps left out). The "
-                  "red line is the max_norm that clips the target share of steps (median over "
-                  "seeds), the band its range over seeds.")
+                  "red line is the max_norm that would clip the target share of these steps "
+                  "(median over seeds), the band its range over seeds: advice read from norms, "
+                  "never trained with (section \"Clipping thresholds from the norms\"); the "
+                  "clipping to train with is the answer's.")
 
 
 def draw_max_norm_advice(recs: Sequence) -> plt.Figure:
@@ -54,7 +56,8 @@ def draw_max_norm_advice(recs: Sequence) -> plt.Figure:
             ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide within a decade
         ax.axvspan(r.low, r.high, color="tab:red", alpha=0.15, label="spread over seeds")
         ax.axvline(r.max_norm, color="tab:red", lw=2,
-                   label=f"recommended {r.max_norm:.3g} (clips {r.target_share:.0%})")
+                   label=f"threshold {r.max_norm:.3g} "
+                         f"(would clip {r.target_share:.0%}; not tested)")
         shares = ", ".join(f"{m:g} clips {share:.0%}" for m, share in sorted(r.swept_share.items()))
         for i, m in enumerate(sorted(r.swept_share)):
             ax.axvline(m, color="gray", ls=":", lw=1.2,
@@ -62,10 +65,10 @@ def draw_max_norm_advice(recs: Sequence) -> plt.Figure:
         ax.set(title=f"accum_steps={r.accum_steps} ({len(r.per_seed)} seeds, {r.steps} steps)",
                xlabel="pre-clip global gradient L2 norm (log axis)", ylabel="optimizer steps")
         # below the axes: no label sits on a bar, a line or another label
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
+        ax.legend(fontsize=10, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
         ax.grid(alpha=0.3)
-    fig.suptitle("Where to clip: gradient norms of the clip-off runs,\nrecommended max_norm in "
-                 "red (grey: the swept values)", fontsize=10)
+    fig.suptitle("Gradient norms of the clip-off runs: red, the threshold that would clip "
+                 "only the spikes\n(not tested; grey: the swept values)", fontsize=10)
     return fig
 
 
