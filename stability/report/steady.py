@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -56,14 +56,17 @@ class Steadied:
         return bool(self.twin_fingerprint)
 
 
-def _passes(decision: rule.Decision) -> bool:
+def _candidates_only(c: rule.Choice, delta: float) -> rule.Choice:
+    """``c`` with every level that fails the validation step marked absent (never taken)."""
+    pool = mcb.candidates(np.array(c.status), np.array(c.gap), delta)
+    return replace(c, status=tuple(s if pool[i] else mcb.ABSENT
+                                   for i, s in enumerate(c.status)))
+
+
+def _passes(choices: tuple[rule.Choice, ...], delta: float) -> bool:
     """Every chosen level is a candidate of its group (passes the validation step)."""
-    for c in decision.choices:
-        delta = decision.margin if math.isfinite(decision.margin) else -math.inf
-        pool = mcb.candidates(np.array(c.status), np.array(c.gap), delta)
-        if not bool(pool[c.chosen]):
-            return False
-    return True
+    return all(bool(mcb.candidates(np.array(c.status), np.array(c.gap), delta)[c.chosen])
+               for c in choices)
 
 
 def prefer_stable(runs: pd.DataFrame, configs: pd.DataFrame, decision: rule.Decision,
@@ -95,16 +98,23 @@ def prefer_stable(runs: pd.DataFrame, configs: pd.DataFrame, decision: rule.Deci
     if stable.empty:
         return decision, first
     table, factors = design(runs, configs)
-    other = rule._settle(table, stable, list(decision.choices), factors, decision.margin,
-                         decision.alpha, decision.cost_tolerance)
-    if other.fingerprint is None or not _passes(other):
+    delta = decision.margin if math.isfinite(decision.margin) else -math.inf
+    # the rule's order over the stable configs, each group's levels narrowed to its candidates
+    narrowed = [_candidates_only(c, delta) for c in decision.choices]
+    other = rule._settle(table, stable, narrowed, factors, decision.margin, decision.alpha,
+                         decision.cost_tolerance)
+    if other.fingerprint is None:
+        return decision, first
+    choices = tuple(c if o.chosen == c.chosen else rule._moved(c, o.chosen, delta)
+                    for c, o in zip(decision.choices, other.choices, strict=True))
+    if not _passes(choices, delta):
         return decision, first
     twin = str(other.fingerprint)
     steadied = Steadied(first=first.first, first_fingerprint=first.first_fingerprint,
                         verdict=mine, twin=str(label[twin]), twin_fingerprint=twin,
                         diff=float(mean[twin] - mean[fp]),
                         first_levels=tuple(c.chosen for c in decision.choices))
-    kept = rule.Decision(choices=other.choices, fingerprint=twin, margin=decision.margin,
+    kept = rule.Decision(choices=choices, fingerprint=twin, margin=decision.margin,
                          alpha=decision.alpha, cost_tolerance=decision.cost_tolerance,
                          note=decision.note)
     return kept, steadied

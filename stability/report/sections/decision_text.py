@@ -45,7 +45,7 @@ def phrase(e: Effect, margin: float, confidence: float) -> str:
                 f"{fm.pval(e.p_holm)})")
     why = " (unfinished runs: never called equivalent)" if e.unfinished != (0, 0) else ""
     holm = (" (the per-contrast CI excludes 0, the Holm-adjusted test does not)"
-            if e.low > 0 or e.high < 0 else "")
+            if e.p < 1 - confidence else "")
     return (f"**undecided**: {_num(e.mean)} ({ci}, Holm p {fm.pval(e.p_holm)}){holm}; "
             f"{_seeds(e.seeds_to_decide)} would decide its Holm verdict{why}")
 
