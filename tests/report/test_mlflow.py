@@ -118,7 +118,7 @@ def test_report_folder_and_mlflow_report_run_hold_the_report(reported):
     run = c.get_run(out.report_run_id)
     tags = run.data.tags
     assert tags["stability.kind"] == "report" and tags["stability.sweep_id"] == SWEEP
-    assert tags["stability.winner"] == fp_of(WINNER)
+    assert tags["stability.chosen"] == fp_of(WINNER)
     assert tags["stability.selection_rule"] == SELECTION_RULE
     assert run.info.status == "FINISHED"
     assert {"test_loss_mean", "test_loss_std", "test_acc_mean", "test_acc_std"} <= set(
@@ -140,14 +140,14 @@ def test_v2_outputs_verdicts_html_max_norm_tag_and_the_parent_run_note(reported)
     md = (out.folder / "report.md").read_text()
     assert "\nStability: The winner is stable;" in md and "max_norm_advice.png" in md
     tags = c.get_run(out.report_run_id).data.tags
-    assert tags["stability.winner_stability"] == "stable"
+    assert tags["stability.chosen_stability"] == "stable"
     # Clip-off runs at accum 1 (baseline, flaky fp16): one recommendation.
     assert tags["stability.max_norm_recommendation"].startswith("acc=1:")
     assert tags["stability.model_uri"] == f"models:/{MODEL}@champion"
     parent = c.get_run(c.get_run(out.report_run_id).data.tags["stability.sweep_run_id"]).data.tags
     assert parent["stability.report_run_id"] in {out.report_run_id,
                                                  reported["second"].report_run_id}
-    assert parent["stability.winner"] == fp_of(WINNER)
+    assert parent["stability.chosen"] == fp_of(WINNER)
     note = parent["mlflow.note.content"]
     assert "**Train with `bf16 clip=1 acc=2`**" in note
     assert f"runs/{parent['stability.report_run_id']}/artifactPath/report.html" in note
