@@ -46,8 +46,13 @@ def draw_max_norm_advice(recs: Sequence) -> plt.Figure:
     Returns:
         The matplotlib figure: one axis per recommendation.
     """
-    fig, axes = plt.subplots(1, len(recs), figsize=(4.8 * len(recs) + 0.6, 4.6), squeeze=False)
-    for ax, r in zip(axes[0], recs, strict=True):
+    # at most two panels a row: four side by side shrank the legends to ~5 px at 1280 px
+    cols = min(2, len(recs))
+    rows = -(-len(recs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.6 * cols + 0.6, 5.4 * rows), squeeze=False)
+    for ax in axes.ravel()[len(recs):]:
+        fig.delaxes(ax)  # an odd count leaves one cell empty
+    for ax, r in zip(axes.ravel(), recs, strict=False):
         lo, hi = max(r.norms.min(), 1e-12), r.norms.max()
         bins = np.geomspace(lo, hi * 1.0001, 40) if hi > lo else 20
         ax.hist(r.norms, bins=bins, color="tab:blue", alpha=0.7)
