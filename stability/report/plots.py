@@ -288,6 +288,7 @@ def heatmap(configs: pd.DataFrame, folder: Path, design: Design,
             ax.text(k, r, text, ha="center", va="center", fontsize=10,
                     color="gray" if not np.isfinite(v) else ("white" if dark else "black"))
         ax.set_xticks(range(len(cols)), list(cols))
+        ax.tick_params(labelbottom=True)  # every stacked panel names its columns
         ax.set_yticks(range(len(rows)), [row_f.name_of(r) for r in rows])
         if row_f.name == CLIP:
             ax.axhline(0.5, color="white", lw=3)  # clip-off row is its own block
