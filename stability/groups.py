@@ -161,7 +161,7 @@ def misspelled_key(config: str, argv: Sequence[str], conf: Path = CONF) -> str |
     choices = [a for a in plain if a.split("=", 1)[0] in options
                and not HYDRA_GRAMMAR & set(a.split("=", 1)[1]) and "," not in a]
     looked_up = [a.split("=", 1)[0] for a in plain if a.split("=", 1)[0] not in options
-                 and not a.startswith("hydra") and "/" not in a.split("=", 1)[0]]
+                 and not a.startswith("hydra") and not set("/@") & set(a.split("=", 1)[0])]
     if not looked_up:
         return None
     extra = ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]"] if dirs else []
