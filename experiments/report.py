@@ -22,5 +22,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    cli.check_groups(sys.argv[1:])
+    cli.check_groups(sys.argv[1:], "report")
     main()

@@ -156,7 +156,7 @@ def report_job(cfg: DictConfig) -> None:
     created = "new" if out.model_created else "existing"
     if out.answer:
         print(out.answer + "\n")
-    print(f"winner {out.winner_label} ({out.winner}) of sweep {out.sweep_id}\n"
+    print(f"chosen {out.winner_label} ({out.winner}) of sweep {out.sweep_id}\n"
           f"report: {out.folder / 'report.md'}  MLflow report run: {out.report_run_id}"
           + (f"  model version: {out.model_version} ({created})" if out.model_version else ""))
     print(f"report finished in {time.perf_counter() - t0:.1f} s")
@@ -257,18 +257,54 @@ def check_argv(args: Sequence[str]) -> list[str]:
 def run_script(main: Callable[[], Any]) -> None:
     """Run an ``experiments/`` script's Hydra ``main`` (``-v`` understood, as by ``stability``)."""
     skip_exit_gc()
-    sys.argv = verbose_argv(sys.argv, sweep="report" not in os.path.basename(sys.argv[0]))
-    check_groups(sys.argv[1:])
+    name = os.path.basename(sys.argv[0])
+    sys.argv = verbose_argv(sys.argv, sweep="report" not in name)
+    command = next((c for c in ("sweep", "report", "check") if c in name), "")
+    check_groups(sys.argv[1:], command)
     main()
 
 
-def check_groups(argv: Sequence[str]) -> None:
-    """Exit 2 with one line when ``argv`` picks a config-group option that does not exist."""
-    from stability.groups import bad_group_choice
+CONFIG_OF = {"sweep": "config", "report": "report"}  # the command's Hydra config (conf/*.yaml)
+
+
+def check_groups(argv: Sequence[str], command: str = "") -> None:
+    """Exit 2 with one line when ``argv`` picks a config-group option that does not exist, sets
+    a key the command's config lacks ("did you mean"), or (``report``) names a SQLite store
+    that does not exist: before Hydra runs, so nothing is written (no ``outputs/``, no store).
+    """
+    from stability.groups import bad_group_choice, misspelled_key
 
     line = bad_group_choice(argv)
+    if line is None and command in CONFIG_OF:
+        line = misspelled_key(CONFIG_OF[command], argv)
+    if line is None and command == "report":
+        line = missing_store(argv)
     if line is not None:
         fail(line, 2)
+
+
+def missing_store(argv: Sequence[str]) -> str | None:
+    """The ``error:`` line when the report's store is a SQLite file that does not exist.
+
+    Opening it would create an empty store (and Hydra an ``outputs/`` folder) only to say that
+    it holds no experiment; this names the store and what to run first instead.
+    """
+    from stability.tracking.uri import redact_uri, resolve_tracking_uri, sqlite_path
+
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("tracking.uri=")]
+    value = given[-1] if given and given[-1] not in ("", "null") else None
+    try:
+        uri = resolve_tracking_uri(value)
+    except ConfigError:
+        return None  # the report says what is wrong with it, in its own words
+    db = sqlite_path(uri)
+    if db is None or db.exists():
+        return None
+    how = (f"tracking.uri={value}" if value else "$MLFLOW_TRACKING_URI"
+           if os.environ.get("MLFLOW_TRACKING_URI") else "the embedded store of this folder")
+    return (f"error: no MLflow store at {redact_uri(uri)} ({how}), so no study to report: run "
+            "one first (make run, or stability sweep -m in this folder), or name the store "
+            "that holds it (tracking.uri=http://host:5000 or sqlite:///path/mlflow.db)")
 
 
 @hydra.main(version_base="1.3", config_path=CONFIGS, config_name="config")
@@ -293,13 +329,14 @@ def ui(args: Sequence[str]) -> None:
     """``stability ui``: the MLflow UI on this folder's store (or ``$MLFLOW_TRACKING_URI``)."""
     import argparse
 
-    from stability.tracking.server import serve_ui, ui_banner
+    from stability.tracking.server import prepare_store, serve_ui, ui_banner
     from stability.tracking.uri import resolve_tracking_uri
 
     parser = argparse.ArgumentParser(prog="stability ui")
     parser.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1")
     opts = parser.parse_args(args)
     store = resolve_tracking_uri(None)
+    prepare_store(store)  # created under the store lock before the banner reads it
     print(ui_banner(store, opts.port), flush=True)
     serve_ui(store, opts.port)
 
@@ -377,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(),
                                                             os.environ.get("PYTHONPATH")]))
     if command in ("sweep", "report", "check"):
-        check_groups(rest)
+        check_groups(rest, command)
     if command in ("sweep", "report"):
         rest = verbose_argv(rest, sweep=command == "sweep")
         sys.argv = [f"stability-{command}", *rest]  # Hydra parses sys.argv

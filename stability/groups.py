@@ -121,3 +121,68 @@ def _unparsable(overrides: Sequence[str]) -> str | None:
         except Exception:  # noqa: BLE001 - any parse error names this override
             return o
     return None
+
+
+def _keys(node: object, prefix: str = "") -> list[str]:
+    """Every dotted key of a plain config tree (``train.accum_steps``, ``clip``...)."""
+    out: list[str] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            out += [key, *_keys(v, f"{key}.")]
+    return out
+
+
+def misspelled_key(config: str, argv: Sequence[str], conf: Path = CONF) -> str | None:
+    """The ``error:`` line, with "did you mean", for the first override of a key the config
+    lacks (``train.acum_steps=2``), else None.
+
+    Hydra says it in seven lines with a ``+`` hint and exit status 1; this composes ``config``
+    with the command's group choices only (so a task's own keys count) and looks every other
+    plain ``key=value`` up in it. Sweep values (``1,2``), additions (``+key``), deletions
+    (``~key``), Hydra's own keys and command lines that add config folders Hydra has to find are
+    left to Hydra.
+    """
+    import difflib
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if any(a.split("=", 1)[0] in ADDS_CONFIGS for a in argv):
+        return None
+    dirs = config_dirs(argv)
+    options = group_options(conf, *dirs)
+    skip = {i + 1 for i, a in enumerate(argv) if a in CONFIG_DIR}
+    plain = [a for i, a in enumerate(argv) if i not in skip and not a.startswith("-")
+             and "=" in a and not a.startswith(("+", "~"))]
+    choices = [a for a in plain if a.split("=", 1)[0] in options
+               and not HYDRA_GRAMMAR & set(a.split("=", 1)[1]) and "," not in a]
+    looked_up = [a.split("=", 1)[0] for a in plain if a.split("=", 1)[0] not in options
+                 and not a.startswith("hydra") and not set("/@") & set(a.split("=", 1)[0])]
+    if not looked_up:
+        return None
+    extra = ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]"] if dirs else []
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            cfg = compose(config_name=config, overrides=[*choices, *extra])
+    except (HydraException, OmegaConfBaseException):
+        return None  # Hydra says what is wrong with the choices itself
+    finally:
+        GlobalHydra.instance().clear()
+    missing = object()
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    for key in looked_up:
+        try:
+            found = OmegaConf.select(cfg, key, default=missing, throw_on_missing=False)
+        except OmegaConfBaseException:
+            found = missing
+        if found is missing:
+            close = difflib.get_close_matches(key, _keys(tree), n=3, cutoff=0.75)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            return (f"error: {key} is not a key of conf/{config}.yaml{hint} (a key of your "
+                    f"own is added with a leading +: +{key}=...)")
+    return None

@@ -64,6 +64,58 @@ def test_ui_serves_the_store_of_the_folder_it_runs_in(tmp_path: Path) -> None:
         proc.wait(timeout=30)
 
 
+@pytest.mark.parametrize(("command", "key", "meant", "config"), [
+    ("sweep", "train.acum_steps=2", "train.accum_steps", "config"),
+    ("report", "margn=2%", "margin", "report"),
+])
+def test_a_misspelled_key_is_one_line_with_did_you_mean(
+        command: str, key: str, meant: str, config: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 59 item 7: Hydra's seven lines and ``+`` hint become one line naming the key."""
+    monkeypatch.chdir(tmp_path)
+    done = in_process([command, *(["-m"] if command == "sweep" else []), key, "seed=0,1"
+                       if command == "sweep" else "experiment=x"], capsys)
+    name = key.split("=")[0]
+    assert done.code == 2
+    assert done.stderr.strip() == (f"error: {name} is not a key of conf/{config}.yaml; did you "
+                                   f"mean {meant}? (a key of your own is added with a leading "
+                                   f"+: +{name}=...)")
+    assert list(tmp_path.iterdir()) == []  # before Hydra: no outputs/, no store
+
+
+def test_a_report_in_a_folder_without_a_store_names_it_and_writes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    done = in_process(["report"], capsys)
+    assert done.code == 2
+    assert done.stderr.strip() == (
+        f"error: no MLflow store at sqlite:///{tmp_path / 'mlflow.db'} (the embedded store of "
+        "this folder), so no study to report: run one first (make run, or stability sweep -m "
+        "in this folder), or name the store that holds it (tracking.uri=http://host:5000 or "
+        "sqlite:///path/mlflow.db)")
+    assert list(tmp_path.iterdir()) == []  # no mlflow.db, no outputs/
+
+
+def test_the_ui_banner_links_each_studys_runs_or_says_what_to_run(tmp_path: Path) -> None:
+    from stability.tracking.contract import UI_TRAINING_VIEW
+    from stability.tracking.server import prepare_store, ui_banner
+    from stability.tracking.uri import client
+    from tests.helpers.stores import sqlite_store
+
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    prepare_store(uri)
+    assert ui_banner(uri, 5000).splitlines()[1].startswith("no study in this store yet: run one")
+    c = client(uri)
+    exp = c.create_experiment("study-a")
+    c.create_run(exp)
+    c.create_experiment("empty-b")  # no runs: not listed
+    lines = ui_banner(uri, 5000).splitlines()
+    assert lines[0] == f"MLflow UI for {uri}: http://127.0.0.1:5000"
+    assert lines[2:] == [f"  study-a: http://127.0.0.1:5000/#/experiments/{exp}{UI_TRAINING_VIEW}"]
+
+
 def test_unknown_command_names_the_allowed_ones(capsys: pytest.CaptureFixture[str]) -> None:
     proc = in_process(["train"], capsys)
     assert proc.code == 2

@@ -142,7 +142,7 @@ def test_report_and_registry_entry_land_on_the_stack(swept: Swept) -> None:
     (report,) = swept.runs(Kind.REPORT)
     assert report.info.status == "FINISHED"
     (version,) = swept.client.search_model_versions(f"name='{swept.model}'")
-    assert version.tags["winner"] == report.data.tags["stability.winner"]
+    assert version.tags["winner"] == report.data.tags["stability.chosen"]
     keys = swept.stack.s3.keys(swept.stack.bucket)
     assert any(k.startswith(f"{swept.exp_id}/{report.info.run_id}/artifacts/") for k in keys)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import pandas as pd
 
-from stability.report.format import signed, size
+from stability.report.format import pval, signed, size
 from stability.report.select import baseline, best_of_each_precision, per_seed
 from stability.report.table import VersusWinner
 from stability.stats import effects as fx
@@ -131,10 +131,10 @@ def _questions(configs: pd.DataFrame) -> list[tuple[str, str, str, str]]:
     win = str(configs.iloc[0]["fingerprint"])
     lowest = configs.sort_values("rank", kind="stable").iloc[0]["fingerprint"]
     wanted: list[tuple[str, str, str, str | None]] = [
-        ("winner vs baseline (fp32, clip off, accum 1)", "winner", win, baseline(configs))]
+        ("chosen vs baseline (fp32, clip off, accum 1)", "winner", win, baseline(configs))]
     for p, best in best_of_each_precision(configs):
-        wanted.append((f"winner vs best {p}", "winner", win, best))
-    wanted.append(("winner vs lowest validation mean", "winner", win, str(lowest)))
+        wanted.append((f"chosen vs lowest-mean {p}", "winner", win, best))
+    wanted.append(("chosen vs lowest mean", "winner", win, str(lowest)))
     merged: dict[tuple[str, str, str], str] = {}
     for question, kind, ref, other in wanted:
         if ref is None or other is None or ref == other:
@@ -204,8 +204,8 @@ def _word(c: Comparison, alpha: float) -> str:
 def _numbers(c: Comparison) -> str:
     r = c.result
     return (f"mean difference {signed(r.mean_diff)} ({c.confidence:.0%} CI {signed(r.low)} to "
-            f"{signed(r.high)}) over {r.n} paired seeds, paired t p={r.p_t:.3g} "
-            f"(selection-adjusted {c.p_adj:.3g}), Wilcoxon p={r.p_wilcoxon:.3g}")
+            f"{signed(r.high)}) over {r.n} paired seeds, paired t p={pval(r.p_t)} "
+            f"(selection-adjusted {pval(c.p_adj)}), Wilcoxon p={pval(r.p_wilcoxon)}")
 
 
 def unseen(c: Comparison) -> str:
@@ -233,15 +233,16 @@ def verdict(c: Comparison, alpha: float) -> str:
         return (f"**undecided**: cannot be tested, only {r.n} seed(s) finished in both "
                 f"{c.reference} and {c.other}.{lost}")
     if c.word == fx.EQUIVALENT:
-        return (f"**equivalent** within ±{size(c.margin, 'never')}: {c.other} and the winner "
-                f"({_numbers(c)}, TOST selection-adjusted p {c.p_equiv_adj:.3g}).{lost}")
+        return (f"**equivalent** within ±{size(c.margin, 'never')}: {c.other} and the chosen "
+                f"config "
+                f"({_numbers(c)}, TOST selection-adjusted p {pval(c.p_equiv_adj)}).{lost}")
     if c.word == fx.HELPS:
-        return f"**helps**: the winner is lower than {c.other} ({_numbers(c)}).{lost}"
+        return f"**helps**: the chosen config is lower than {c.other} ({_numbers(c)}).{lost}"
     if c.word == fx.HURTS:
         return (f"**hurts**: on the seeds both finished {c.other} is lower ({_numbers(c)}), "
-                f"but it ranks below the winner.{lost}")
+                f"but it ranks below the chosen config.{lost}")
     return (f"**undecided**: neither shown different nor within ±{size(c.margin, 'never')}; "
-            f"{unseen(c)} ({c.other} vs the winner: {_numbers(c)}).{lost}")
+            f"{unseen(c)} ({c.other} vs the chosen config: {_numbers(c)}).{lost}")
 
 
 def versus(runs: pd.DataFrame, configs: pd.DataFrame,

@@ -216,7 +216,7 @@ def analyse(runs: pd.DataFrame, configs: pd.DataFrame, margin: float, alpha: flo
     """
     table, factors = design(runs, configs)
     cube = Cube.of(table, factors)
-    seconds = table.groupby([f.name for f in factors])["seconds"].mean() if factors else None
+    seconds = table[[f.name for f in factors] + ["seconds"]] if factors else None
     main: list[Effect] = []
     dropped = 0
     for i, f in enumerate(factors):
@@ -252,12 +252,18 @@ def analyse(runs: pd.DataFrame, configs: pd.DataFrame, margin: float, alpha: flo
                           simple=simple, dropped_cells=dropped)
 
 
-def _with_cost(e: Effect, seconds: pd.Series | None, clipped: float = math.nan) -> Effect:
-    """Training seconds per run at this level over the reference's, over all their configs."""
+def _log_mean(seconds: pd.Series) -> float:
+    s = seconds[seconds > 0].dropna()
+    return float(np.log(s).mean()) if len(s) else math.nan
+
+
+def _with_cost(e: Effect, seconds: pd.DataFrame | None, clipped: float = math.nan) -> Effect:
+    """Training seconds per run at this level over the reference's: the geometric means over
+    their runs, the decision's own measure (``stats.cost.level_cost``), so the answer, the
+    factor table and the sentences print one number."""
     if seconds is None:
         return replace(e, clipped=float(clipped))
-    frame = seconds.reset_index()
-    lvl = frame[frame[e.factor] == e.level]["seconds"].mean()
-    ref = frame[frame[e.factor] == e.reference]["seconds"].mean()
-    ratio = float(lvl / ref) if ref and math.isfinite(ref) else math.nan
+    lvl = _log_mean(seconds.loc[seconds[e.factor] == e.level, "seconds"])
+    ref = _log_mean(seconds.loc[seconds[e.factor] == e.reference, "seconds"])
+    ratio = float(np.exp(lvl - ref)) if math.isfinite(lvl) and math.isfinite(ref) else math.nan
     return replace(e, cost_ratio=ratio, clipped=float(clipped))

@@ -21,8 +21,10 @@ matplotlib.use("Agg")  # no display: the report runs on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
 DASH = "—"
-SMALL = 5e-5  # four decimals everywhere; below this (where they would print 0.0000) scientific
+SMALL = 5e-5  # four decimals everywhere; a size below this prints "<0.0001", never scientific
+P_FLOOR = 1e-4  # a p-value below this prints "<0.0001" (two significant digits above it)
 DPI = 130
+ACC_DIGITS = 3  # an accuracy's decimals, in the answer and every table
 
 Blank = Literal["never", "nan", "nonfinite"]  # which values print as DASH
 
@@ -34,7 +36,8 @@ def _blank(x: float, blank: Blank) -> bool:
 
 
 def signed(x: float, blank: Blank = "nan") -> str:
-    """A signed loss difference: four decimals, scientific only where they would print +0.0000.
+    """A signed loss difference: four decimals, always (one format per column: a difference
+    below 5e-5 prints ``+0.0000``).
 
     Args:
         x: the difference.
@@ -43,11 +46,11 @@ def signed(x: float, blank: Blank = "nan") -> str:
     """
     if _blank(x, blank):
         return DASH
-    return f"{x:+.2e}" if 0 < abs(x) < SMALL else f"{x:+.4f}"
+    return f"{x:+.4f}"
 
 
 def size(x: float, blank: Blank = "nan") -> str:
-    """An unsigned size (a margin, a detectable difference): four decimals, scientific below 5e-5.
+    """An unsigned size (a margin, a detectable difference): four decimals; ``<0.0001`` below 5e-5.
 
     Args:
         x: the size.
@@ -55,7 +58,7 @@ def size(x: float, blank: Blank = "nan") -> str:
     """
     if _blank(x, blank):
         return DASH
-    return f"{x:.2e}" if 0 < abs(x) < SMALL else f"{x:.4f}"
+    return "<0.0001" if 0 < abs(x) < SMALL else f"{x:.4f}"
 
 
 def fixed_signed(x: float) -> str:
@@ -88,8 +91,10 @@ def signed_ci(low: float, high: float) -> str:
 
 
 def pval(p: float) -> str:
-    """A p-value to three significant digits."""
-    return DASH if math.isnan(p) else f"{p:.3g}"
+    """A p-value to two significant digits, ``<0.0001`` below 1e-4 (one format everywhere)."""
+    if math.isnan(p):
+        return DASH
+    return "<0.0001" if p < P_FLOOR else f"{p:.2g}"
 
 
 def seeds(n: float) -> str:

@@ -245,14 +245,14 @@ def judge(runs: pd.DataFrame, configs: pd.DataFrame, steps: dict[str, pd.DataFra
 
 
 def summary_sentence(configs: ConfigTable, named: int = 5) -> str:
-    """"The winner is stable; 2 fp16 configs are marginal: `a` (clipped 95% of steps), ...".
+    """"The chosen config is stable; 2 fp16 configs are marginal: `a` (clipped 95% of steps), ...".
 
     Each config is named with its own reason (configs sharing one are listed together, at most
     ``named`` labels per reason, then a count), so no config is given a reason of another's.
     """
     w = configs.winner
-    text = f"the winner is {w.stability}" + (f" ({w.stability_reason})"
-                                             if w.stability_reason else "")
+    text = f"the chosen config is {w.stability}" + (f" ({w.stability_reason})"
+                                                    if w.stability_reason else "")
     groups = []
     for verdict in ("unstable", "marginal"):
         by_precision: dict[str, dict[str, list[str]]] = {}

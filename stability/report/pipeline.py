@@ -1,4 +1,4 @@
-"""``build_report``: fetch → evidence → decide → examine → sealed test → present → publish.
+"""``build_report``: fetch → evidence → decide → steady → examine → sealed test → present → publish.
 
 Each stage returns one frozen record (``stages``: ``Fetched``, ``Evidence``, ``Decided``,
 ``Findings``; then ``WinnerTestResult`` and ``Registered``). Order matters for trust: the
@@ -80,8 +80,16 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     fetched = stages.fetch_sweep(c, cfg)
     evidence = stages.weigh(c, fetched, cfg)
     decided = stages.decide(fetched, evidence, cfg)
+    scratch = tempfile.TemporaryDirectory(prefix="stability-report-")
+    cache = Path(scratch.name)
+    try:  # the verdicts read every judged run's steps: stability is the rule's last criterion
+        stepped = stages.read_steps(c, cfg, fetched, cache / "steps")
+        decided = stages.steady(fetched, evidence, decided, stepped, cfg)
+    except BaseException:
+        scratch.cleanup()
+        raise
     winner = decided.winner
-    log.info("winner %s (%s) of %d configs", winner["label"], winner["fingerprint"],
+    log.info("chosen %s (%s) of %d configs", winner["label"], winner["fingerprint"],
              len(decided.configs))
 
     sweep = fetched.sweep
@@ -91,10 +99,9 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     try:
         # The report's files are made in a staging folder and moved into ``folder`` (never
         # written through whatever already sits there); only these files are uploaded.
-        with tempfile.TemporaryDirectory(prefix="stability-report-") as tmp, \
-                tempfile.TemporaryDirectory(prefix=".staging-", dir=folder) as staged:
-            cache, staging = Path(tmp), Path(staged)
-            findings = stages.examine(c, cfg, fetched, evidence, decided, cache)
+        with scratch, tempfile.TemporaryDirectory(prefix=".staging-", dir=folder) as staged:
+            staging = Path(staged)
+            findings = stages.examine(c, cfg, fetched, evidence, decided, cache, stepped)
             publish.tag_findings(c, report_run, findings.configs.winner, list(findings.advice))
             test = _sealed_test(c, cfg, fetched, decided, cache / "winner")
             registered = (_register(c, uri, cfg, fetched, findings.configs.winner, test,

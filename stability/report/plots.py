@@ -27,7 +27,7 @@ from stability.core.steplog import COLUMN  # noqa: E402
 from stability.core.task import DEFAULT_LOSS_NAME  # noqa: E402
 from stability.design.design import Design  # noqa: E402
 from stability.design.factors import CLIP, MAX_NORM, PRECISION, kind, precision_rank  # noqa: E402
-from stability.report.format import save  # noqa: E402
+from stability.report.format import fmt, save  # noqa: E402
 
 PRECISION_COLORS = {Precision.FP32: "tab:blue", Precision.BF16: "tab:green",
                     Precision.FP16: "tab:orange"}
@@ -46,7 +46,7 @@ class Figure:
 class Series:
     """One plotted config: its role in the report, label and colour."""
 
-    role: str  # "chosen", "baseline", "best fp16"...
+    role: str  # "chosen", "baseline", "lowest-mean fp16"...
     label: str
     color: str
     max_norm: float = math.nan  # NaN when clipping is off
@@ -73,7 +73,7 @@ def grad_norm(curves: Sequence[tuple[Series, pd.DataFrame]], folder: Path,
     curves = [(s, df) for s, df in curves if len(df)]
     if not curves:
         return None
-    fig, axes = plt.subplots(len(curves), 1, figsize=(10, 1.9 * len(curves) + 1.0),
+    fig, axes = plt.subplots(len(curves), 1, figsize=(11, 1.9 * len(curves) + 1.0),
                              sharex=True, sharey=True, squeeze=False)
     values = [v for _, df in curves for v in df[COLUMN.grad_l2_pre_clip] if np.isfinite(v)]
     for ax, (s, df) in zip(axes[:, 0], curves, strict=True):
@@ -86,8 +86,9 @@ def grad_norm(curves: Sequence[tuple[Series, pd.DataFrame]], folder: Path,
         if math.isfinite(s.max_norm):
             ax.axhline(s.max_norm, color=s.color, ls="--", lw=1.4,
                        label=f"its max_norm={s.max_norm:g}")
-        ax.set_title(f"{s.role}: {s.label}", fontsize=9, loc="left")
-        ax.legend(fontsize=7, loc="upper right")
+        ax.set_title(f"{s.role}: {s.label}", fontsize=10, loc="left")
+        # outside the axes, right of the traces: a legend never covers the curve it explains
+        ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         ax.grid(alpha=0.3)
     _log_if_wide(axes[0, 0], [*values, *thresholds])
     axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -111,12 +112,16 @@ def clip_fraction(configs: pd.DataFrame, folder: Path) -> Figure | None:
     accums = sorted(on["accum_steps"].unique())
     fig, axes = plt.subplots(1, len(accums), figsize=(3.6 * len(accums) + 1, 4), sharey=True,
                              squeeze=False)
+    precisions = sorted(on["precision"].unique(), key=precision_rank)
     for ax, acc in zip(axes[0], accums, strict=True):
         for precision, g in on[on["accum_steps"] == acc].groupby("precision"):
             g = g.sort_values("max_norm")
-            ax.errorbar(g["max_norm"], g["clip_fraction_mean"], yerr=g["clip_fraction_std"],
-                        marker="o", capsize=3, color=PRECISION_COLORS.get(precision),
-                        label=str(precision))
+            # each precision a little apart on the log axis: equal lines stay visible
+            dodge = 1.06 ** (precisions.index(precision) - (len(precisions) - 1) / 2)
+            ax.errorbar(g["max_norm"] * dodge, g["clip_fraction_mean"],
+                        yerr=g["clip_fraction_std"], marker="o", capsize=3,
+                        color=PRECISION_COLORS.get(precision), label=str(precision),
+                        alpha=0.85)
         ax.set_xscale("log")
         swept = sorted(on["max_norm"].unique())
         ax.set_xticks(swept, [f"{m:g}" for m in swept])  # the swept values, not powers of 2
@@ -129,8 +134,10 @@ def clip_fraction(configs: pd.DataFrame, folder: Path) -> Figure | None:
     fig.suptitle("Clip fraction vs max_norm (mean over seeds, error bars: ±1 std)")
     name = save(fig, folder, "clip_fraction.png")
     return Figure(name, "Clip fraction vs max_norm",
-                  "Fraction of optimizer steps whose pre-clip norm exceeded max_norm; one line "
-                  "per precision, one panel per accumulation setting.")
+                  "Fraction of optimizer steps whose pre-clip norm exceeded max_norm, in the runs "
+                  "that trained with it (the ranked table's `clipped`); one line per precision, "
+                  "drawn slightly apart so equal lines stay visible, one panel per accumulation "
+                  "setting.")
 
 
 def val_loss_curves(curves: Sequence[tuple[Series, dict[int, pd.Series]]],
@@ -142,26 +149,28 @@ def val_loss_curves(curves: Sequence[tuple[Series, dict[int, pd.Series]]],
     curves = [(s, h) for s, h in curves if h]
     if not curves:
         return None
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+    fig, ax = plt.subplots(figsize=(11, 4.8))
     values = []
     for s, histories in curves:
         table = pd.DataFrame(histories)  # rows: epoch, columns: seed
         mean, std = table.mean(axis=1), table.std(axis=1, ddof=1).fillna(0)
         ax.plot(mean.index, mean, color=s.color, marker=".",
                 label=f"{s.role}: {s.label} (n={table.shape[1]})")
-        ax.fill_between(mean.index, mean - std, mean + std, color=s.color, alpha=0.18)
+        ax.fill_between(mean.index, mean - std, mean + std, color=s.color, alpha=0.10,
+                        lw=0)
         values.extend(table.to_numpy().ravel())
     _log_if_wide(ax, values)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(title="Validation loss per epoch (mean over finished seeds, band: ±1 std)",
            xlabel="epoch", ylabel=f"validation loss ({loss_name})")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.grid(alpha=0.3)
     name = save(fig, folder, "val_loss_curves.png")
     return Figure(name, "Validation loss curves",
-                  "The chosen config against the baseline and the configs whose validation mean "
-                  "is nearest its own (their rank by validation mean in the legend); seeds that "
-                  "diverged are not averaged in (they count as +inf in the ranking).")
+                  "The chosen config against the baseline, the lowest mean (rank 1) and the "
+                  "configs whose validation mean is nearest its own (their rank by validation "
+                  "mean in the legend); seeds that diverged are not averaged in (they count as "
+                  "+inf in the ranking).")
 
 
 def scaler_scale(curves: Sequence[tuple[Series, pd.DataFrame]], folder: Path) -> Figure | None:
@@ -206,14 +215,18 @@ def skipped_steps(configs: pd.DataFrame, folder: Path) -> Figure | None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(title="Skipped optimizer steps per run (mean over seeds, error bars: ±1 std)",
            xlabel="skipped optimizer steps per run", ylabel="config")
-    ax.tick_params(axis="y", labelsize=7)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PRECISION_COLORS.values()]
-    ax.legend(handles, list(PRECISION_COLORS), title=PRECISION, fontsize=8)
+    ax.tick_params(axis="y", labelsize=9)
+    drawn = [p for p in PRECISION_COLORS if p in set(df["precision"])]  # only the bars' colours
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PRECISION_COLORS[p]) for p in drawn]
+    ax.legend(handles, drawn, title=PRECISION, fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     name = save(fig, folder, "skipped_steps.png")
     return Figure(name, "Skipped steps per config",
                   "Steps skipped for a non-finite loss or gradient (parameters, optimizer "
-                  "state and LR schedule untouched); only the configs that skipped a step.")
+                  "state and LR schedule untouched); only the configs that skipped a step. An "
+                  "fp16 GradScaler skips a step on each overflow and halves its scale: those "
+                  "skips are its normal working and do not make a config unstable (the "
+                  "stability verdict counts only skips no halving answered).")
 
 
 def heatmap(configs: pd.DataFrame, folder: Path, design: Design,
@@ -245,12 +258,14 @@ def heatmap(configs: pd.DataFrame, folder: Path, design: Design,
     titled = [i for i, f in enumerate(panel_fs) if len(f.levels) > 1] or ([0] if panel_fs else [])
     finite = norm["loss_mean"][np.isfinite(norm["loss_mean"])]
     vmin, vmax = (finite.min(), finite.max()) if len(finite) else (0, 1)
-    fig, axes = plt.subplots(1, len(panels), sharey=True, squeeze=False,
-                             figsize=(1.6 + 1.2 * len(cols) * len(panels) + 1.4,
-                                      0.6 * len(rows) + 2.2), layout="constrained")
+    # panels stacked, not side by side: at page width each cell keeps room for its numbers
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False,
+                             figsize=(2.2 + 1.5 * len(cols) + 1.4,
+                                      (0.55 * len(rows) + 0.9) * len(panels) + 1.2),
+                             layout="constrained")
     image = None
     chosen = configs.iloc[0]["fingerprint"]  # the decision's choice (row 0), not rank 1
-    for ax, p in zip(axes[0], panels, strict=True):
+    for ax, p in zip(axes[:, 0], panels, strict=True):
         grid = np.full((len(rows), len(cols)), np.nan)
         verdicts: dict[tuple[int, int], str] = {}
         mine = norm[[where[fp][2] == p for fp in norm["fingerprint"]]].assign(
@@ -261,26 +276,29 @@ def heatmap(configs: pd.DataFrame, folder: Path, design: Design,
             grid[r, k] = c["loss_mean"]
             verdicts[(r, k)] = str(c.get("stability", "stable"))
             if c["fingerprint"] == chosen:
-                ax.add_patch(plt.Rectangle((k - 0.5, r - 0.5), 1, 1, fill=False, ec="red", lw=2.5))
+                ax.add_patch(plt.Rectangle((k - 0.5, r - 0.5), 1, 1, fill=False, ec="red", lw=3,
+                                           zorder=5))  # above the clip-off row's white line
         image = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis_r", vmin=vmin, vmax=vmax,
                           aspect="auto")
         for (r, k), v in np.ndenumerate(grid):
-            text = "diverged" if v == math.inf else ("n/a" if np.isnan(v) else f"{v:.3f}")
+            text = "diverged" if v == math.inf else ("n/a" if np.isnan(v) else fmt(v))
             if verdicts.get((r, k), "stable") not in ("stable", "not judged"):
                 text += f"\n{verdicts[(r, k)]}"  # the verdict sits on the number it qualifies
             dark = np.isfinite(v) and vmax > vmin and (v - vmin) / (vmax - vmin) > 0.6
-            ax.text(k, r, text, ha="center", va="center", fontsize=7,
+            ax.text(k, r, text, ha="center", va="center", fontsize=10,
                     color="gray" if not np.isfinite(v) else ("white" if dark else "black"))
         ax.set_xticks(range(len(cols)), list(cols))
+        ax.tick_params(labelbottom=True)  # every stacked panel names its columns
         ax.set_yticks(range(len(rows)), [row_f.name_of(r) for r in rows])
         if row_f.name == CLIP:
             ax.axhline(0.5, color="white", lw=3)  # clip-off row is its own block
         ax.set(title=", ".join(panel_fs[i].name_of(p[i]) for i in titled),
-               xlabel=kind(col_f.name).axis)
-    axes[0][0].set_ylabel(kind(row_f.name).axis)
-    fig.colorbar(image, ax=axes[0].tolist(), label=f"mean best validation loss ({loss_name})")
-    fig.suptitle(f"Mean best validation loss by {row_f.name} x {col_f.name}\n(red box: the "
-                 "chosen config; a cell's second line: its verdict when not stable)", fontsize=10)
+               ylabel=kind(row_f.name).axis)
+    axes[-1][0].set_xlabel(kind(col_f.name).axis)
+    fig.colorbar(image, ax=axes[:, 0].tolist(), label=f"mean best validation loss ({loss_name})")
+    fig.suptitle(f"Mean best validation loss by {row_f.name} x {col_f.name}\nred box: the "
+                 "chosen config (not always the lowest mean, the brightest cell);\na cell's "
+                 "second line: its verdict when not stable", fontsize=10)
     save(fig, folder, "heatmap.png", tight=False)  # constrained layout: no tight_layout
     return Figure("heatmap.png", "Best validation loss heatmap",
                   "Mean over seeds of each config's best validation loss; 'diverged' marks a "

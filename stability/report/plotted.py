@@ -24,7 +24,7 @@ ROLE_COLORS = ("tab:red", "tab:blue", "tab:purple", "tab:olive", "tab:cyan")
 def roles(configs: pd.DataFrame) -> list[tuple[str, str]]:
     """``(role, fingerprint)`` of the plotted configs: chosen, baseline, best of each precision."""
     wanted = [("chosen", configs.iloc[0]["fingerprint"]), ("baseline", select.baseline(configs))]
-    wanted += [(f"best {p}", best) for p, best in select.best_of_each_precision(configs)]
+    wanted += [(f"lowest-mean {p}", best) for p, best in select.best_of_each_precision(configs)]
     named: dict[str, str] = {}
     for role, fp in wanted:
         if fp is not None:

@@ -25,7 +25,7 @@ from stability.report.options import ReportError
 from stability.report.select import SELECTION_RULE
 from stability.report.signature import LOGGED_MODEL, signature_warning, versions
 from stability.tracking import origins
-from stability.tracking.contract import Artifact, Kind, Tag
+from stability.tracking.contract import Artifact, Kind, Tag, read_tag
 
 if TYPE_CHECKING:
     from stability.report.table import ConfigRow
@@ -168,7 +168,7 @@ def _own_version(c: Any, v: Any, sweep: Sweep, fp: str, training_run_id: str) ->
     tags = report.data.tags
     return (logged.experiment_id == sweep.experiment_id == report.info.experiment_id
             and logged.name == Artifact.MODEL and tags.get(Tag.KIND) == Kind.REPORT.value
-            and tags.get(Tag.SWEEP_ID) == sweep.sweep_id and tags.get(Tag.WINNER) == fp)
+            and tags.get(Tag.SWEEP_ID) == sweep.sweep_id and read_tag(tags, Tag.WINNER) == fp)
 
 
 @dataclass(frozen=True)

@@ -32,12 +32,27 @@ from stability.design.factors import (
 from stability.stats.paired import mean_ci
 
 TIE_DECIMALS = 10  # means equal to 1e-10 are a tie (summation order changes the last bits)
-SELECTION_RULE = (
-    "winner = lowest mean best_val_loss over seeds (validation split only); a seed that did "
-    "not finish (diverged, failed, killed) counts as +inf, so a config cannot win by losing "
-    "seeds; ties (means equal to 1e-10): fewer unfinished seeds, then the simpler config: "
-    + ", ".join(k.simpler for k in TIE_BREAK) + "; then the fingerprint, alphabetically"
+SIMPLER = ", ".join(k.simpler for k in TIE_BREAK)  # the simplicity order, in words
+# What decides the config to train with ("chosen"), in order; the ranking ("lowest mean") is
+# descriptive. One text: report.md's "Selection rule", the report run's tag, the model version.
+DECISION_RULE = (
+    "chosen = decided factor by factor from every run, seeds as blocks, in this order: "
+    "(1) validation: the levels within the margin of the factor's best in best_val_loss "
+    "(shown by multiple comparisons with the best; where none is shown, those whose estimate "
+    "is within it); (2) cost: the cheapest of them in training time on the measured device (a "
+    "difference inside the run-to-run spread counts as none); (3) simplicity: then the "
+    f"simplest ({SIMPLER}); (4) stability: a config judged marginal or unstable gives way to "
+    "the next config in this order that is stable and fully finished and whose levels all "
+    "pass (1), named in the answer (none: it stays, and the answer says so); a config with an "
+    "unfinished seed is never chosen. The sealed test plays no part"
 )
+RANKING_RULE = (
+    "lowest mean (rank 1) = lowest mean best_val_loss over seeds (validation split only); a "
+    "seed that did not finish (diverged, failed, killed) counts as +inf, so a config cannot "
+    "rank first by losing seeds; ties (means equal to 1e-10): fewer unfinished seeds, then the "
+    f"simpler config: {SIMPLER}; then the fingerprint, alphabetically"
+)
+SELECTION_RULE = f"{DECISION_RULE}. {RANKING_RULE}"
 LABEL_KEYS = label_keys()  # the params a config's label names (the design's factors' keys)
 IGNORED_KEYS = ("tracking.", "output_dir", "device")
 

@@ -11,7 +11,7 @@ the test split, which ``pipeline`` opens afterwards for the winner alone.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,8 @@ from stability.report import (
 )
 from stability.report.options import ReportConfig, ReportError
 from stability.report.plotted import Plotted, plotted
-from stability.report.table import ConfigTable, VersusWinner
+from stability.report.steady import Steadied, prefer_stable
+from stability.report.table import ConfigTable, StabilityVerdict, VersusWinner
 from stability.report.trust import allowed_tasks
 from stability.report.winner import decide as decide_winner
 
@@ -140,12 +141,17 @@ class Decided:
         configs: ``Fetched.configs`` with the winner first (``select.put_first``).
         versus: each config against the winner, in that order.
         comparisons: the winner against its named alternatives.
+        verdicts: each config's stability verdict by fingerprint (empty until ``steady``).
+        steadied: what stability did to a choice that was not stable (``steady.Steadied``);
+            None when the choice was stable or was not judged.
     """
 
     decision: Decision
     configs: pd.DataFrame
     versus: tuple[VersusWinner, ...]
     comparisons: tuple[compare.Comparison, ...]
+    verdicts: Mapping[str, StabilityVerdict] = field(default_factory=dict)
+    steadied: Steadied | None = None
 
     @property
     def winner(self) -> pd.Series:
@@ -158,6 +164,14 @@ def decide(fetched: Fetched, evidence: Evidence, cfg: ReportConfig) -> Decided:
     runs, margin = fetched.runs, evidence.margin
     decision = decide_winner(runs, fetched.configs, evidence.analysis, margin, cfg.alpha,
                              cfg.cost_tolerance)
+    return _against(fetched, decision, margin, cfg)
+
+
+def _against(fetched: Fetched, decision: Decision, margin: float, cfg: ReportConfig,
+             verdicts: Mapping[str, StabilityVerdict] | None = None,
+             steadied: Steadied | None = None) -> Decided:
+    """``decision``'s config first and every config compared with it, paired by seed."""
+    runs = fetched.runs
     configs = select.put_first(fetched.configs, decision.fingerprint)  # row 0: the winner
     criteria = compare.Criteria(confidence=cfg.confidence, alpha=cfg.alpha, power=cfg.power,
                                 min_effect=cfg.min_effect, min_effect_sd=cfg.min_effect_sd,
@@ -165,7 +179,45 @@ def decide(fetched: Fetched, evidence: Evidence, cfg: ReportConfig) -> Decided:
     versus = compare.versus(runs, configs, criteria)
     comparisons = compare.comparisons(runs, configs, criteria)
     return Decided(decision=decision, configs=configs, versus=tuple(versus),
-                   comparisons=tuple(comparisons))
+                   comparisons=tuple(comparisons), verdicts=dict(verdicts or {}),
+                   steadied=steadied)
+
+
+@dataclass(frozen=True, eq=False)
+class Stepped:
+    """The judged runs' ``steps.csv``, read once for the stability step and what follows.
+
+    Attributes:
+        steps: each judged (finished or diverged) run's table by run id.
+        notes: unreadable runs and missing costs, one line each (for "Problems").
+    """
+
+    steps: Mapping[str, pd.DataFrame]
+    notes: tuple[str, ...]
+
+
+def read_steps(c: Any, cfg: ReportConfig, fetched: Fetched, dest: Path) -> Stepped:
+    """The judged runs' ``steps.csv`` (every verdict reads them; the figures reuse them)."""
+    notes: list[str] = []
+    steps = _steps(c, cfg, fetched.runs, dest, notes)
+    return Stepped(steps=steps, notes=tuple(notes))
+
+
+def steady(fetched: Fetched, evidence: Evidence, decided: Decided, stepped: Stepped,
+           cfg: ReportConfig) -> Decided:
+    """The rule's fourth criterion: a marginal or unstable choice gives way to a stable twin.
+
+    Every config's verdict is judged here, once (``examine`` reuses them); when the chosen
+    config is not stable, ``steady.prefer_stable`` takes the next config in the rule's order
+    that is stable and passes the validation step, and the configs are compared with it.
+    """
+    runs = fetched.runs
+    found = health.verdicts(runs, fetched.configs, dict(stepped.steps), cfg.verdict)
+    verdicts = dict(zip(fetched.configs["fingerprint"].astype(str), found, strict=True))
+    decision, steadied = prefer_stable(runs, fetched.configs, decided.decision, verdicts)
+    if steadied is None or not steadied.swapped:
+        return replace(decided, verdicts=verdicts, steadied=steadied)
+    return _against(fetched, decision, evidence.margin, cfg, verdicts, steadied)
 
 
 @dataclass(frozen=True, eq=False)
@@ -217,7 +269,7 @@ def _steps(c: Any, cfg: ReportConfig, runs: pd.DataFrame, dest: Path,
 
 
 def examine(c: Any, cfg: ReportConfig, fetched: Fetched, evidence: Evidence, decided: Decided,
-            cache: Path) -> Findings:
+            cache: Path, stepped: Stepped | None = None) -> Findings:
     """Read the judged runs' steps and build the config table and what is drawn from it.
 
     Args:
@@ -227,14 +279,18 @@ def examine(c: Any, cfg: ReportConfig, fetched: Fetched, evidence: Evidence, dec
         evidence: the factor analysis (its references name the LR sentences' levels).
         decided: the winner and the configs against it.
         cache: a scratch folder for the downloads.
+        stepped: the steps ``read_steps`` read (None: read them here).
     """
     runs = fetched.runs
-    notes: list[str] = []
-    steps = _steps(c, cfg, runs, cache / "steps", notes)
+    stepped = stepped if stepped is not None else read_steps(c, cfg, fetched, cache / "steps")
+    steps = dict(stepped.steps)
+    notes: list[str] = list(stepped.notes)
     notes += adoption.other_users(c, fetched.sweep.parent_run_id, runs)
-    # Each config's row, once, from what selection and the stability check found.
-    table = ConfigTable.assemble(decided.configs, decided.versus,
-                                 health.verdicts(runs, decided.configs, steps, cfg.verdict))
+    # Each config's row, once, from what selection and the stability check found (the
+    # verdicts judged once, by ``steady``, where it ran).
+    found = (tuple(decided.verdicts[str(fp)] for fp in decided.configs["fingerprint"])
+             if decided.verdicts else health.verdicts(runs, decided.configs, steps, cfg.verdict))
+    table = ConfigTable.assemble(decided.configs, decided.versus, found)
     frame = table.frame()  # for the analyses that read a DataFrame (made once, at assembly)
     curves = lr.curves(runs, frame)
     references = {f.name: f.reference for f in evidence.analysis.factors if f.name != lr.LR} \

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from stability.report.plotted import Plotted
     from stability.report.spending import Sequential, Spending
     from stability.report.stages import Decided, Evidence, Fetched, Findings
+    from stability.report.steady import Steadied
     from stability.report.val_curves import ValCurves
     from stability.report.winner import Decision
 
@@ -114,6 +115,11 @@ class Study:
     def decision(self) -> Decision | None:
         """The factor-by-factor choice of the winner."""
         return self.decided.decision
+
+    @property
+    def steadied(self) -> Steadied | None:
+        """What stability did to a choice that was not stable (None: it was stable)."""
+        return self.decided.steadied
 
     @property
     def comparisons(self) -> tuple[Comparison, ...]:

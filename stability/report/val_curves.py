@@ -1,9 +1,9 @@
 """The validation-curves stage: the chosen config against its closest rivals, epoch by epoch.
 
-The chosen config, the baseline and the (up to) three configs whose validation mean is nearest
-the chosen's (``plotted.rivals``): the configs a reviewer weighs it against, not every config
-of the grid as overlapping bands. Only their finished runs' ``val_loss`` histories are read;
-``sections.val_curves`` draws them.
+The chosen config, the baseline, the lowest mean (rank 1) and the (up to) three configs whose
+validation mean is nearest the chosen's (``plotted.rivals``): the configs a reviewer weighs it
+against, not every config of the grid as overlapping bands. Only their finished runs'
+``val_loss`` histories are read; ``sections.val_curves`` draws them.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ def shown(configs: ConfigTable) -> list[tuple[str, Series]]:
     base = select.baseline(configs.frame())
     if base is not None and base != w.fingerprint:
         out.append((base, Series("baseline", configs.row(base).label, "tab:blue")))
+    lowest = configs.lowest  # rank 1 is always drawn: the config a reviewer compares first
+    if lowest.fingerprint not in {fp for fp, _ in out}:
+        out.append((lowest.fingerprint, Series("lowest mean, rank 1", lowest.label,
+                                               "tab:green")))
     for i, fp in enumerate(f for f in rivals(configs) if f not in {fp for fp, _ in out}):
         r = configs.row(fp)
         out.append((fp, Series(f"rival, rank {r.rank}", r.label, RIVAL_COLORS[i % 3])))

@@ -1,7 +1,7 @@
 """The sweep's status area: live on a terminal (rich), plain lines elsewhere.
 
 On a terminal, one live area (``rich.live.Live``, redrawn every second) shows the
-``Progress``: a bar, runs done / running / failed / skipped, elapsed and ETA, the best config
+``Progress``: a bar, runs done / running / failed / skipped, elapsed and ETA, the lowest-mean config
 so far on validation, and the last finished run's result; when the sweep ends, its last frame
 stays on screen. Anywhere else (CI, SLURM logs, ``| tee``) the same status is one plain line
 printed when the first run ends, then at most every ``every_s`` seconds, and once at the end.

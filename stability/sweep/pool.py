@@ -146,8 +146,9 @@ class PoolLauncher(JoblibLauncher):
         _core.process_joblib_cfg(options)
         # One job per call: joblib's automatic batching would group short jobs on one worker.
         options["batch_size"] = 1
-        log.info("streaming %d jobs through joblib (n_jobs=%s)", len(jobs),
-                 options.get("n_jobs"))
+        # debug: the sweeper's own lines say what runs; a [HYDRA] terminal line adds nothing
+        log.debug("streaming %d jobs through joblib (n_jobs=%s)", len(jobs),
+                  options.get("n_jobs"))
         state = Singleton.get_state()
         calls = (delayed(_run_unless_stopped)(initial_job_idx + i, overrides, str(state_dir),
                                               self.hydra_context, self.config,

@@ -1,9 +1,9 @@
-"""Where a sweep stands: runs done / running / failed / skipped, elapsed, ETA, best so far.
+"""Where a sweep stands: runs done / running / failed / skipped, elapsed, ETA, lowest mean so far.
 
 ``Progress`` is the state the sweep's status display (``stability.sweep.display``) draws:
 counts, the time left (``eta.Eta``: the cost model corrected by this sweep's finished runs),
-the best config so far on validation (mean best val loss over its finished seeds) and the last
-finished run's one-line result. It only counts; it prints nothing.
+the lowest-mean config so far on validation (mean best val loss over its finished seeds) and
+the last finished run's one-line result. It only counts; it prints nothing.
 """
 
 from __future__ import annotations
@@ -107,7 +107,11 @@ class Progress:
         return self.eta.remaining(self.clock())
 
     def best(self) -> tuple[str, float, int] | None:
-        """(config label, mean best val loss, seeds) of the best config so far, or None."""
+        """(config label, mean best val loss, seeds) of the lowest-mean config so far, or None.
+
+        The lowest mean so far, not the report's choice (which weighs cost, simplicity and
+        stability too): the live display calls it "lowest mean", never "best".
+        """
         if not self._values:
             return None
         config, values = min(self._values.items(), key=lambda kv: sum(kv[1]) / len(kv[1]))
@@ -134,10 +138,11 @@ class Progress:
 
     def line(self) -> str:
         """The whole status as one line (plain output: CI, SLURM logs, ``| tee``)."""
-        text = f"runs {self.counts()}; {self.timing()}; best so far: {self.best_text()}"
+        text = (f"runs {self.counts()}; {self.timing()}; lowest mean so far: "
+                f"{self.best_text()}")
         return text + (f"; last: {self.last}" if self.last else "")
 
     def lines(self) -> list[str]:
         """The status as a few lines (the live display on a terminal)."""
-        return [f"runs   {self.counts()}", f"time   {self.timing()}",
-                f"best   {self.best_text()}", f"last   {self.last or '-'}"]
+        return [f"runs          {self.counts()}", f"time          {self.timing()}",
+                f"lowest mean   {self.best_text()}", f"last          {self.last or '-'}"]

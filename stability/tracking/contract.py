@@ -68,13 +68,15 @@ class Tag:
     GRID_SIZE = "stability.grid_size"
     GRID_UNIQUE = "stability.grid_unique"
     SWEEP_RUN_ID = "stability.sweep_run_id"
-    WINNER = "stability.winner"
-    WINNER_LABEL = "stability.winner_label"
+    # The decision's config ("chosen"; a store written before issue 59 has ``RENAMED``'s old
+    # names, which a reader takes too: ``read_tag``)
+    WINNER = "stability.chosen"
+    WINNER_LABEL = "stability.chosen_label"
     SELECTION_RULE = "stability.selection_rule"
     PARENT_RUN_ID = "mlflow.parentRunId"  # nests a training run under its sweep in the UI
     NOTE = "mlflow.note.content"  # a run's description, rendered as markdown on its UI page
     REPORT_RUN_ID = "stability.report_run_id"  # on the sweep's parent: its latest report run
-    WINNER_STABILITY = "stability.winner_stability"  # stable | marginal | unstable
+    WINNER_STABILITY = "stability.chosen_stability"  # stable | marginal | unstable
     MAX_NORM_RECOMMENDATION = "stability.max_norm_recommendation"  # per accum, from clip-off runs
     MODEL_URI = "stability.model_uri"  # models:/<name>@champion of the registered winner
     HEARTBEAT = "stability.heartbeat"  # ms since the epoch, refreshed by the run's sender thread
@@ -87,6 +89,21 @@ class Tag:
     # An experiment tag (MLflow 3.x UI): the experiment's type. Set to EXPERIMENT_KIND_TRAINING,
     # the UI opens the experiment on its runs table (model training), not on GenAI traces.
     EXPERIMENT_KIND = "mlflow.experimentKind"
+
+
+# Tags whose name changed, new -> old: the report's "winner" tags became "chosen" (issue 59:
+# one name for the decision's config); stores written before hold the old names.
+RENAMED = {"stability.chosen": "stability.winner",
+           "stability.chosen_label": "stability.winner_label",
+           "stability.chosen_stability": "stability.winner_stability"}
+
+
+def read_tag(tags: Mapping[str, str], key: str, default: str | None = None) -> str | None:
+    """A run's tag ``key``, or its old name's value on a run written before it was renamed."""
+    if key in tags:
+        return tags[key]
+    old = RENAMED.get(key)
+    return tags.get(old, default) if old is not None else default
 
 
 EXPERIMENT_KIND_TRAINING = "custom_model_development"  # the UI's "machine learning" kind

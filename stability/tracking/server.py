@@ -18,6 +18,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from stability.tracking.contract import UI_TRAINING_VIEW
+
 log = logging.getLogger(__name__)
 
 
@@ -106,11 +108,44 @@ def prepare_store(store_uri: str) -> None:
         client(store_uri)
 
 
+UI_LINKS = 10  # experiments listed under the banner, the most recently updated first
+
+
 def ui_banner(store_uri: str, port: int) -> str:
-    """The line that says where the UI of ``store_uri`` will answer (credentials removed)."""
+    """Where the UI of ``store_uri`` will answer (credentials removed), and each study's runs.
+
+    MLflow's start page is its GenAI welcome page, and an experiment's plain link opens a GenAI
+    overview in a browser that never chose otherwise; the links printed here open each
+    experiment's runs table (``contract.UI_TRAINING_VIEW``), the page a study is read on. An
+    empty store says what to run first.
+    """
     from stability.tracking.uri import redact_uri
 
-    return f"MLflow UI for {redact_uri(store_uri)}: http://127.0.0.1:{port}"
+    head = f"MLflow UI for {redact_uri(store_uri)}: http://127.0.0.1:{port}"
+    try:
+        found = studies(store_uri)
+    except Exception:  # noqa: BLE001 - the banner never stops the UI; the server says more
+        return head
+    if not found:
+        return (f"{head}\nno study in this store yet: run one first (make run, or stability "
+                "sweep -m), then open its runs from the link the sweep prints")
+    lines = [f"  {name}: http://127.0.0.1:{port}/#/experiments/{eid}{UI_TRAINING_VIEW}"
+             for eid, name in found[:UI_LINKS]]
+    more = [f"  ... and {len(found) - UI_LINKS} more"] if len(found) > UI_LINKS else []
+    return "\n".join([head, "open a study's runs (not MLflow's GenAI start page):", *lines,
+                      *more])
+
+
+def studies(store_uri: str) -> list[tuple[str, str]]:
+    """``(experiment id, name)`` of the store's experiments that hold runs, latest first."""
+    from stability.tracking.uri import client
+
+    c = client(store_uri)
+    out = []
+    for e in sorted(c.search_experiments(), key=lambda e: -(e.last_update_time or 0)):
+        if c.search_runs([e.experiment_id], max_results=1):
+            out.append((e.experiment_id, e.name))
+    return out
 
 
 def serve_ui(store_uri: str, port: int = 5000) -> None:
@@ -135,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default 5000)")
     args = p.parse_args(argv)
     store = args.store or default_store_uri()
+    prepare_store(store)
     # ``make ui``'s only line: the log, to stdout, as the ``stability ui`` command prints it
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     log.info(ui_banner(store, args.port))

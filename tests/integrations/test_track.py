@@ -73,7 +73,7 @@ def test_the_docs_plain_loop_is_tracked_and_reported(
     done = in_process(["report"], capsys)
     assert done.code == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stdout + done.stderr
-    assert "winner " in done.stdout and "of sweep my-loop" in done.stdout
+    assert "chosen " in done.stdout and "of sweep my-loop" in done.stdout
     # The winner's one sealed test: both seeds rebuilt from config.yaml + best.pt and scored
     # on the task's test split, logged onto their runs: seed 0's figures are those of its
     # best weights evaluated here on that split.

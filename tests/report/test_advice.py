@@ -58,7 +58,8 @@ def test_a_larger_target_share_gives_a_lower_threshold_and_the_figure_is_drawn(t
     recs = recommend(runs, configs, tables, ClipAdviceConfig())
     drawn = draw_max_norm_advice(recs)
     assert len(drawn.axes) == len(recs) == 2  # one panel per accumulation setting
-    assert drawn.texts[0].get_text().startswith("Where to clip")  # the suptitle
+    suptitle = drawn.texts[0].get_text()
+    assert suptitle.startswith("Gradient norms of the clip-off runs")
     for ax, rec in zip(drawn.axes, recs, strict=True):
         assert ax.get_title() == f"accum_steps={rec.accum_steps} ({len(rec.per_seed)} seeds, " \
                                  f"{rec.steps} steps)"

@@ -153,7 +153,7 @@ def test_the_report_opens_in_the_mlflow_ui_with_its_answer_and_figures(mlflow_se
     texts = open_and_read(page, tmp_path / "profile-1", answer, shot)
     report_frames = [t for u, t in texts.items() if u != page and answer in t]
     assert report_frames, f"the report's answer is not in any frame: {list(texts)}"
-    assert "Stability: The winner is stable" in report_frames[0]
+    assert "Stability: The chosen config is stable" in report_frames[0]
     # the answer table: each level's gap to the best with its MCB bound and its Holm verdict
     assert "at most (MCB 95%)" in report_frames[0]
     assert re.search(r"(helps|hurts|equivalent|undecided)", report_frames[0])

@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from stability.core.identity import fingerprint
 from stability.report import ReportConfig, build_report
 from stability.report.fetch import find_sweep
-from stability.report.select import SELECTION_RULE
+from stability.report.select import DECISION_RULE, RANKING_RULE, SELECTION_RULE
 from tests.helpers.report_fixtures import Spec, log_run, make_sweep, run_config
 from tests.helpers.stores import sqlite_store
 
@@ -108,7 +108,7 @@ def test_report_folder_and_mlflow_report_run_hold_the_report(reported):
     out, c = reported["first"], reported["c"]
     md = (out.folder / "report.md").read_text()
     assert out.folder.name == SWEEP
-    assert SELECTION_RULE in md and "Train with `bf16 clip=1 acc=2`" in md
+    assert DECISION_RULE in md and RANKING_RULE in md and "Train with `bf16 clip=1 acc=2`" in md
     assert "## Factor effects (every run, seeds as blocks)" in md
     pngs = {p.name for p in (out.folder / "plots").glob("*.png")}
     assert {"grad_norm.png", "clip_fraction.png", "val_loss_curves.png", "fp16_scaler.png",
@@ -118,7 +118,7 @@ def test_report_folder_and_mlflow_report_run_hold_the_report(reported):
     run = c.get_run(out.report_run_id)
     tags = run.data.tags
     assert tags["stability.kind"] == "report" and tags["stability.sweep_id"] == SWEEP
-    assert tags["stability.winner"] == fp_of(WINNER)
+    assert tags["stability.chosen"] == fp_of(WINNER)
     assert tags["stability.selection_rule"] == SELECTION_RULE
     assert run.info.status == "FINISHED"
     assert {"test_loss_mean", "test_loss_std", "test_acc_mean", "test_acc_std"} <= set(
@@ -138,16 +138,16 @@ def test_v2_outputs_verdicts_html_max_norm_tag_and_the_parent_run_note(reported)
     page = (out.folder / "report.html").read_text()
     assert "Train with <code>bf16 clip=1 acc=2</code>" in page and "data:image/png;base64," in page
     md = (out.folder / "report.md").read_text()
-    assert "\nStability: The winner is stable;" in md and "max_norm_advice.png" in md
+    assert "\nStability: The chosen config is stable;" in md and "max_norm_advice.png" in md
     tags = c.get_run(out.report_run_id).data.tags
-    assert tags["stability.winner_stability"] == "stable"
+    assert tags["stability.chosen_stability"] == "stable"
     # Clip-off runs at accum 1 (baseline, flaky fp16): one recommendation.
     assert tags["stability.max_norm_recommendation"].startswith("acc=1:")
     assert tags["stability.model_uri"] == f"models:/{MODEL}@champion"
     parent = c.get_run(c.get_run(out.report_run_id).data.tags["stability.sweep_run_id"]).data.tags
     assert parent["stability.report_run_id"] in {out.report_run_id,
                                                  reported["second"].report_run_id}
-    assert parent["stability.winner"] == fp_of(WINNER)
+    assert parent["stability.chosen"] == fp_of(WINNER)
     note = parent["mlflow.note.content"]
     assert "**Train with `bf16 clip=1 acc=2`**" in note
     assert f"runs/{parent['stability.report_run_id']}/artifactPath/report.html" in note

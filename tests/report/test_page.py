@@ -129,4 +129,4 @@ def test_the_terminal_shows_the_answer_and_the_log_file_our_info_lines(report, c
     assert "Train with `" in out and "report finished in" in out
     assert "[INFO]" not in out and "INFO mlflow" not in out, out
     log = (tmp_path / "h" / "report.log").read_text()
-    assert "[stability.report.pipeline][INFO] - winner" in log
+    assert "[stability.report.pipeline][INFO] - chosen" in log

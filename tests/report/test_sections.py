@@ -50,14 +50,15 @@ def test_a_figure_that_raises_is_one_problem_line_and_the_rest_is_written(tmp_pa
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    (fm.signed(1e-4), "+0.0001"), (fm.signed(2e-5), "+2.00e-05"), (fm.signed(-0.25), "-0.2500"),
+    (fm.signed(1e-4), "+0.0001"), (fm.signed(2e-5), "+0.0000"), (fm.signed(-0.25), "-0.2500"),
     (fm.signed(math.nan), "—"),
     (fm.signed(math.inf), "+inf"), (fm.signed(math.inf, "nonfinite"), "—"),
-    (fm.size(2e-4), "0.0002"), (fm.size(3e-4), "0.0003"), (fm.size(4e-5), "4.00e-05"),
+    (fm.size(2e-4), "0.0002"), (fm.size(3e-4), "0.0003"), (fm.size(4e-5), "<0.0001"),
     (fm.size(math.nan, "never"), "nan"),
     (fm.size(math.inf), "inf"), (fm.size(math.inf, "nonfinite"), "—"),
     (fm.fixed_signed(1e-5), "+0.0000"), (fm.fmt(math.inf), "inf"), (fm.fmt(None), "—"),
     (fm.pm(0.5, math.nan), "0.5000"), (fm.seeds(math.inf), "> 10000"),
+    (fm.pval(1.6e-5), "<0.0001"), (fm.pval(0.0001), "0.0001"), (fm.pval(0.0432), "0.043"),
 ])
 def test_each_number_shape_keeps_its_call_sites_output(text: str, expected: str) -> None:
     assert text == expected

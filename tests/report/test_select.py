@@ -135,7 +135,7 @@ def test_an_unclear_winner_comparison_is_undecided_or_equivalent_never_no_differ
     ])
     configs = versus_winner(runs, aggregate(runs))
     [c] = comparisons(runs, configs, Criteria(margin=0.001))
-    assert c.question == "winner vs best bf16" and c.word == "undecided"
+    assert c.question == "chosen vs lowest-mean bf16" and c.word == "undecided"
     assert c.verdict.startswith("**undecided**: neither shown different nor within ±0.0010")
     assert c.result.p_t == pytest.approx(stats.ttest_rel(
         [0.40 + d for d in noise], [0.40] * 5).pvalue)
@@ -154,11 +154,11 @@ def test_comparisons_call_a_clear_effect_significant_and_count_seed_noise():
     configs = versus_winner(runs, aggregate(runs))
     assert configs.iloc[0]["fingerprint"] == "win" and baseline(configs) == "base"
     by_q = {c.question: c for c in comparisons(runs, configs)}
-    base = by_q["winner vs baseline (fp32, clip off, accum 1) / best fp32"]
+    base = by_q["chosen vs baseline (fp32, clip off, accum 1) / lowest-mean fp32"]
     assert base.result.mean_diff == pytest.approx(0.2, abs=1e-3)
     assert base.p_adj == pytest.approx(min(1.0, 3 * base.result.p_t))  # 3 configs: 3 pairs
-    assert base.p_adj < 0.05 and base.verdict.startswith("**helps**: the winner is lower")
-    near = by_q["winner vs best fp16"]
+    assert base.p_adj < 0.05 and base.verdict.startswith("**helps**: the chosen config is lower")
+    near = by_q["chosen vs lowest-mean fp16"]
     assert near.word == "undecided" and near.verdict.startswith("**undecided**")
     rows = configs.set_index("fingerprint")
     assert rows.loc["near", "within_noise"] and not rows.loc["base", "within_noise"]
@@ -186,7 +186,7 @@ def test_a_question_asked_twice_is_one_test_and_two_configs_are_one_pair():
     assert configs.iloc[0]["fingerprint"] == "clip"
     found = comparisons(runs, configs)
     # best fp32 is the winner itself: one question; two configs are one pair, so no penalty
-    assert [c.question for c in found] == ["winner vs baseline (fp32, clip off, accum 1)"]
+    assert [c.question for c in found] == ["chosen vs baseline (fp32, clip off, accum 1)"]
     assert found[0].p_adj == pytest.approx(found[0].result.p_t)
 
 
@@ -284,6 +284,6 @@ def test_the_config_table_is_assembled_once_from_the_stages_parts_with_the_schem
     # each config with its own reason, never another config's (issue 49)
     low, lost = table.row("low").label, table.row("lost").label
     assert health.summary_sentence(mixed) == (
-        f"The winner is stable; 1 bf16 config is unstable: `{lost}` (diverged); "
+        f"The chosen config is stable; 1 bf16 config is unstable: `{lost}` (diverged); "
         f"2 fp16 configs are marginal: `{low}` (backoffs), `{low}` (spikes); "
         "0 of 3 others stable.")

@@ -102,7 +102,7 @@ def test_real_sweep_then_report(mlflow_server, tmp_path):
 
     reports = c.search_runs([exp_id], "tags.`stability.kind` = 'report'")
     assert len(reports) == 1 and reports[0].info.status == "FINISHED"
-    win_fp = reports[0].data.tags["stability.winner"]
+    win_fp = reports[0].data.tags["stability.chosen"]
     assert win_fp == winner["fingerprint"].iloc[0]
     trains = c.search_runs([exp_id], "tags.`stability.kind` = 'train'")
     with_test = {r.data.tags["stability.fingerprint"] for r in trains

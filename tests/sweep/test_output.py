@@ -45,7 +45,7 @@ def test_a_sweep_prints_its_status_not_its_epochs_which_go_to_the_run_logs(
     # Not a terminal: plain status lines (the first run's end, the sweep's end).
     status = [line for line in done.stdout.splitlines() if line.startswith("[sweep] runs ")]
     assert status[-1].startswith("[sweep] runs 2/2 done, 0 running, 0 failed, 0 skipped;")
-    assert "best so far: fp32 noclip acc=1 (val loss " in status[-1]
+    assert "lowest mean so far: fp32 noclip acc=1 (val loss " in status[-1]
     assert "2 seeds" in status[-1]
     for job in ("0", "1"):  # each run's log has its epochs and its result
         log = (tmp_path / "sweep" / job / "sweep.log").read_text()

@@ -139,7 +139,7 @@ def progress(total: int = 4, skipped: int = 0) -> tuple[Progress, list[float]]:
 def test_progress_counts_runs_and_names_the_best_config_and_the_last_run() -> None:
     p, now = progress(skipped=3)
     assert p.line().startswith("runs 0/4 done, 0 running, 0 failed, 3 skipped; 0s elapsed, "
-                               "ETA unknown; best so far: none yet")
+                               "ETA unknown; lowest mean so far: none yet")
     p.start(0)
     p.start(1)
     now[0] = 110.0
@@ -149,7 +149,7 @@ def test_progress_counts_runs_and_names_the_best_config_and_the_last_run() -> No
     now[0] = 120.0
     p.end(2, 0.7)  # fp32 clip=1 acc=1 s=1: that config's mean is 0.6 now
     assert p.line() == ("runs 2/4 done, 0 running, 1 failed, 3 skipped; 20s elapsed, ETA 10s; "
-                        "best so far: fp32 clip=1 acc=1 (val loss 0.6000, 2 seeds); "
+                        "lowest mean so far: fp32 clip=1 acc=1 (val loss 0.6000, 2 seeds); "
                         "last: fp32 clip=1 acc=1 s=1: best val loss 0.7000")
     p.start(3)
     assert p.running == 1
@@ -184,9 +184,10 @@ def test_live_status_draws_the_area_and_leaves_its_last_frame() -> None:
         display.end(0, 0.25)
         print("a line printed meanwhile")  # goes above the area, not through it
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # the terminal's escapes
-    assert "sweep sweep-3" in text and "runs   1/2 done, 0 running, 0 failed" in text
+    assert "sweep sweep-3" in text and "runs          1/2 done, 0 running, 0 failed" in text
     assert "a line printed meanwhile" in text
-    assert text.rstrip().endswith("last   fp32 clip=1 acc=1 s=0: best val loss 0.2500")
+    assert text.rstrip().endswith("last          fp32 clip=1 acc=1 s=0: best val loss 0.2500")
+    assert "lowest mean   fp32 clip=1 acc=1 (val loss 0.2500, 1 seed)" in text  # never "best"
 
 
 def test_default_study_grid_and_dedup() -> None:

@@ -128,3 +128,15 @@ def test_no_module_spells_a_tag_key_itself() -> None:
             if value in TAGS or any(f"`{tag}`" in value for tag in TAGS):
                 offenders.append(f"{path.relative_to(ROOT)}:{line}: {value!r}")
     assert offenders == []
+
+
+def test_a_renamed_tag_is_read_under_its_old_name_on_an_older_run() -> None:
+    """Issue 59: the report's "winner" tags became "chosen"; a store written before keeps the
+    old names, and a reader takes either (the new name first)."""
+    from stability.tracking.contract import RENAMED, Tag, read_tag
+
+    assert RENAMED[Tag.WINNER] == "stability.winner" and Tag.WINNER == "stability.chosen"
+    assert read_tag({"stability.winner": "abc"}, Tag.WINNER) == "abc"
+    assert read_tag({"stability.winner": "old", Tag.WINNER: "new"}, Tag.WINNER) == "new"
+    assert read_tag({}, Tag.WINNER_STABILITY, "none") == "none"
+    assert read_tag({"stability.sweep_id": "s"}, Tag.SWEEP_ID) == "s"

@@ -13,6 +13,7 @@ from stability.report.sections import (
     all_configs,
     answer,
     clip_fraction,
+    clip_thresholds,
     factor_effects,
     flags,
     grad_norm,
@@ -43,6 +44,7 @@ SECTIONS: tuple[Section, ...] = (
     test_evaluation.SECTION,
     all_configs.SECTION,
     stability_verdicts.SECTION,
+    clip_thresholds.SECTION,
     flags.SECTION,
     # figures only
     main_effects.SECTION,

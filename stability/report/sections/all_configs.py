@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from stability.report.format import ci, fmt, pm, pval, signed, size, table
+from stability.report.format import ACC_DIGITS, ci, fmt, pm, pval, signed, size, table
 from stability.report.sections.section import Part, lines
 from stability.report.study import Study
 from stability.report.table import ConfigRow, ConfigTable
@@ -20,6 +20,11 @@ CHOSEN = "**→ chosen**"
 def _wall(c: ConfigRow) -> str:
     median, top = c.wall_time_s_median, c.wall_time_s_max
     return "—" if math.isnan(median) else f"{median:.1f} ({top:.1f})"
+
+
+def _percent(share: float) -> str:
+    """A share of steps as a percentage, the one format of every clip rate on the page."""
+    return "—" if math.isnan(share) else f"{share:.0%}"
 
 
 def _seeds(c: ConfigRow) -> str:
@@ -36,13 +41,14 @@ def _table(configs: ConfigTable, loss_name: str, power: float) -> str:
         rows.append([
             str(c.rank), f"{CHOSEN} `{c.label}`" if mine else f"`{c.label}`", c.stability,
             _seeds(c), pm(c.loss_mean, c.loss_std), ci(c.loss_ci_low, c.loss_ci_high),
-            pm(c.acc_mean, c.acc_std, 3), fmt(c.clip_fraction_mean, 3),
+            pm(c.acc_mean, c.acc_std, ACC_DIGITS), _percent(c.clip_fraction_mean),
             fmt(c.skip_count_mean, 1), fmt(c.underflow_mean, 4), _wall(c),
             "chosen" if mine else signed(c.diff_vs_winner), pval(c.p_adj_vs_winner),
             size(c.mdd_vs_winner), c.flag or "",
         ])
     return table(["rank (validation mean)", "config", "stability", "seeds finished",
-                  f"best val loss ({loss_name})", "95% CI", "val acc", "clip frac", "skips",
+                  f"best val loss ({loss_name})", "95% CI", "val acc", "clipped (% of steps)",
+                  "skips",
                   "fp16 underflow", "wall s (median, max)", "diff vs chosen",
                   "p vs chosen (selection-adjusted)",
                   f"detectable vs chosen ({power:.0%} power, selection-adjusted)", "flag"], rows)

@@ -9,9 +9,8 @@ import math
 
 from stability.core.precision import Precision
 from stability.design import factors as vocabulary
-from stability.report import answer_table, memory, winner
-from stability.report.advice import nearest_swept
-from stability.report.format import ci, fmt, pm, size
+from stability.report import answer_table, memory, steady, winner
+from stability.report.format import ACC_DIGITS, ci, fmt, pm, signed, size
 from stability.report.health import summary_sentence
 from stability.report.sections import decision_text
 from stability.report.sections.section import Part, lines
@@ -41,15 +40,20 @@ def first_screen(st: Study, plain: bool = False) -> list[str]:
     out = [f"{'Train with ' if plain else ''}{name} (config fingerprint `{w.fingerprint}`), "
            f"{how}.", ""]
     if dec is not None and an is not None and dec.choices:
-        out += [answer_table.text(dec, an, st.sequential) if plain
-                else answer_table.markdown(dec, an, st.sequential), "",
+        out += [answer_table.text(dec, an, st.sequential, st.steadied) if plain
+                else answer_table.markdown(dec, an, st.sequential, st.steadied), "",
+                *([] if plain else [answer_table.LEGEND, ""]),
                 *([] if plain else decision_text.adaptive_line(st.sequential)),
                 decision_text.guarantee(dec), *_seeds_line(st)]
     out.append(
         f"Sealed test (split of {t.test_size} sequences, opened once, for this config only): "
-        f"loss {pm(t.loss.mean, t.loss.std)}, accuracy {pm(t.acc.mean, t.acc.std, 3)} over "
+        f"loss {pm(t.loss.mean, t.loss.std)}, accuracy "
+        f"{pm(t.acc.mean, t.acc.std, ACC_DIGITS)} over "
         f"{len(tested)} seeds (mean ± std).")
     out.append(f"Stability: {summary_sentence(st.configs)}")
+    swap = steady.sentence(st.steadied, signed(st.steadied.diff) if st.steadied else "")
+    if swap:
+        out.append(swap)
     if dec is not None and dec.note:
         out.append(f"Note: {dec.note}.")
     return out
@@ -65,8 +69,8 @@ def _seeds_line(st: Study) -> list[str]:
         title = " × ".join(vocabulary.title(f) for f in c.factors)
         level = ", ".join(vocabulary.level_name(f, lv)
                           for f, lv in zip(c.factors, c.levels[c.chosen], strict=True))
-        parts.append(f"{title.lower()}: {level} within the margin would take about "
-                     f"{int(c.seeds_needed)} seeds" if math.isfinite(c.seeds_needed) else
+        parts.append(f"{title.lower()}: about {int(c.seeds_needed)} seeds would show {level} "
+                     "within the margin (MCB)" if math.isfinite(c.seeds_needed) else
                      f"{title.lower()}: no number of seeds would show {level} within the "
                      "margin (its estimate is past it)")
     return [f"Seeds that would decide the open choices, if the estimates hold: "
@@ -78,10 +82,11 @@ def _answer(st: Study) -> list[str]:
     w, level, an = st.winner, f"{st.options.confidence:.0%}", st.analysis
     out = [*first_screen(st), *_lowest_line(st), "", "Behind the decision:", ""]
     out.append(
-        f"- Validation (the only selection criterion): best validation loss "
+        f"- Validation (the rule's first criterion; then cost, simplicity and stability: "
+        f"section \"Selection rule\"): the chosen config's best validation loss "
         f"{pm(w.loss_mean, w.loss_std)} "
         f"({level} CI {ci(w.loss_ci_low, w.loss_ci_high)}) over {w.seeds} "
-        f"seeds; validation accuracy at the best epoch {pm(w.acc_mean, w.acc_std, 3)}.")
+        f"seeds; validation accuracy at the best epoch {pm(w.acc_mean, w.acc_std, ACC_DIGITS)}.")
     if an is not None and an.main:
         out += ["", "What each setting does, from all "
                 f"{len(st.runs)} runs (seeds as blocks; effects on best validation loss, "
@@ -97,23 +102,18 @@ def _answer(st: Study) -> list[str]:
     frame = st.configs.frame()
     out += [f"- {line}" for line in (memory.accumulation_memory(frame),
                                      memory.precision_memory(frame)) if line]
-    for r in st.advice:
-        near = nearest_swept(r)
-        out.append(f"- Recommended clipping threshold (from the clip-off runs' pre-clip norms), "
-                   f"{r.sentence()}" + (f"; nearest swept value {near:g}"
-                                        if near == near else "") + ".")
     return out
 
 
 def _warnings(st: Study) -> list[str]:
     w, out = st.winner, []
     if math.isinf(w.loss_mean):
-        out.append("- **Warning: every config lost at least one seed**; the winner was chosen by "
+        out.append("- **Warning: every config lost at least one seed**; the config was chosen by "
                    "the tie-breaks (fewest unfinished seeds, then simplest).")
     if w.flag:
-        out.append(f"- **Warning: the winner is flagged: {w.flag}.**")
+        out.append(f"- **Warning: the chosen config is flagged: {w.flag}.**")
     if w.precision == Precision.FP32 and not w.clip_enabled and w.accum_steps == 1:
-        out.append("- The winner is the baseline itself (fp32, clip off, accum 1).")
+        out.append("- The chosen config is the baseline itself (fp32, clip off, accum 1).")
     return out
 
 
@@ -130,10 +130,10 @@ def _lowest_line(st: Study) -> list[str]:
 
 
 def _load_line(st: Study) -> list[str]:
-    """The answer's last line: how to load the registered winner."""
+    """The answer's last line: how to load the chosen config's registered model."""
     if not st.model_uri:
         return []
-    return [f"- Load the winner: `mlflow.pyfunc.load_model(\"{st.model_uri}\")` "
+    return [f"- Load the chosen config's model: `mlflow.pyfunc.load_model(\"{st.model_uri}\")` "
             f"(registered model version {st.model_version})."]
 
 

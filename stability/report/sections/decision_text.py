@@ -38,14 +38,16 @@ def phrase(e: Effect, margin: float, confidence: float) -> str:
     if e.verdict == EQUIVALENT:
         real = "" if e.p_holm >= 0.05 else f"; a real but negligible {_num(e.mean)}"
         return (f"**equivalent** within ±{_size(margin)} ({_num(e.mean)}, {ci}, TOST Holm p "
-                f"{e.p_equiv_holm:.2g}{real})")
+                f"{fm.pval(e.p_equiv_holm)}{real})")
     if e.verdict in (HELPS, HURTS):
         word = "lowers" if e.verdict == HELPS else "raises"
         return (f"**{e.verdict}**: {word} the loss by {_size(abs(e.mean))} ({ci}, Holm p "
-                f"{e.p_holm:.2g})")
+                f"{fm.pval(e.p_holm)})")
     why = " (unfinished runs: never called equivalent)" if e.unfinished != (0, 0) else ""
-    return (f"**undecided**: {_num(e.mean)} ({ci}, Holm p {e.p_holm:.2g}); "
-            f"{_seeds(e.seeds_to_decide)} would decide it{why}")
+    holm = (" (the per-contrast CI excludes 0, the Holm-adjusted test does not)"
+            if e.p < 1 - confidence else "")
+    return (f"**undecided**: {_num(e.mean)} ({ci}, Holm p {fm.pval(e.p_holm)}){holm}; "
+            f"{_seeds(e.seeds_to_decide)} would decide its Holm verdict{why}")
 
 
 def _adaptive_phrase(e: Effect, seq: Sequential, confidence: float) -> str:
@@ -61,7 +63,8 @@ def _early(name: str, r: Replayed) -> str:
 
 
 def _cost(e: Effect) -> str:
-    clips = f"; clips {e.clipped:.0%} of steps" if math.isfinite(e.clipped) else ""
+    clips = (f"; its runs clipped {e.clipped:.0%} of steps (mean)" if math.isfinite(e.clipped)
+             else "")
     if not math.isfinite(e.cost_ratio):
         return clips
     return (f"{clips}; {e.cost_ratio:.2f}× the training time of "
@@ -85,7 +88,7 @@ def _depends(an: FactorAnalysis, factor: str) -> list[str]:
         parts = ", ".join(f"{_num(s.mean)} at {level_name(by, s.at.rsplit(' ', 1)[1])}"
                           for s in simple)
         out.append(f"the effect of {level_name(factor, lvl)} depends on {by} "
-                   f"(interaction {_num(i.mean)}, Holm p {i.p_holm:.2g}): {parts}")
+                   f"(interaction {_num(i.mean)}, Holm p {fm.pval(i.p_holm)}): {parts}")
     return list(dict.fromkeys(out))
 
 
@@ -131,8 +134,8 @@ def factor_table(an: FactorAnalysis, seq: Sequential | None = None) -> list[list
     rows = []
     for e in an.main:
         rows.append([title(e.factor), contrast_name(e), _num(e.mean),
-                     f"[{_num(e.low)}, {_num(e.high)}]", f"{e.p:.2g}", f"{e.p_holm:.2g}",
-                     "—" if math.isnan(e.p_equiv_holm) else f"{e.p_equiv_holm:.2g}",
+                     f"[{_num(e.low)}, {_num(e.high)}]", fm.pval(e.p), fm.pval(e.p_holm),
+                     fm.pval(e.p_equiv_holm),
                      e.verdict if seq is None else seq.word(e), f"{e.cells} × {e.seeds}",
                      f"{e.df:g}",
                      f"{e.unfinished[0]} / {e.unfinished[1]}", _size(e.detectable),
@@ -152,7 +155,7 @@ FACTOR_HEADER = ["factor", "contrast", "effect", "95% t CI (per contrast)", "p",
 def interaction_rows(an: FactorAnalysis) -> list[list[str]]:
     """Rows of the interaction table: the 2 x 2 differences of differences."""
     return [[f"{level_name(i.factor, i.level)} vs {level_name(i.factor, i.reference)}", i.at,
-             _num(i.mean), f"[{_num(i.low)}, {_num(i.high)}]", f"{i.p_holm:.2g}",
+             _num(i.mean), f"[{_num(i.low)}, {_num(i.high)}]", fm.pval(i.p_holm),
              "depends" if i.p_holm < an.alpha else "no evidence"] for i in an.interactions]
 
 

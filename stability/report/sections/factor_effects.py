@@ -45,9 +45,10 @@ def _method(an: FactorAnalysis) -> str:
             f"(report.margin), Holm over this table; `undecided`: neither. `detectable` is "
             f"the effect found with α / m (Holm's first step) at the report's power. Unfinished "
             "runs count at the study's worst finished loss and a contrast with any is never "
-            "called equivalent. `training time ×`: the level's mean training seconds per run "
+            "called equivalent. `training time ×`: the level's training seconds per run "
             "(median step time × optimizer steps; a run without them counts its wall time and is "
-            "named under Problems) over the reference's.")
+            "named under Problems) over the reference's, geometric means over their runs: the "
+            "decision's measure and the answer's `time × reference`.")
 
 
 SECTION = Part("factor effects", lambda st: st, markdown=markdown)

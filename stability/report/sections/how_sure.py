@@ -1,4 +1,4 @@
-"""The "How sure" section: the winner against its named alternatives, paired by seed."""
+"""The "How sure" section: the chosen config against its named alternatives, paired by seed."""
 
 from __future__ import annotations
 
@@ -20,8 +20,17 @@ def _table(st: Study) -> str:
     level = f"{power.power:.0%}" if power else ""
     return table(["question", "reference", "other", "paired seeds", "mean diff (other − ref)",
                   f"{st.options.confidence:.0%} CI", "paired t p", "selection-adjusted p",
-                  "Wilcoxon p", f"detectable at {level} power", f"seeds to detect {effect}",
+                  "Wilcoxon p", f"detectable at {level} power",
+                  f"seeds to detect {effect} ({_effect_words(st)})",
                   "other's unfinished seeds"], rows)
+
+
+def _effect_words(st: Study) -> str:
+    """What the named effect is: ``report.min_effect``, or the chosen config's seed SD."""
+    if st.options.min_effect is not None:
+        return "report.min_effect"
+    k = st.options.min_effect_sd
+    return f"{'' if k == 1 else f'{k:g} × '}the chosen config's seed SD; not the margin"
 
 
 def _power_words(st: Study, seeds: int) -> str:
@@ -30,7 +39,7 @@ def _power_words(st: Study, seeds: int) -> str:
     if pairs < 1 or seeds < 2:
         return ""
     need = stats.t.ppf(1 - st.options.alpha / (2 * pairs), seeds - 1)
-    return (f"These are descriptive, not evidence: the winner was chosen from the same runs, so "
+    return (f"These are descriptive, not evidence: the config was chosen from the same runs, so "
             f"a claim about it must be adjusted for that choice (Bonferroni over the {pairs} "
             f"pairs of configs), and at {seeds} seeds that test needs |t| > {need:.1f}. The "
             "answer's MCB bounds are the adjusted statement about the choice. ")

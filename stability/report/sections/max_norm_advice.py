@@ -28,11 +28,13 @@ def max_norm_advice(recs: Sequence, folder: Path) -> Figure | None:
     if not recs:
         return None
     name = save(draw_max_norm_advice(recs), folder, "max_norm_advice.png")
-    return Figure(name, "Recommended max_norm",
+    return Figure(name, "Clip-off gradient norms and an untested threshold",
                   "Distribution of pre-clip gradient norms of every finished clip-off run (all "
                   "seeds and precisions of an accumulation setting, skipped steps left out). The "
-                  "red line is the max_norm that clips the target share of steps (median over "
-                  "seeds), the band its range over seeds.")
+                  "red line is the max_norm that would clip the target share of these steps "
+                  "(median over seeds), the band its range over seeds: advice read from norms, "
+                  "never trained with (section \"Clipping thresholds from the norms\"); the "
+                  "clipping to train with is the answer's.")
 
 
 def draw_max_norm_advice(recs: Sequence) -> plt.Figure:
@@ -44,8 +46,13 @@ def draw_max_norm_advice(recs: Sequence) -> plt.Figure:
     Returns:
         The matplotlib figure: one axis per recommendation.
     """
-    fig, axes = plt.subplots(1, len(recs), figsize=(4.8 * len(recs) + 0.6, 4.6), squeeze=False)
-    for ax, r in zip(axes[0], recs, strict=True):
+    # at most two panels a row: four side by side shrank the legends to ~5 px at 1280 px
+    cols = min(2, len(recs))
+    rows = -(-len(recs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.6 * cols + 0.6, 5.4 * rows), squeeze=False)
+    for ax in axes.ravel()[len(recs):]:
+        fig.delaxes(ax)  # an odd count leaves one cell empty
+    for ax, r in zip(axes.ravel(), recs, strict=False):
         lo, hi = max(r.norms.min(), 1e-12), r.norms.max()
         bins = np.geomspace(lo, hi * 1.0001, 40) if hi > lo else 20
         ax.hist(r.norms, bins=bins, color="tab:blue", alpha=0.7)
@@ -54,7 +61,8 @@ def draw_max_norm_advice(recs: Sequence) -> plt.Figure:
             ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide within a decade
         ax.axvspan(r.low, r.high, color="tab:red", alpha=0.15, label="spread over seeds")
         ax.axvline(r.max_norm, color="tab:red", lw=2,
-                   label=f"recommended {r.max_norm:.3g} (clips {r.target_share:.0%})")
+                   label=f"threshold {r.max_norm:.3g} "
+                         f"(would clip {r.target_share:.0%}; not tested)")
         shares = ", ".join(f"{m:g} clips {share:.0%}" for m, share in sorted(r.swept_share.items()))
         for i, m in enumerate(sorted(r.swept_share)):
             ax.axvline(m, color="gray", ls=":", lw=1.2,
@@ -62,10 +70,10 @@ def draw_max_norm_advice(recs: Sequence) -> plt.Figure:
         ax.set(title=f"accum_steps={r.accum_steps} ({len(r.per_seed)} seeds, {r.steps} steps)",
                xlabel="pre-clip global gradient L2 norm (log axis)", ylabel="optimizer steps")
         # below the axes: no label sits on a bar, a line or another label
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
+        ax.legend(fontsize=10, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
         ax.grid(alpha=0.3)
-    fig.suptitle("Where to clip: gradient norms of the clip-off runs,\nrecommended max_norm in "
-                 "red (grey: the swept values)", fontsize=10)
+    fig.suptitle("Gradient norms of the clip-off runs: red, the threshold that would clip "
+                 "only the spikes\n(not tested; grey: the swept values)", fontsize=10)
     return fig
 
 

@@ -1,11 +1,11 @@
-"""The "Test evaluation" section: the winner's seeds on the sealed test split."""
+"""The "Test evaluation" section: the chosen config's seeds on the sealed test split."""
 
 from __future__ import annotations
 
 import math
 
 from stability.report.evaluate import SeedTestResult
-from stability.report.format import fmt, table
+from stability.report.format import ACC_DIGITS, fmt, pm, table
 from stability.report.html import inert
 from stability.report.sections.section import Part, lines
 from stability.report.study import Study
@@ -19,12 +19,16 @@ def _mlflow_state(s: SeedTestResult) -> str:
 
 
 def markdown(st: Study) -> str:
-    """One row per seed of the winner (a note from the run is data: made inert)."""
+    """One row per seed of the chosen config (a note from the run is data: made inert)."""
     t = st.test
-    rows = [[str(s.seed), f"`{s.run_id}`", fmt(s.test_loss), fmt(s.test_acc, 4),
+    rows = [[str(s.seed), f"`{s.run_id}`", fmt(s.test_loss), fmt(s.test_acc, ACC_DIGITS),
              _mlflow_state(s), inert(s.note)] for s in t.seeds]
+    tested = [s for s in t.seeds if math.isfinite(s.test_loss)]
+    if tested:  # the answer's numbers, from the same values, in the same format
+        rows.append([f"mean ± std ({len(tested)} seeds)", "", pm(t.loss.mean, t.loss.std),
+                     pm(t.acc.mean, t.acc.std, ACC_DIGITS), "", "as in the answer"])
     return lines(
-        "## Test evaluation (winner only)", "",
+        "## Test evaluation (chosen config only)", "",
         table(["seed", "run", f"test loss ({st.loss_name})", "test acc", "MLflow", "note"], rows),
         "", f"Evaluated on `{t.device}` under each run's own precision from its "
         "`checkpoints/best.pt` artifact (the best-validation epoch).", "")
