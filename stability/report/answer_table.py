@@ -7,8 +7,9 @@ others. Every column names its procedure, so no number reads as another's:
 - ``at most (MCB 95%)``: its simultaneous upper bound, the one the guarantee is about;
 - ``vs <reference> [95% t CI]``: the level's main effect against the factor's reference with
   its per-contrast t interval (unadjusted), and ``verdict (Holm)``, the factor table's verdict;
-- ``time ×``: training seconds over the chosen level's; ``≈`` where the difference is inside
-  the run-to-run spread (``stats.cost``): the same cost.
+- ``time ×``: training seconds over the chosen level's; ``≈`` where the difference is not
+  shown beyond the run-to-run spread and ``report.cost_tolerance`` past it (``stats.cost``):
+  the same cost.
 """
 
 from __future__ import annotations
@@ -47,13 +48,13 @@ def _versus(an: FactorAnalysis | None, c: Choice, i: int, seq: Sequential | None
     return [f"{signed(e.mean)} [{signed(e.low)}, {signed(e.high)}]", word]
 
 
-def _time(c: Choice, i: int) -> str:
+def _time(c: Choice, i: int, tolerance: float) -> str:
     ratio = float(c.cost.ratio(c.chosen)[i])
     if not math.isfinite(ratio):
         return DASH
     pair = costs.Cost(c.cost.log_mean[[c.chosen, i]], c.cost.spread,
                       c.cost.runs[[c.chosen, i]])
-    same = bool(costs.equally_cheap(pair, [True, True]).all())
+    same = bool(costs.equally_cheap(pair, [True, True], tolerance).all())
     return f"{'≈' if same and i != c.chosen else ''}{ratio:.2f}×"
 
 
@@ -70,7 +71,7 @@ def rows(dec: Decision, an: FactorAnalysis | None, seq: Sequential | None = None
             upper = c.upper[i]
             out.append([heading if n == 0 else "", name, signed(c.gap[i]) if c.gap[i] else "0",
                         size(upper) if math.isfinite(upper) else DASH,
-                        *_versus(an, c, i, seq), _time(c, i)])
+                        *_versus(an, c, i, seq), _time(c, i, dec.cost_tolerance)])
     return out
 
 

@@ -70,25 +70,42 @@ def test_the_point_gap_is_what_the_upper_bound_bounds():
     assert (b.upper >= b.gap).all()
 
 
-def test_the_fallback_takes_the_simplest_level_whose_estimate_is_within_the_margin():
+def test_the_fallback_takes_the_lowest_estimate_when_nothing_is_shown_within():
+    """Nothing within: the level with the lowest point estimate (gap 0), not the simpler or
+    cheaper level whose estimate is also within the margin (level 1, 0.003 above)."""
     b = mcb.mcb(mcb.pairwise(Y), delta=0.005, alpha=0.05)
     assert not (b.status == mcb.WITHIN).any()
     pool = mcb.candidates(b.status, b.gap, 0.005)
-    assert pool.tolist() == [True, True, False]  # gaps 0, 0.003, 0.011
-    assert mcb.basis(b.status, b.gap, 0.005) == mcb.NEAR_BASIS
-    assert mcb.choose(pool, pool, np.array([1, 0, 0]), b.gap) == 1  # level 1 simpler
-    assert mcb.choose(pool, pool, np.array([0, 0, 0]), b.gap) == 0  # then the lowest mean
-    assert mcb.choose(pool, np.array([True, False, False]), np.array([1, 0, 0]), b.gap) == 0
+    assert pool.tolist() == [True, False, False]  # gaps 0, 0.003, 0.011
+    assert mcb.basis(b.status, b.gap, 0.005) == mcb.LOWEST_BASIS
+    assert mcb.choose(pool, pool, np.array([1, 0, 0]), b.gap) == 0  # simplicity: ties only
+    within = mcb.mcb(mcb.pairwise(TIGHT), delta=0.005, alpha=0.05)
+    assert mcb.candidates(within.status, within.gap, 0.005).tolist() == [True, False, False]
+    assert mcb.basis(within.status, within.gap, 0.005) == mcb.WITHIN_BASIS
 
 
-def test_seeds_to_within_is_the_first_count_at_which_every_bound_clears_the_margin():
+CHI2_20_4 = 1.649  # lower 20% point of chi-square, 4 df (published table, e.g. NIST 1.3.6.7.4)
+
+
+def test_seeds_to_within_sizes_each_pair_for_power_with_the_sds_upper_confidence_limit():
+    """The first count at which the binding pair clears the margin with 80% power: the t
+    quantiles of the bound (1 - alpha_each) and of the power (1 - 0.2 / pairs: both pairs
+    clear together), the SD at its upper 80% confidence limit sqrt(4 / chi2(0.2, 4)) times
+    the pilot's (Browne 1995)."""
     b = mcb.mcb(mcb.pairwise(Y), delta=0.005, alpha=0.05)
     n = int(mcb.seeds_to_within(b, 1, 0.005))
-    m, sd = float(b.mean[1, 0]), float(b.sd[1, 0])
+    up = math.sqrt(4 / CHI2_20_4)
+    assert up == pytest.approx(math.sqrt(4 / stats.chi2.ppf(0.2, 4)), rel=1e-3)
 
-    def bound(k: int) -> float:
-        return m + stats.t.ppf(0.975, k - 1) * sd / math.sqrt(k)
-    assert bound(n) <= 0.005 < bound(n - 1)
+    def bound(k: int, j: int) -> float:
+        m, sd = float(b.mean[1, j]), float(b.sd[1, j])
+        return m + (stats.t.ppf(0.975, k - 1) + stats.t.ppf(0.9, k - 1)) * up * sd / math.sqrt(k)
+    assert max(bound(n, 0), bound(n, 2)) <= 0.005 < max(bound(n - 1, 0), bound(n - 1, 2))
+    plug_in = 2  # the count the report printed before: the pilot's SD, the bound's quantile
+    while float(b.mean[1, 0]) + stats.t.ppf(0.975, plug_in - 1) * float(b.sd[1, 0]) \
+            / math.sqrt(plug_in) > 0.005:
+        plug_in += 1
+    assert n > 2 * plug_in
     assert math.isinf(mcb.seeds_to_within(b, 2, 0.005))  # its estimate is past the margin
 
 

@@ -14,7 +14,8 @@ from stability.design.factors import level_name, title
 from stability.report import format as fm
 from stability.report.factors import Effect, FactorAnalysis
 from stability.report.spending import Replayed, Sequential, contrast_name
-from stability.report.winner import CHOSEN_NEAR, CHOSEN_WITHIN, Choice, Decision
+from stability.report.winner import CHOSEN_LOWEST, CHOSEN_WITHIN, Choice, Decision
+from stability.stats.best import POWER
 from stability.stats.effects import EQUIVALENT, HELPS, HURTS
 
 
@@ -174,11 +175,12 @@ def _basis(choice: Choice, margin: float) -> str:
     seeds = choice.seeds_needed
     more = ("" if math.isnan(seeds) else
             "; more seeds cannot show it within" if math.isinf(seeds) else
-            f"; about {int(seeds)} seeds would show it within")
-    if choice.basis == CHOSEN_NEAR:
-        return (f"best guess: its estimate is within {m} of the best level's; shown only to be "
-                f"at most {bound} worse (MCB, simultaneous){more}")
-    return f"the lowest estimate; shown only to be at most {bound} worse (MCB, simultaneous)"
+            f"; {int(seeds)} seeds would show it within with {POWER:.0%} power")
+    if choice.basis == CHOSEN_LOWEST:
+        return (f"best guess: the lowest estimate, nothing shown within {m} of the best level; "
+                f"shown only to be at most {bound} worse (MCB, simultaneous){more}")
+    return (f"the next level in the rule's order (its first choice has an unfinished seed); "
+            f"shown only to be at most {bound} worse (MCB, simultaneous)")
 
 
 def _effects_of(an: FactorAnalysis, factor: str, seq: Sequential | None) -> str:
@@ -228,9 +230,12 @@ def guarantee(dec: Decision) -> str:
                    f"guarantee for all {len(dec.choices)} choices together).")
     if guessed:
         bounds = ", ".join(f"{_size(c.upper[c.chosen])}" for c in guessed)
-        out.append(f"Best guess, not shown: the chosen {_names(guessed)} "
-                   f"{'has' if len(guessed) == 1 else 'each have'} an estimate within {m} of "
-                   f"the best level; the data show only that "
+        lowest, next_ = "the lowest estimate", "the lowest estimate or the next in order (Note)"
+        out.append(f"Best guess, not shown: for {_names(guessed)} no level is shown within "
+                   f"{m} of the best, and the chosen "
+                   f"{'level has' if len(guessed) == 1 else 'levels have'} "
+                   f"{lowest if all(c.basis == CHOSEN_LOWEST for c in guessed) else next_}; "
+                   "the data show only that "
                    f"{'it is' if len(guessed) == 1 else 'they are'} at most {bounds} worse "
                    f"(same {level:.0%} simultaneous bounds). More seeds would tell.")
     return "Guarantee: " + " ".join(out)
