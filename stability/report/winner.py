@@ -192,13 +192,12 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
             mean=tuple(float(m) for m in mean), seconds=tuple(float(x) for x in mean_s),
             log_cost=tuple(float(x) for x in cost.log_mean), cost_spread=float(cost.spread),
             cost_runs=tuple(int(x) for x in cost.runs),
-            chosen=int(pick), preferred=int(pick), basis=_basis_of(b, int(pick), delta),
+            chosen=int(pick), preferred=int(pick), basis=_basis_of(b, int(pick)),
             seeds_needed=_seeds(b, int(pick), delta, power)))
     return _settle(table, configs, choices, factors, margin, alpha, cost_tolerance)
 
 
-def _basis_of(b: mcb.Best, i: int, delta: float) -> str:
-    del delta  # the status says what is within the margin
+def _basis_of(b: mcb.Best, i: int) -> str:
     return CHOSEN_WITHIN if b.status[i] == mcb.WITHIN else CHOSEN_LOWEST
 
 
@@ -249,14 +248,13 @@ def _settle(table: pd.DataFrame, configs: pd.DataFrame, choices: list[Choice],
     orders = [_order(c, margin, tolerance) for c in choices]
     combos = sorted(itertools.product(*(range(len(o)) for o in orders)),
                     key=lambda r: (sum(r), r))
-    delta = margin if math.isfinite(margin) else -math.inf
     for ranks in combos:
         picked = {n: c.levels[o[r]][i] for c, o, r in zip(choices, orders, ranks, strict=True)
                   for i, n in enumerate(c.factors)}
         fp = at.get(tuple(picked[n] for n in names))
         if fp is None:
             continue
-        final = [c if not r else _moved(c, o[r], delta)
+        final = [c if not r else _moved(c, o[r])
                  for c, o, r in zip(choices, orders, ranks, strict=True)]
         note = "" if not any(ranks) else (
             "the rule's first choice is not a fully finished config of the grid (a config with "
@@ -268,8 +266,7 @@ def _settle(table: pd.DataFrame, configs: pd.DataFrame, choices: list[Choice],
                     note="no config of the grid finished every seed: nothing is recommended")
 
 
-def _moved(c: Choice, i: int, delta: float) -> Choice:
+def _moved(c: Choice, i: int) -> Choice:
     """``c`` with level ``i`` chosen instead (shown within, or the next in the rule's order)."""
-    del delta  # the status says what is within the margin
     basis = CHOSEN_WITHIN if c.status[i] == mcb.WITHIN else CHOSEN_NEXT
     return Choice(**{**c.__dict__, "chosen": i, "basis": basis, "seeds_needed": math.nan})

@@ -155,10 +155,9 @@ def candidates(status: np.ndarray, gap: np.ndarray, delta: float | np.ndarray,
     """The levels the choice may take ``[..., k]`` (bool), per ``basis``.
 
     ``within``: the levels shown within the margin (``status``, which ``mcb`` set from
-    ``delta``). ``lowest``: the level(s) with the smallest point gap to the best, never one
-    shown worse unless every level is.
+    ``delta``, so ``delta`` itself is not read again). ``lowest``: the level(s) with the
+    smallest point gap to the best, never one shown worse unless every level is.
     """
-    del delta  # the status says which levels are within it (``mcb``)
     status = np.asarray(status)
     avail = status != ABSENT if available is None else (status != ABSENT) & available
     within = avail & (status == WITHIN)

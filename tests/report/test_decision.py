@@ -213,3 +213,36 @@ def test_alpha_is_split_over_the_choices_decided_together():
         whole = mcb.mcb(mcb.pairwise(y), 0.005, 0.05)
         assert c.upper == pytest.approx(tuple(split.upper))
         assert c.upper != pytest.approx(tuple(whole.upper))
+
+
+def test_the_reports_margin_is_five_percent_of_the_lowest_config_mean():
+    """``stages.weigh`` (what the report runs): 5% of the lowest of the 48 config means, which
+    the decision and every simulation use, not of the median or the first config."""
+    from stability.report import stages
+    from stability.report.fetch import Sweep
+    from stability.report.options import ReportConfig
+    from tests.helpers.synthetic import planted, runs_table, studies
+
+    y = studies(np.random.default_rng(5), 1, planted(accum=(0, 0.01, 0.03, 0.08)))[0]
+    runs = runs_table(y)
+    configs = aggregate(runs)
+    fetched = stages.Fetched(sweep=Sweep("e", "0", "s", None), runs=runs, configs=configs,
+                             set_aside=())
+    margin = stages.weigh(None, fetched, ReportConfig()).margin
+    means = configs["loss_mean"]
+    assert margin == pytest.approx(0.05 * means.min())
+    assert margin < 0.05 * means.median() - 1e-4
+
+
+def test_the_cost_floor_has_one_default():
+    """``stats.cost.FLOOR`` is the report's ``cost_tolerance`` default and the shipped one."""
+    from pathlib import Path
+
+    import yaml
+
+    from stability.report.options import ReportConfig
+
+    conf = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "report.yaml")
+                          .read_text())
+    assert conf["cost_tolerance"] == ReportConfig().cost_tolerance == costs.FLOOR == 0.1
+    assert to_report_config({"cost_tolerance": 0}).cost_tolerance == 0.0
