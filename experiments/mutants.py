@@ -22,6 +22,12 @@ MUTANTS = [
      "    low = np.min(np.where(fair, gap, np.inf), axis=-1, keepdims=True)\n",
      "    low = np.maximum(np.min(np.where(fair, gap, np.inf), axis=-1, keepdims=True),\n"
      "                     np.asarray(delta)[..., None] if np.ndim(delta) else delta)\n"),
+    ("no near tier: nothing within -> straight to the lowest estimate",
+     "stability/stats/best.py", "np.where(single <= delta, NEAR, OPEN)", "OPEN"),
+    ("near judged with the simultaneous quantile (the tier never differs from within)",
+     "stability/stats/best.py",
+     "t_one = stats.t.ppf(1 - np.asarray(alpha)[..., None, None]",
+     "t_one = stats.t.ppf(1 - np.asarray(alpha_each)[..., None, None]"),
     ("fallback -> cheapest not shown worse (the first rule)", "stability/stats/best.py",
      "    lowest = fair & (gap <= low)\n", "    lowest = fair.copy()\n"),
     ("shown worse judged at 0, not the margin", "stability/stats/best.py",

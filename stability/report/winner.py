@@ -4,8 +4,9 @@ For each factor (factors whose interaction is detected are one group, decided on
 levels) the levels are compared with the best one by multiple comparisons with the best
 (``stability.stats.best``), every run a paired piece of evidence with seeds as blocks. The
 candidates are the levels shown within the margin of the best (the guaranteed choice); if none
-is, the level with the lowest estimate (a best guess, printed with its simultaneous upper bound
-and the seeds that would show it within the margin with 80% power). Among the candidates the
+is, the levels within it one comparison at a time; if none is, the level with the lowest
+estimate (both best guesses, printed with the simultaneous upper bound and the seeds that would
+show the level within the margin with 80% power). Among the candidates the
 cheapest on the measured device is taken (a cost difference counts only when shown beyond the
 run-to-run spread of the study's own timings and 10% past it, ``stability.stats.cost``), then
 the simplest, then the lowest mean. The winner is the config those choices make; a config
@@ -30,9 +31,10 @@ from stability.report.factors import Cube, FactorAnalysis, design
 from stability.stats import best as mcb
 from stability.stats import cost as costs
 
-# What a choice rests on: shown within the margin / the lowest estimate (a best guess) / the
-# next level in the rule's order, taken because the first choice has an unfinished seed.
-CHOSEN_WITHIN, CHOSEN_LOWEST, CHOSEN_NEXT = mcb.WITHIN_BASIS, mcb.LOWEST_BASIS, "next"
+# What a choice rests on: shown within the margin / within it one comparison at a time / the
+# lowest estimate / the next level in the rule's order (the first choice has an unfinished seed).
+CHOSEN_WITHIN, CHOSEN_NEAR, CHOSEN_LOWEST = mcb.WITHIN_BASIS, mcb.NEAR_BASIS, mcb.LOWEST_BASIS
+CHOSEN_NEXT = "next"
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class Choice:
 
     factors: tuple[str, ...]
     levels: tuple[tuple[str, ...], ...]
-    status: tuple[str, ...]  # mcb.WITHIN / WORSE / OPEN / ABSENT per level
+    status: tuple[str, ...]  # mcb.WITHIN / NEAR / WORSE / OPEN / ABSENT per level
     upper: tuple[float, ...]  # simultaneous upper bound of (level - best level)
     gap: tuple[float, ...]  # point estimate of (level - best level)
     mean: tuple[float, ...]  # mean loss of the level's runs (unfinished at the worst loss)
@@ -55,7 +57,7 @@ class Choice:
     cost_runs: tuple[int, ...]  # runs with a measured cost at each level
     chosen: int  # index into ``levels`` of the winner's level
     preferred: int  # the rule's choice before the unfinished-seed check (usually ``chosen``)
-    basis: str  # CHOSEN_WITHIN / CHOSEN_LOWEST / CHOSEN_NEXT, of ``chosen``
+    basis: str  # CHOSEN_WITHIN / CHOSEN_NEAR / CHOSEN_LOWEST / CHOSEN_NEXT, of ``chosen``
     seeds_needed: float = math.nan  # seeds that would show ``chosen`` within (mcb.POWER)
 
     @property
@@ -198,7 +200,7 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
 
 
 def _basis_of(b: mcb.Best, i: int) -> str:
-    return CHOSEN_WITHIN if b.status[i] == mcb.WITHIN else CHOSEN_LOWEST
+    return {mcb.WITHIN: CHOSEN_WITHIN, mcb.NEAR: CHOSEN_NEAR}.get(str(b.status[i]), CHOSEN_LOWEST)
 
 
 def _seeds(b: mcb.Best, i: int, delta: float, power: float) -> float:
@@ -267,6 +269,7 @@ def _settle(table: pd.DataFrame, configs: pd.DataFrame, choices: list[Choice],
 
 
 def _moved(c: Choice, i: int) -> Choice:
-    """``c`` with level ``i`` chosen instead (shown within, or the next in the rule's order)."""
-    basis = CHOSEN_WITHIN if c.status[i] == mcb.WITHIN else CHOSEN_NEXT
+    """``c`` with level ``i`` chosen instead (shown within, within one comparison at a time,
+    or else the next in the rule's order)."""
+    basis = {mcb.WITHIN: CHOSEN_WITHIN, mcb.NEAR: CHOSEN_NEAR}.get(c.status[i], CHOSEN_NEXT)
     return Choice(**{**c.__dict__, "chosen": i, "basis": basis, "seeds_needed": math.nan})

@@ -51,8 +51,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-# within delta of the best / shown worse / neither / never run (no runs: never a candidate)
-WITHIN, WORSE, OPEN, ABSENT = "within", "worse", "open", "absent"
+# within delta of the best / within it one comparison at a time / shown worse / neither /
+# never run (no runs: never a candidate)
+WITHIN, NEAR, WORSE, OPEN, ABSENT = "within", "near", "worse", "open", "absent"
 
 
 def pairwise(y: np.ndarray) -> np.ndarray:
@@ -77,10 +78,13 @@ class Best:
         upper: ``U_i``, the simultaneous upper bound of ``mu_i - min_j mu_j`` (inf: a pair
             with fewer than 2 seeds).
         lower: ``L_i``, the largest lower bound of ``mu_i - mu_j`` over the other levels.
-        status: ``WITHIN`` (``U_i <= delta``), ``WORSE`` (``L_i > delta``) or ``OPEN``.
+        status: ``WITHIN`` (``U_i <= delta``), ``WORSE`` (``L_i > delta``), ``NEAR``
+            (``single <= delta``) or ``OPEN``.
         alpha_each: the one-sided level of each comparison (``[...]``).
         gap: ``max(0, max_j mean(d_ij))``, the point estimate of ``mu_i - min_j mu_j``.
         mean: ``mean(d_ij)`` ``[..., i, j]``; sd: the SD of ``d_ij`` over seeds; n: its seeds.
+        single: ``max(0, max_j mean(d_ij) + t(1 - alpha, n - 1) * se_ij)``: the same bound one
+            comparison at a time, each at the factor's whole ``alpha`` (not simultaneous).
     """
 
     upper: np.ndarray
@@ -91,6 +95,7 @@ class Best:
     mean: np.ndarray
     sd: np.ndarray
     n: np.ndarray
+    single: np.ndarray
 
 
 def mcb(d: np.ndarray, delta: float | np.ndarray, alpha: float) -> Best:
@@ -116,6 +121,7 @@ def mcb(d: np.ndarray, delta: float | np.ndarray, alpha: float) -> Best:
         sd = np.nanstd(d, axis=-1, ddof=1)
         se = sd / np.sqrt(n)
         t = stats.t.ppf(1 - np.asarray(alpha_each)[..., None, None], np.maximum(n - 1, 1))
+        t_one = stats.t.ppf(1 - np.asarray(alpha)[..., None, None], np.maximum(n - 1, 1))
     ok = n >= 2
     # Zero spread is not certainty: identical differences from a few seeds (or identical runs)
     # say nothing about a new seed's noise, so a pair without spread bounds nothing unless the
@@ -124,48 +130,57 @@ def mcb(d: np.ndarray, delta: float | np.ndarray, alpha: float) -> Best:
     hi = np.where(ok & ~degenerate, mean + t * np.nan_to_num(se), np.inf)
     lo = np.where(ok & ~degenerate, mean - t * np.nan_to_num(se), -np.inf)
     eye = np.eye(k, dtype=bool)
+    one = np.where(ok & ~degenerate, mean + t_one * np.nan_to_num(se), np.inf)
     hi = np.where(eye, -np.inf, hi)
     lo = np.where(eye, -np.inf, lo)
+    one = np.where(eye, -np.inf, one)
     upper = np.maximum(0.0, hi.max(axis=-1)) if k > 1 else np.zeros(d.shape[:-2])
+    single = np.maximum(0.0, one.max(axis=-1)) if k > 1 else np.zeros(d.shape[:-2])
     lower = lo.max(axis=-1) if k > 1 else np.full(d.shape[:-2], -np.inf)
     point = np.where(eye | ~np.isfinite(mean), -np.inf, mean)
     gap = np.maximum(0.0, point.max(axis=-1)) if k > 1 else np.zeros(d.shape[:-2])
     delta = np.asarray(delta, dtype=float)[..., None] if np.ndim(delta) else delta
-    status = np.where(upper <= delta, WITHIN, np.where(lower > delta, WORSE, OPEN))
+    status = np.where(upper <= delta, WITHIN, np.where(
+        lower > delta, WORSE, np.where(single <= delta, NEAR, OPEN)))
     status = np.where(present | (k == 1), status, ABSENT)
-    return Best(upper, lower, status, alpha_each, gap, mean, sd, n)
+    return Best(upper, lower, status, alpha_each, gap, mean, sd, n, single)
 
 
-WITHIN_BASIS, LOWEST_BASIS = "within", "lowest"
+WITHIN_BASIS, NEAR_BASIS, LOWEST_BASIS = "within", "near", "lowest"
 
 
 def basis(status: np.ndarray, gap: np.ndarray, delta: float | np.ndarray,
           available: np.ndarray | None = None) -> np.ndarray:
     """What the choice rests on ``[...]``: some available level shown within the margin
-    (``within``), else the lowest point estimate (``lowest``). ``gap`` and ``delta`` are
-    accepted as ``candidates`` takes them; the status already says what is within."""
+    (``within``), else some level within it one comparison at a time (``near``), else the
+    lowest point estimate (``lowest``). ``gap`` and ``delta`` are taken as ``candidates``
+    takes them; the status already says what is within (``mcb`` set it from ``delta``)."""
     status = np.asarray(status)
     avail = status != ABSENT if available is None else (status != ABSENT) & available
     within = (avail & (status == WITHIN)).any(axis=-1)
-    return np.where(within, WITHIN_BASIS, LOWEST_BASIS)
+    near = (avail & (status == NEAR)).any(axis=-1)
+    return np.where(within, WITHIN_BASIS, np.where(near, NEAR_BASIS, LOWEST_BASIS))
 
 
 def candidates(status: np.ndarray, gap: np.ndarray, delta: float | np.ndarray,
                available: np.ndarray | None = None) -> np.ndarray:
     """The levels the choice may take ``[..., k]`` (bool), per ``basis``.
 
-    ``within``: the levels shown within the margin (``status``, which ``mcb`` set from
-    ``delta``, so ``delta`` itself is not read again). ``lowest``: the level(s) with the
-    smallest point gap to the best, never one shown worse unless every level is.
+    ``within``: the levels shown within the margin. ``near``: the levels within it one
+    comparison at a time. ``lowest``: the level(s) with the smallest point gap to the best,
+    never one shown worse unless every level is. ``status`` says which levels are within
+    (``mcb`` set it from ``delta``, which is not read again).
     """
     status = np.asarray(status)
     avail = status != ABSENT if available is None else (status != ABSENT) & available
     within = avail & (status == WITHIN)
+    near = avail & (status == NEAR)
     fair = avail & (status != WORSE)
     fair = np.where(fair.any(axis=-1, keepdims=True), fair, avail)
     low = np.min(np.where(fair, gap, np.inf), axis=-1, keepdims=True)
     lowest = fair & (gap <= low)
-    return np.where(within.any(axis=-1, keepdims=True), within, lowest)
+    return np.where(within.any(axis=-1, keepdims=True), within,
+                    np.where(near.any(axis=-1, keepdims=True), near, lowest))
 
 
 def choose(pool: np.ndarray, cheap: np.ndarray, simplicity: np.ndarray,

@@ -118,8 +118,12 @@ def test_without_evidence_the_lowest_estimate_is_a_named_best_guess():
     assert "the lowest estimate" in text
     line = next(x for x in decision.choice_lines(dec, analysed(runs, 0.0005)[1])
                 if "Precision" in x)
-    assert "best guess: the lowest estimate, nothing shown within 0.0005" in line
+    assert "best guess: the lowest estimate, nothing within 0.0005 of the best level even one " \
+        "comparison at a time" in line
     assert re.search(r"; \d+ seeds would show it within with 80% power\)", line)
+    near = replace(dec, choices=tuple(replace(x, basis=winner.CHOSEN_NEAR) for x in dec.choices))
+    assert "each chosen level is within it of every other level one comparison at a time " \
+        "(one-sided 97.5% each)" in decision.guarantee(near)  # alpha over the 2 choices
 
 
 def test_cost_differences_inside_the_run_to_run_spread_do_not_decide():

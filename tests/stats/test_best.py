@@ -15,6 +15,7 @@ from stability.stats import effects as fx
 
 T_975_4 = 2.776  # one-sided 0.025 (= 0.05 over k - 1 = 2 comparisons), 4 df, published table
 T_9875_4 = 3.495  # what a two-sided (conservative) quantile would use instead
+T_95_4 = 2.132  # one-sided 0.05, 4 df: one comparison at the factor's whole alpha
 
 # Three levels, one cell, five seeds: y[level, cell, seed]. TIGHT: level 1 is 0.003 above
 # level 0 with little seed noise, level 2 0.011; LOOSE: the same means, five times the noise.
@@ -24,6 +25,9 @@ E2 = np.array([-0.0015, 0.002, 0.0, 0.0015, -0.002])
 TIGHT = np.stack([BASE, BASE + 0.003 + E1, BASE + 0.011 + E2 / 4])[:, None, :]
 LOOSE = np.stack([BASE, BASE + 0.003 + 5 * E1, BASE + 0.011 + 5 * E2])[:, None, :]
 Y = LOOSE
+# Nothing shown within 0.005, but levels 0 and 1 (0.0002 apart) are within it of every other
+# level one comparison at a time; level 2 is shown worse.
+NEARY = np.stack([BASE, BASE + 0.0002 + 2.6 * E1, BASE + 0.011 + 2.6 * E2 / 4])[:, None, :]
 
 
 def _by_hand(y: np.ndarray, t: float) -> tuple[list[float], list[float]]:
@@ -56,9 +60,10 @@ def test_mcb_bounds_match_the_published_one_sided_quantile(y):
 
 def test_shown_worse_means_worse_by_more_than_the_margin_not_merely_worse():
     """Level 1 is shown worse than level 0 (its lower bound is above 0) but not by more than
-    the margin: it is open, not worse. Level 2's lower bound clears the margin."""
+    the margin: it is not worse (within the margin one comparison at a time: near). Level 2's
+    lower bound clears the margin."""
     b = mcb.mcb(mcb.pairwise(TIGHT), delta=0.005, alpha=0.05)
-    assert 0 < b.lower[1] < 0.005 and b.status[1] == mcb.OPEN
+    assert 0 < b.lower[1] < 0.005 and b.status[1] == mcb.NEAR
     assert b.lower[2] > 0.005 and b.status[2] == mcb.WORSE
     assert b.status[0] == mcb.WITHIN
 
@@ -82,6 +87,24 @@ def test_the_fallback_takes_the_lowest_estimate_when_nothing_is_shown_within():
     within = mcb.mcb(mcb.pairwise(TIGHT), delta=0.005, alpha=0.05)
     assert mcb.candidates(within.status, within.gap, 0.005).tolist() == [True, False, False]
     assert mcb.basis(within.status, within.gap, 0.005) == mcb.WITHIN_BASIS
+
+
+def test_near_is_within_the_margin_one_comparison_at_a_time_and_the_choice_takes_it():
+    """``single`` is U_i with the one-sided quantile at the factor's whole alpha (published
+    t(0.95, 4) = 2.132), not split over the k - 1 comparisons; a level whose ``single`` is
+    within the margin but whose ``upper`` is not is ``near``. With nothing within, the near
+    levels are the candidates, and the simpler of them is taken though its estimate is not
+    the lowest; the level shown worse never is."""
+    b = mcb.mcb(mcb.pairwise(NEARY), delta=0.005, alpha=0.05)
+    single, _ = _by_hand(NEARY, T_95_4)
+    assert b.single == pytest.approx(single, abs=2e-5)
+    assert b.status.tolist() == [mcb.NEAR, mcb.NEAR, mcb.WORSE]
+    assert (b.upper[:2] > 0.005).all() and (b.single[:2] <= 0.005).all()
+    pool = mcb.candidates(b.status, b.gap, 0.005)
+    assert pool.tolist() == [True, True, False]
+    assert mcb.basis(b.status, b.gap, 0.005) == mcb.NEAR_BASIS
+    assert b.gap[1] > b.gap[0] and mcb.choose(pool, pool, np.array([1, 0, 0]), b.gap) == 1
+    assert mcb.choose(pool, np.array([True, False, False]), np.array([1, 0, 0]), b.gap) == 0
 
 
 CHI2_20_4 = 1.649  # lower 20% point of chi-square, 4 df (published table, e.g. NIST 1.3.6.7.4)

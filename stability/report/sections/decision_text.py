@@ -14,7 +14,7 @@ from stability.design.factors import level_name, title
 from stability.report import format as fm
 from stability.report.factors import Effect, FactorAnalysis
 from stability.report.spending import Replayed, Sequential, contrast_name
-from stability.report.winner import CHOSEN_LOWEST, CHOSEN_WITHIN, Choice, Decision
+from stability.report.winner import CHOSEN_LOWEST, CHOSEN_NEAR, CHOSEN_WITHIN, Choice, Decision
 from stability.stats.best import POWER
 from stability.stats.effects import EQUIVALENT, HELPS, HURTS
 
@@ -166,7 +166,7 @@ def _level_word(choice: Choice, i: int) -> str:
                                                           strict=True))
 
 
-def _basis(choice: Choice, margin: float) -> str:
+def _basis(choice: Choice, margin: float, single: float) -> str:
     m = _size(margin)
     bound = _size(choice.upper[choice.chosen])
     if choice.basis == CHOSEN_WITHIN:
@@ -176,9 +176,14 @@ def _basis(choice: Choice, margin: float) -> str:
     more = ("" if math.isnan(seeds) else
             "; more seeds cannot show it within" if math.isinf(seeds) else
             f"; {int(seeds)} seeds would show it within with {POWER:.0%} power")
+    if choice.basis == CHOSEN_NEAR:
+        return (f"best guess: within {m} of every other level one comparison at a time "
+                f"(one-sided {1 - single:.1%} each, not simultaneous); shown only to be at most "
+                f"{bound} worse (MCB, simultaneous){more}")
     if choice.basis == CHOSEN_LOWEST:
-        return (f"best guess: the lowest estimate, nothing shown within {m} of the best level; "
-                f"shown only to be at most {bound} worse (MCB, simultaneous){more}")
+        return (f"best guess: the lowest estimate, nothing within {m} of the best level even one "
+                f"comparison at a time; shown only to be at most {bound} worse (MCB, "
+                f"simultaneous){more}")
     return (f"the next level in the rule's order (its first choice has an unfinished seed); "
             f"shown only to be at most {bound} worse (MCB, simultaneous)")
 
@@ -206,7 +211,7 @@ def choice_lines(dec: Decision, an: FactorAnalysis, seq: Sequential | None = Non
         joint = " (decided jointly: they interact)" if len(c.factors) > 1 else ""
         effects = "; ".join(_effects_of(an, f, seq) for f in c.factors)
         lines.append(f"- **{heading} → {_level_word(c, c.chosen)}**{joint} "
-                     f"({_basis(c, dec.margin)}): {effects}.")
+                     f"({_basis(c, dec.margin, dec.alpha / len(dec.choices))}): {effects}.")
     return lines
 
 
@@ -230,12 +235,16 @@ def guarantee(dec: Decision) -> str:
                    f"guarantee for all {len(dec.choices)} choices together).")
     if guessed:
         bounds = ", ".join(f"{_size(c.upper[c.chosen])}" for c in guessed)
-        lowest, next_ = "the lowest estimate", "the lowest estimate or the next in order (Note)"
+        single = 1 - dec.alpha / len(dec.choices)
+        why = {CHOSEN_NEAR: f"is within it of every other level one comparison at a time "
+                            f"(one-sided {single:.1%} each)",
+               CHOSEN_LOWEST: "has the lowest estimate"}
+        reasons = [why.get(c.basis, "is the next in the rule's order (Note)") for c in guessed]
+        said = (reasons[0] if len(set(reasons)) == 1 else
+                "; ".join(f"{_names([c])}: {r}" for c, r in zip(guessed, reasons, strict=True)))
+        each = "the chosen level" if len(guessed) == 1 else "each chosen level"
         out.append(f"Best guess, not shown: for {_names(guessed)} no level is shown within "
-                   f"{m} of the best, and the chosen "
-                   f"{'level has' if len(guessed) == 1 else 'levels have'} "
-                   f"{lowest if all(c.basis == CHOSEN_LOWEST for c in guessed) else next_}; "
-                   "the data show only that "
+                   f"{m} of the best; {each} {said}; the data show only that "
                    f"{'it is' if len(guessed) == 1 else 'they are'} at most {bounds} worse "
                    f"(same {level:.0%} simultaneous bounds). More seeds would tell.")
     return "Guarantee: " + " ".join(out)
