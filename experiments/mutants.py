@@ -31,7 +31,7 @@ MUTANTS = [
     ("fallback -> cheapest not shown worse (the first rule)", "stability/stats/best.py",
      "    lowest = fair & (gap <= low)\n", "    lowest = fair.copy()\n"),
     ("shown worse judged at 0, not the margin", "stability/stats/best.py",
-     "np.where(lower > delta, WORSE, OPEN)", "np.where(lower > 0, WORSE, OPEN)"),
+     "        lower > delta, WORSE, np.where(", "        lower > 0, WORSE, np.where("),
     ("cost spread threshold x10", "stability/stats/cost.py",
      "shown = lower > s + np.log1p(floor)", "shown = lower > 10 * (s + np.log1p(floor))"),
     ("cost cut at the larger of spread and floor, not the floor beyond the spread",
