@@ -107,6 +107,18 @@ def test_near_is_within_the_margin_one_comparison_at_a_time_and_the_choice_takes
     assert mcb.choose(pool, np.array([True, False, False]), np.array([1, 0, 0]), b.gap) == 0
 
 
+def test_a_level_never_run_is_no_comparison():
+    """A grid that is not fully crossed is decided as one group of joint levels, most of them
+    never run: they are absent, and the levels that ran get the bounds of their own comparisons
+    (before, every bound was infinite as soon as one level had no runs)."""
+    absent = np.concatenate([LOOSE, np.full((1, 1, 5), np.nan)])
+    b = mcb.mcb(mcb.pairwise(absent), delta=0.005, alpha=0.05)
+    ran = mcb.mcb(mcb.pairwise(LOOSE), delta=0.005, alpha=0.05)
+    assert b.status[3] == mcb.ABSENT and np.isfinite(b.upper[:3]).all()
+    assert b.upper[:3] == pytest.approx(ran.upper) and b.single[:3] == pytest.approx(ran.single)
+    assert b.status[:3].tolist() == ran.status.tolist()
+
+
 CHI2_20_4 = 1.649  # lower 20% point of chi-square, 4 df (published table, e.g. NIST 1.3.6.7.4)
 
 
