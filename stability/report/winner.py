@@ -6,10 +6,10 @@ levels) the levels are compared with the best one by multiple comparisons with t
 candidates are the levels shown within the margin of the best (the guaranteed choice); if none
 is, the levels within it one comparison at a time; if none is, the level with the lowest
 estimate (both best guesses, printed with the simultaneous upper bound and the seeds that would
-show the level within the margin with 80% power). Among the candidates the
-cheapest on the measured device is taken (a cost difference counts only when shown beyond the
-run-to-run spread of the study's own timings and 10% past it, ``stability.stats.cost``), then
-the simplest, then the lowest mean. The winner is the config those choices make; a config
+show the level within the margin with 80% power). Among the candidates the cheapest on the
+measured device is taken (a cost difference counts only when shown beyond the run-to-run
+spread of the study's own timings and 10% past it, ``stability.stats.cost``), then the
+simplest, then the lowest mean. The winner is the config those choices make; a config
 with an unfinished seed is never the winner (the next choice in order is taken instead). It is
 the one config the sealed test is opened for. docs/report.md ("The decision") gives the method
 and why.
