@@ -19,8 +19,8 @@ known, and zero spread (identical run times) is not certainty that 1% matters: t
 variation that counts. Why beyond it and not merely past the larger of the two: a cut at the
 spread alone sits where the default study's own costs are (accum 4 at 0.84x, a log difference
 of 0.17, against a spread of ~0.125 and a cut at ~0.16), so two draws of the same timings chose
-different configs in 5.4% of null studies of 20 seeds (simulated); with the floor beyond the
-spread the cut is at ~0.26 and they did not flip (tests/report/test_decision_simulation.py).
+different configs in 5.8% [5.0, 6.7] of null studies of 20 seeds; with the floor beyond the
+spread the cut is at ~0.26 and they did not flip (tests/report/test_decision_choice.py).
 On the default study's wall-clock runs ``s`` is 0.178 (a run's time varies by about 19%) and
 max_norm 10 vs clip off differs by 0.117: the same cost (tests/stats/test_cost.py reads that
 study). Works on arrays with leading batch axes, so the simulations run this code.
