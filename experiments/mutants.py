@@ -17,17 +17,40 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = [
-    ("fallback -> argmin of the means", "stability/stats/best.py",
-     "within,\n                    np.where(near.any(axis=-1, keepdims=True), near, lowest))",
-     "within, lowest)"),
-    ("fallback -> cheapest not shown worse (the old rule)", "stability/stats/best.py",
-     "    near = avail & (status != WORSE) & (gap <= d)\n    low",
-     "    near = avail & (status != WORSE)\n    low"),
+    ("fallback -> cheapest, simplest level near the margin (the second pass's rule)",
+     "stability/stats/best.py",
+     "    low = np.min(np.where(fair, gap, np.inf), axis=-1, keepdims=True)\n",
+     "    low = np.maximum(np.min(np.where(fair, gap, np.inf), axis=-1, keepdims=True),\n"
+     "                     np.asarray(delta)[..., None] if np.ndim(delta) else delta)\n"),
+    ("no near tier: nothing within -> straight to the lowest estimate",
+     "stability/stats/best.py", "np.where(single <= delta, NEAR, OPEN)", "OPEN"),
+    ("near judged with the simultaneous quantile (the tier never differs from within)",
+     "stability/stats/best.py",
+     "t_one = stats.t.ppf(1 - np.asarray(alpha)[..., None, None]",
+     "t_one = stats.t.ppf(1 - np.asarray(alpha_each)[..., None, None]"),
+    ("fallback -> cheapest not shown worse (the first rule)", "stability/stats/best.py",
+     "    lowest = fair & (gap <= low)\n", "    lowest = fair.copy()\n"),
     ("shown worse judged at 0, not the margin", "stability/stats/best.py",
-     "np.where(lower > delta, WORSE, OPEN)", "np.where(lower > 0, WORSE, OPEN)"),
+     "        lower > delta, WORSE, np.where(", "        lower > 0, WORSE, np.where("),
     ("cost spread threshold x10", "stability/stats/cost.py",
-     "shown = lower > np.maximum(s, np.log1p(floor))",
-     "shown = lower > 10 * np.maximum(s, np.log1p(floor))"),
+     "shown = lower > s + np.log1p(floor)", "shown = lower > 10 * (s + np.log1p(floor))"),
+    ("cost cut at the larger of spread and floor, not the floor beyond the spread",
+     "stability/stats/cost.py",
+     "shown = lower > s + np.log1p(floor)", "shown = lower > np.maximum(s, np.log1p(floor))"),
+    ("1.645 se dropped from the shown-costlier bound", "stability/stats/cost.py",
+     "    lower = cost.log_mean - cheapest - stats.norm.ppf(CONFIDENCE) * se\n",
+     "    lower = cost.log_mean - cheapest\n"),
+    ("no cost floor by default", "stability/stats/cost.py",
+     "FLOOR = 0.10", "FLOOR = 0.0"),
+    ("margin from the median config mean, not the lowest", "stability/design/margin.py",
+     "return self.of(min((float(m) for m in means if not math.isnan(m)), default=math.inf))",
+     "return self.of(__import__('statistics').median([float(m) for m in means\n"
+     "                                                if not math.isnan(m)] or [math.inf]))"),
+    ("seeds to decide with the pilot's own SD", "stability/stats/best.py",
+     "        up = sd * math.sqrt((n0 - 1) / stats.chi2.ppf(1 - sd_confidence, n0 - 1))\n",
+     "        up = sd\n"),
+    ("seeds to decide without the power quantile", "stability/stats/best.py",
+     "(stats.t.ppf(q, k - 1) + stats.t.ppf(q_power, k - 1))", "(stats.t.ppf(q, k - 1))"),
     ("conservative two-sided MCB quantile", "stability/stats/best.py",
      "t = stats.t.ppf(1 - np.asarray(alpha_each)[..., None, None]",
      "t = stats.t.ppf(1 - np.asarray(alpha_each)[..., None, None] / 2"),
@@ -40,8 +63,8 @@ MUTANTS = [
     ("alpha not split over the choices", "stability/report/winner.py",
      "delta, alpha / len(parts),", "delta, alpha,"),
 ]
-TESTS = ["tests/stats", "tests/report/test_decision.py", "tests/report/test_decision_simulation.py",
-         "tests/stats/test_effects.py"]
+TESTS = ["tests/stats", "tests/design/test_margin.py", "tests/report/test_decision.py",
+         "tests/report/test_decision_simulation.py", "tests/report/test_decision_choice.py"]
 
 
 def main() -> int:

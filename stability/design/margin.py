@@ -4,12 +4,14 @@
 config's mean loss written with ``%`` (``"5%"``, surrounding whitespace ignored, strictly
 between 0 and 100) or a loss difference > 0 (a number, not a string). ``Margin.of`` turns it
 into loss units; the statistics take that number (or ``Margin.of`` itself, where the best
-mean is known only at the first look).
+mean is known only at the first look). ``Margin.lowest`` is the report's margin: the share of the
+lowest config mean (the one place that rule lives; the decision's simulations call it too).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from stability.core.validation import ConfigError
@@ -67,6 +69,12 @@ class Margin:
         if not self.relative:
             return self.value
         return self.value / 100 * abs(loss) if math.isfinite(loss) else math.nan
+
+    def lowest(self, means: Iterable[float]) -> float:
+        """In loss units, for a study whose configs have these mean losses: the share of the
+        lowest mean (NaN means ignored; +inf, a config with an unfinished seed, is never the
+        lowest unless all are: then NaN, as ``of``)."""
+        return self.of(min((float(m) for m in means if not math.isnan(m)), default=math.inf))
 
     @property
     def spec(self) -> str | float:

@@ -8,8 +8,8 @@ others. Every column names its procedure, so no number reads as another's:
 - ``vs <reference> [95% t CI]``: the level's main effect against the factor's reference with
   its per-contrast t interval (unadjusted), and ``verdict (Holm)``, the factor table's verdict;
 - ``time × reference``: training seconds over the reference level's, the factor table's number
-  (``time_ratio``); ``≈`` where the level's cost cannot be told from the chosen level's (inside
-  the run-to-run spread, ``stats.cost``);
+  (``time_ratio``); ``≈`` where the level's cost cannot be told from the chosen level's (not
+  shown beyond the run-to-run spread and ``report.cost_tolerance`` past it, ``stats.cost``);
 - ``why``: the rule's step that decided the chosen level, or what kept a level out
   (``reasons.why``).
 """
@@ -81,18 +81,18 @@ def time_ratio(an: FactorAnalysis | None, c: Choice, i: int) -> float:
     return float(c.cost.ratio(ref)[i]) if ref is not None else math.nan
 
 
-def same_cost(c: Choice, i: int) -> bool:
-    """Level ``i``'s cost cannot be told from the chosen level's (inside the run-to-run spread)."""
+def same_cost(c: Choice, i: int, tolerance: float) -> bool:
+    """Level ``i``'s cost cannot be told from the chosen level's (not beyond the spread and the floor)."""
     pair = costs.Cost(c.cost.log_mean[[c.chosen, i]], c.cost.spread,
                       c.cost.runs[[c.chosen, i]])
-    return bool(costs.equally_cheap(pair, [True, True]).all())
+    return bool(costs.equally_cheap(pair, [True, True], tolerance).all())
 
 
-def _time(an: FactorAnalysis | None, c: Choice, i: int) -> str:
+def _time(an: FactorAnalysis | None, c: Choice, i: int, tolerance: float) -> str:
     ratio = time_ratio(an, c, i)
     if not math.isfinite(ratio):
         return DASH
-    return f"{'≈' if i != c.chosen and same_cost(c, i) else ''}{ratio:.2f}×"
+    return f"{'≈' if i != c.chosen and same_cost(c, i, tolerance) else ''}{ratio:.2f}×"
 
 
 def rows(dec: Decision, an: FactorAnalysis | None, seq: Sequential | None = None,
@@ -109,7 +109,7 @@ def rows(dec: Decision, an: FactorAnalysis | None, seq: Sequential | None = None
             upper = c.upper[i]
             out.append([heading if n == 0 else "", name, signed(c.gap[i]) if c.gap[i] else "0",
                         size(upper) if math.isfinite(upper) else DASH,
-                        *_versus(an, c, i, seq), _time(an, c, i),
+                        *_versus(an, c, i, seq), _time(an, c, i, dec.cost_tolerance),
                         why(dec, c, i, firsts[k], steadied)])
     return out
 

@@ -18,6 +18,7 @@ from stability.design.margin import ALLOWED as MARGIN_ALLOWED
 from stability.design.margin import Margin
 from stability.report.advice import ClipAdviceConfig
 from stability.report.health import Thresholds
+from stability.stats import cost as costs
 
 DEVICES = ("auto", "cpu", "cuda")
 NAME_HASH = 10  # hex digits of the experiment name's hash in a derived model name
@@ -41,16 +42,17 @@ class ReportConfig:
         device: where the winner's checkpoints are evaluated on the test split.
         confidence: level of every confidence interval.
         alpha: significance level of the paired tests.
-        power: power at which the minimum detectable difference is reported.
+        power: power at which the minimum detectable difference and the seeds that would
+            decide an open choice (``stats.best.seeds_to_within``) are reported.
         min_effect: the difference (loss units) whose required seed count is reported; None
             means ``min_effect_sd`` times the winner's seed SD.
         min_effect_sd: see ``min_effect``.
         margin: the equivalence margin: ``"5%"`` of the lowest config mean best validation loss,
             or a number in loss units. Differences inside it are "equivalent" when TOST shows
             it.
-        cost_tolerance: a share a training-time difference must exceed, beside the study's
-            measured run-to-run spread, before one candidate level counts as cheaper
-            (``stats.cost``; 0: the spread alone).
+        cost_tolerance: the share a training-time difference must exceed beyond the study's
+            measured run-to-run spread before one candidate level counts as cheaper
+            (``stats.cost``; default ``stats.cost.FLOOR``, 10%; 0: the spread alone).
         memory_budget_mb: the most a config may use (its runs' median ``peak_memory_mb``);
             configs over it are set aside before the decision (``report.memory``). None: no
             budget.
@@ -76,7 +78,7 @@ class ReportConfig:
     min_effect: float | None = None
     min_effect_sd: float = 1.0
     margin: str | float = "5%"
-    cost_tolerance: float = 0.0
+    cost_tolerance: float = costs.FLOOR
     memory_budget_mb: float | None = None
     register: bool = True
     model_name: str | None = None

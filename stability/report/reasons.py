@@ -1,8 +1,9 @@
 """Why each level was chosen or left out, in the rule's own terms (the answer table's ``why``).
 
-The rule (``select.DECISION_RULE``) decides in order: validation (the candidates: levels within
-the margin of the best), cost (the cheapest candidates, a difference inside the run-to-run
-spread counting as none), simplicity, then the lowest mean; a config with an unfinished seed
+The rule (``select.DECISION_RULE``) decides in order: validation (the candidates of
+``stats.best.candidates``: levels shown within the margin of the best, else within it one
+comparison at a time, else the lowest estimate), cost (the cheapest candidates, a difference
+not shown beyond the run-to-run spread and the cost floor counting as none), simplicity, then the lowest mean; a config with an unfinished seed
 is never chosen, and stability (``steady``) may swap a marginal or unstable choice for a stable
 twin. ``why`` names the step that decided a group's chosen level and, for every other level,
 the step that kept it out, from the same numbers the decision used (``stats.best.candidates``,
@@ -65,8 +66,11 @@ def why(dec: Decision, c: Choice, i: int, first: int, steadied: Steadied | None)
         if i != c.preferred:
             return "the next in order: the first choice's config has an unfinished seed"
         if pool.sum() == 1:
-            shown = "shown" if status[i] == mcb.WITHIN else "estimated"
-            return f"validation: the only level {shown} within the margin"
+            if status[i] == mcb.WITHIN:
+                return "validation: the only level shown within the margin"
+            if status[i] == mcb.NEAR:
+                return "validation: the only level within the margin of each other one"
+            return "validation: none shown within the margin; the lowest estimate"
         if cheap.sum() == 1:
             return "cost: the cheapest level within the margin"
         tied = cheap & (simple == simple[i])
@@ -83,9 +87,12 @@ def why(dec: Decision, c: Choice, i: int, first: int, steadied: Steadied | None)
             return "validation: shown worse by more than the margin"
         if gap[i] > delta:
             return "validation: estimate past the margin"
+        if not (status[pool] == mcb.WITHIN).any() and not (status[pool] == mcb.NEAR).any():
+            return "validation: a higher estimate (none is shown within the margin)"
         return "validation: not shown within the margin (others are)"
     if not cheap[i]:
-        return f"cost: shown costlier, beyond the run-to-run spread ({_spread(c)})"
+        return (f"cost: shown costlier, beyond the run-to-run spread ({_spread(c)}) and "
+                f"{dec.cost_tolerance:.0%}")
     if simple[i] > simple[c.chosen]:
         return f"simplicity: same cost ({_spread(c)}), less simple"
     return f"same cost ({_spread(c)}) and simplicity, higher mean"

@@ -124,7 +124,7 @@ class Evidence:
 def weigh(c: Any, fetched: Fetched, cfg: ReportConfig) -> Evidence:
     """The factor analysis and, for an adaptive sweep, the replay of the looks it took."""
     runs, configs = fetched.runs, fetched.configs
-    margin = Margin.parse(cfg.margin).of(float(configs.iloc[0]["loss_mean"]))
+    margin = Margin.parse(cfg.margin).lowest(configs["loss_mean"])
     analysis = factors.analyse(runs, configs, margin, cfg.alpha, cfg.confidence, cfg.power)
     notes: list[str] = []
     spent, sequential = spending.replayed(c, fetched.sweep.parent_run_id, runs, configs, notes)
@@ -163,7 +163,7 @@ def decide(fetched: Fetched, evidence: Evidence, cfg: ReportConfig) -> Decided:
     """Choose the winner on validation and compare it with the rest, paired by seed."""
     runs, margin = fetched.runs, evidence.margin
     decision = decide_winner(runs, fetched.configs, evidence.analysis, margin, cfg.alpha,
-                             cfg.cost_tolerance)
+                             cfg.cost_tolerance, cfg.power)
     return _against(fetched, decision, margin, cfg)
 
 

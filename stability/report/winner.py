@@ -4,13 +4,15 @@ For each factor (factors whose interaction is detected are one group, decided on
 levels) the levels are compared with the best one by multiple comparisons with the best
 (``stability.stats.best``), every run a paired piece of evidence with seeds as blocks. The
 candidates are the levels shown within the margin of the best (the guaranteed choice); if none
-is, the levels whose point estimate of the gap to the best is within the margin (a best guess,
-printed with its simultaneous upper bound and the seeds that would decide it). Among the
-candidates the cheapest on the measured device is taken (costs within the run-to-run spread
-of the study's own timings count as equal, ``stability.stats.cost``), then the simplest, then
-the lowest mean. The winner is the config those choices make; a config with an unfinished seed
-is never the winner (the next choice in order is taken instead). It is the one config the
-sealed test is opened for. docs/report.md ("The decision") gives the method and why.
+is, the levels within it one comparison at a time; if none is, the level with the lowest
+estimate (both best guesses, printed with the simultaneous upper bound and the seeds that would
+show the level within the margin with 80% power). Among the candidates the cheapest on the
+measured device is taken (a cost difference counts only when shown beyond the run-to-run
+spread of the study's own timings and 10% past it, ``stability.stats.cost``), then the
+simplest, then the lowest mean. The winner is the config those choices make; a config
+with an unfinished seed is never the winner (the next choice in order is taken instead). It is
+the one config the sealed test is opened for. docs/report.md ("The decision") gives the method
+and why.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from stability.report.factors import Cube, FactorAnalysis, design
 from stability.stats import best as mcb
 from stability.stats import cost as costs
 
-# What a choice rests on: shown within the margin / point estimate within it / neither.
+# What a choice rests on: shown within the margin / within it one comparison at a time / the
+# lowest estimate / the next level in the rule's order (the first choice has an unfinished seed).
 CHOSEN_WITHIN, CHOSEN_NEAR, CHOSEN_LOWEST = mcb.WITHIN_BASIS, mcb.NEAR_BASIS, mcb.LOWEST_BASIS
+CHOSEN_NEXT = "next"
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ class Choice:
 
     factors: tuple[str, ...]
     levels: tuple[tuple[str, ...], ...]
-    status: tuple[str, ...]  # mcb.WITHIN / WORSE / OPEN / ABSENT per level
+    status: tuple[str, ...]  # mcb.WITHIN / NEAR / WORSE / OPEN / ABSENT per level
     upper: tuple[float, ...]  # simultaneous upper bound of (level - best level)
     gap: tuple[float, ...]  # point estimate of (level - best level)
     mean: tuple[float, ...]  # mean loss of the level's runs (unfinished at the worst loss)
@@ -53,8 +57,8 @@ class Choice:
     cost_runs: tuple[int, ...]  # runs with a measured cost at each level
     chosen: int  # index into ``levels`` of the winner's level
     preferred: int  # the rule's choice before the unfinished-seed check (usually ``chosen``)
-    basis: str  # CHOSEN_WITHIN / CHOSEN_NEAR / CHOSEN_LOWEST, of ``chosen``
-    seeds_needed: float = math.nan  # seeds that would show ``chosen`` within the margin
+    basis: str  # CHOSEN_WITHIN / CHOSEN_NEAR / CHOSEN_LOWEST / CHOSEN_NEXT, of ``chosen``
+    seeds_needed: float = math.nan  # seeds that would show ``chosen`` within (mcb.POWER)
 
     @property
     def cost(self) -> costs.Cost:
@@ -148,7 +152,8 @@ def level_choice(y: np.ndarray, k: int, axes: list[int], delta: float | np.ndarr
 
 
 def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
-           margin: float, alpha: float = 0.05, cost_tolerance: float = 0.0) -> Decision:
+           margin: float, alpha: float = 0.05, cost_tolerance: float = costs.FLOOR,
+           power: float = mcb.POWER) -> Decision:
     """The winner of the study, factor by factor.
 
     Args:
@@ -157,7 +162,8 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
         an: the factor analysis (its interactions group the factors); None: no grouping.
         margin: the margin of "within the best" (loss units).
         alpha: the error the whole decision may spend (split over the groups).
-        cost_tolerance: a share a cost difference must exceed beside the measured spread.
+        cost_tolerance: the share a cost difference must exceed beyond the measured spread.
+        power: of the seeds that would show an open choice within the margin.
     """
     table, factors = design(runs, configs)
     if not factors:  # one config: nothing to decide
@@ -188,22 +194,21 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
             mean=tuple(float(m) for m in mean), seconds=tuple(float(x) for x in mean_s),
             log_cost=tuple(float(x) for x in cost.log_mean), cost_spread=float(cost.spread),
             cost_runs=tuple(int(x) for x in cost.runs),
-            chosen=int(pick), preferred=int(pick), basis=_basis_of(b, int(pick), delta),
-            seeds_needed=_seeds(b, int(pick), delta)))
+            chosen=int(pick), preferred=int(pick), basis=_basis_of(b, int(pick)),
+            seeds_needed=_seeds(b, int(pick), delta, power)))
     return _settle(table, configs, choices, factors, margin, alpha, cost_tolerance)
 
 
-def _basis_of(b: mcb.Best, i: int, delta: float) -> str:
-    if b.status[i] == mcb.WITHIN:
-        return CHOSEN_WITHIN
-    return CHOSEN_NEAR if b.gap[i] <= delta else CHOSEN_LOWEST
+def _basis_of(b: mcb.Best, i: int) -> str:
+    return {mcb.WITHIN: CHOSEN_WITHIN, mcb.NEAR: CHOSEN_NEAR}.get(str(b.status[i]), CHOSEN_LOWEST)
 
 
-def _seeds(b: mcb.Best, i: int, delta: float) -> float:
-    """Seeds that would show level ``i`` within the margin (NaN: already shown, or no margin)."""
+def _seeds(b: mcb.Best, i: int, delta: float, power: float) -> float:
+    """Seeds that would show level ``i`` within the margin with probability ``power`` (NaN:
+    already shown, or no margin)."""
     if b.status[i] == mcb.WITHIN or not math.isfinite(delta):
         return math.nan
-    return mcb.seeds_to_within(b, i, delta)
+    return mcb.seeds_to_within(b, i, delta, power)
 
 
 def _order(c: Choice, margin: float, tolerance: float) -> list[int]:
@@ -245,14 +250,13 @@ def _settle(table: pd.DataFrame, configs: pd.DataFrame, choices: list[Choice],
     orders = [_order(c, margin, tolerance) for c in choices]
     combos = sorted(itertools.product(*(range(len(o)) for o in orders)),
                     key=lambda r: (sum(r), r))
-    delta = margin if math.isfinite(margin) else -math.inf
     for ranks in combos:
         picked = {n: c.levels[o[r]][i] for c, o, r in zip(choices, orders, ranks, strict=True)
                   for i, n in enumerate(c.factors)}
         fp = at.get(tuple(picked[n] for n in names))
         if fp is None:
             continue
-        final = [c if not r else _moved(c, o[r], delta)
+        final = [c if not r else _moved(c, o[r])
                  for c, o, r in zip(choices, orders, ranks, strict=True)]
         note = "" if not any(ranks) else (
             "the rule's first choice is not a fully finished config of the grid (a config with "
@@ -264,8 +268,8 @@ def _settle(table: pd.DataFrame, configs: pd.DataFrame, choices: list[Choice],
                     note="no config of the grid finished every seed: nothing is recommended")
 
 
-def _moved(c: Choice, i: int, delta: float) -> Choice:
-    """``c`` with level ``i`` chosen instead (its basis from its own status and gap)."""
-    basis = (CHOSEN_WITHIN if c.status[i] == mcb.WITHIN else
-             CHOSEN_NEAR if c.gap[i] <= delta else CHOSEN_LOWEST)
+def _moved(c: Choice, i: int) -> Choice:
+    """``c`` with level ``i`` chosen instead (shown within, within one comparison at a time,
+    or else the next in the rule's order)."""
+    basis = {mcb.WITHIN: CHOSEN_WITHIN, mcb.NEAR: CHOSEN_NEAR}.get(c.status[i], CHOSEN_NEXT)
     return Choice(**{**c.__dict__, "chosen": i, "basis": basis, "seeds_needed": math.nan})

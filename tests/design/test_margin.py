@@ -48,3 +48,14 @@ def test_the_report_and_the_sweep_accept_and_refuse_the_same_margins() -> None:
             to_report_config({"margin": spec})
         with pytest.raises(ConfigError, match="margin=.* is invalid: allowed values are a share"):
             Settings(margin=spec)
+
+
+def test_the_reports_margin_is_the_share_of_the_lowest_config_mean() -> None:
+    """5% of the lowest mean (0.07), not of the median (0.08) or the first given; a config with
+    an unfinished seed (+inf) or no runs (NaN) is never the lowest unless nothing else is."""
+    means = [0.09, math.inf, 0.08, math.nan, 0.07, 0.085]
+    assert Margin.parse("5%").lowest(means) == pytest.approx(0.0035)
+    assert Margin.parse("5%").lowest(reversed(means)) == pytest.approx(0.0035)
+    assert math.isnan(Margin.parse("5%").lowest([math.inf, math.nan]))
+    assert Margin.parse(0.002).lowest(means) == 0.002
+

@@ -10,10 +10,15 @@ training seconds per run by precision (fp16 ~6x and bf16 ~2.6x fp32 on these CPU
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
 from scipy import stats
+
+from stability.design.margin import Margin
+from stability.report import winner
+from stability.stats import cost as costs
 
 CLIPS, ACCUMS, PRECISIONS, SEEDS = (None, 1.0, 5.0, 10.0), (1, 2, 4, 8), ("fp32", "bf16", "fp16"), 5
 SHAPE = (len(CLIPS), len(ACCUMS), len(PRECISIONS), SEEDS)
@@ -24,22 +29,23 @@ SECONDS = {"fp32": 9.0, "bf16": 23.5, "fp16": 55.0}
 
 def studies(rng: np.random.Generator, n: int, effect: np.ndarray | None = None,
             run: float | np.ndarray = NOISE["run"], seed_by_clip: float = 0.0,
-            tails: float = math.inf) -> np.ndarray:
+            tails: float = math.inf, seeds: int = SEEDS) -> np.ndarray:
     """``n`` studies ``y[n, clip, accum, precision, seed]``: base + effects + seed + noise.
 
     ``run`` may be an array of the grid's shape without seeds (unequal noise per config);
     ``seed_by_clip`` adds a seed x clip-level interaction; ``tails`` < inf draws the run noise
-    from a Student t with that many df (scaled to ``run``).
+    from a Student t with that many df (scaled to ``run``); ``seeds``: seeds per config.
     """
+    shape = (*SHAPE[:-1], seeds)
     y = NOISE["loss"] + (0.0 if effect is None else effect)
-    y = y + rng.normal(0, NOISE["seed"], (n, 1, 1, 1, SEEDS))
-    y = y + rng.normal(0, seed_by_clip, (n, len(CLIPS), 1, 1, SEEDS))
+    y = y + rng.normal(0, NOISE["seed"], (n, 1, 1, 1, seeds))
+    y = y + rng.normal(0, seed_by_clip, (n, len(CLIPS), 1, 1, seeds))
     sd = np.asarray(run, dtype=float)
     sd = sd[..., None] if sd.ndim == 3 else sd
     if math.isinf(tails):
-        noise = rng.normal(0, 1, (n, *SHAPE))
+        noise = rng.normal(0, 1, (n, *shape))
     else:
-        noise = rng.standard_t(tails, (n, *SHAPE)) / math.sqrt(tails / (tails - 2))
+        noise = rng.standard_t(tails, (n, *shape)) / math.sqrt(tails / (tails - 2))
     return y + noise * sd
 
 
@@ -104,25 +110,70 @@ def default_study() -> tuple[np.ndarray, np.ndarray]:
     return loss, seconds
 
 
-def real_noise(rng: np.random.Generator, n: int) -> np.ndarray:
+def real_noise(rng: np.random.Generator, n: int, seeds: int = SEEDS) -> np.ndarray:
     """``n`` noise draws ``[n, clip, accum, precision, seed]`` with the measured study's covariance.
 
     The study's residuals around each config's mean (48 configs x 5 seeds) span 4 seed
     directions ``Z`` (an orthonormal basis orthogonal to the mean); ``Z @ G / 2`` with ``G``
     standard normal ``[4, 5]`` has, seed by seed, the covariance ``Z Z' / 4`` across the 48
     configs: the seed effect, the configs that share a seed's initialisation and shuffling
-    moving together, and the run noise, as measured (a parametric bootstrap).
+    moving together, and the run noise, as measured (a parametric bootstrap). ``seeds``: seeds
+    per config (each an independent draw of that covariance).
     """
     loss, _ = default_study()
     flat = loss.reshape(-1, SEEDS)
     basis = np.linalg.svd(np.eye(SEEDS) - 1 / SEEDS)[0][:, :SEEDS - 1]  # orthogonal to 1
     z = (flat - flat.mean(axis=1, keepdims=True)) @ basis  # [48, 4]
-    g = rng.normal(0, 1, (n, SEEDS - 1, SEEDS))
-    return (z @ g / math.sqrt(SEEDS - 1)).reshape(n, *SHAPE)
+    g = rng.normal(0, 1, (n, SEEDS - 1, seeds))
+    return (z @ g / math.sqrt(SEEDS - 1)).reshape(n, *SHAPE[:-1], seeds)
 
 
-def run_seconds(rng: np.random.Generator, n: int, log_sd: float = 0.0) -> np.ndarray:
+def run_seconds(rng: np.random.Generator, n: int, log_sd: float = 0.0,
+                ratios: dict[str, tuple] | None = None, seeds: int = SEEDS) -> np.ndarray:
     """Training seconds of every run ``[n, clip, accum, precision, seed]``: the precision's
-    cost (``SECONDS``) with log-normal run-to-run noise of SD ``log_sd``."""
-    base = np.array([SECONDS[p] for p in PRECISIONS])[None, None, None, :, None]
-    return base * np.exp(rng.normal(0, log_sd, (n, *SHAPE)))
+    cost (``SECONDS``), or fp32's times each factor's ``ratios`` (``README_COST``), with
+    log-normal run-to-run noise of SD ``log_sd``."""
+    if ratios is None:
+        base = np.array([SECONDS[p] for p in PRECISIONS])[None, None, None, :, None]
+    else:
+        base = SECONDS["fp32"] * np.exp(planted(*(np.log(ratios[f]) for f in FACTORS)))[None]
+    return base * np.exp(rng.normal(0, log_sd, (n, *SHAPE[:-1], seeds)))
+
+
+# The README's answer (the default study of 2026-12-04): each level's CPU time over its factor's
+# first level (the "time x" column), and the run-to-run spread its "≈" marks imply: accum 2 at
+# 0.86x is inside it and accum 4 at 0.84x is not, which with 60 runs a level puts the log SD
+# of one run near 0.125 (the decision audit of issue 54).
+FACTORS = ("clip", "accum", "precision")
+README_COST = {"clip": (1.0, 0.98, 1.0, 0.98), "accum": (1.0, 0.86, 0.84, 0.94),
+               "precision": (1.0, 3.71, 4.51)}
+README_SPREAD = 0.125
+SIMPLE = ([0, 1, 1, 1], [0, 1, 2, 3], [0, 1, 2])  # design.factors.simplicity of each level
+SHARE = Margin.parse("5%")  # report.margin's default
+
+
+def report_margin(y: np.ndarray) -> np.ndarray:
+    """The margin the report uses in each study ``y[n, ..., seed]``: 5% of the lowest config
+    mean (``design.Margin.lowest``, what ``report.stages.weigh`` calls), biased low as the
+    lowest of 48 noisy means is."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a config with no run: NaN, left out
+        means = np.nanmean(y, axis=-1).reshape(len(y), -1)
+    return np.array([SHARE.lowest(row) for row in means])
+
+
+def true_margin(effect: np.ndarray | None) -> float:
+    """The margin the report means to use: 5% of the true lowest config mean."""
+    return SHARE.of(NOISE["loss"] + float(np.min(0.0 if effect is None else effect)))
+
+
+def decide_batch(y: np.ndarray, delta: float | np.ndarray | None = None, alpha: float = 0.05,
+                 seconds: np.ndarray | None = None, tolerance: float = costs.FLOOR) -> list:
+    """Each factor decided on its own (no interaction detected), as ``winner.decide`` does:
+    alpha split over the 3 choices, the report's margin (``report_margin``) unless ``delta``
+    is given, the report's default cost floor. ``[(bounds, mean, pick)]`` per factor."""
+    delta = report_margin(y) if delta is None else delta
+    if seconds is None:
+        seconds = run_seconds(np.random.default_rng(0), 1, seeds=1)
+    return [winner.level_choice(y, 3, [axis], delta, alpha / 3, seconds,
+                                np.array(SIMPLE[axis]), tolerance) for axis in range(3)]

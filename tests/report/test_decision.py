@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -16,6 +17,7 @@ from stability.report.compare import Criteria, versus_winner
 from stability.report.options import ReportError, to_report_config
 from stability.report.sections import decision_text as decision
 from stability.report.select import aggregate
+from stability.stats import cost as costs
 from stability.stats import effects as fx
 from stability.stats.paired import paired_power
 
@@ -62,7 +64,8 @@ def test_every_factor_sentence_opens_its_verdict_with_one_of_four_words():
     assert "6.00× the training time of fp32" in text
 
 
-def _decide(runs: pd.DataFrame, margin: float, tolerance: float = 0.0) -> winner.Decision:
+def _decide(runs: pd.DataFrame, margin: float, tolerance: float = costs.FLOOR
+            ) -> winner.Decision:
     configs = aggregate(runs)
     return winner.decide(runs, configs, factors.analyse(runs, configs, margin), margin,
                          cost_tolerance=tolerance)
@@ -99,28 +102,35 @@ def test_a_level_shown_worse_than_the_best_is_never_chosen_however_cheap():
     assert c.status == ("worse", "within") and _chosen(dec, vocabulary.PRECISION) == "fp16"
 
 
-def test_without_evidence_the_level_estimated_near_the_best_is_a_named_best_guess():
-    """Seeds too noisy to show anything within the margin: the choice follows the estimates
-    (a level whose point gap to the best is within the margin), never merely "not shown worse",
-    and the guarantee calls it a best guess with its simultaneous bound."""
+def test_without_evidence_the_lowest_estimate_is_a_named_best_guess():
+    """Seeds too noisy to show anything within the margin: the choice is the level with the
+    lowest estimate (not the simpler or cheaper level whose estimate is also near it), and the
+    guarantee calls it a best guess with its simultaneous bound and the seeds, at 80% power,
+    that would show it within."""
     runs = study({"fp16-None": -0.004, "fp16-5.0": -0.004}, {"fp32": 0.01, "fp16": 0.011},
                  noise=0.01)
     dec = _decide(runs, 0.0005)
     c = next(c for c in dec.choices if c.factors == (vocabulary.PRECISION,))
     assert set(c.status) == {"open"} and not dec.guaranteed
-    assert c.gap[c.chosen] <= 0.0005 and c.basis == winner.CHOSEN_NEAR
-    assert c.gap[c.chosen] == min(c.gap)
+    assert c.gap[c.chosen] == 0 and c.basis == winner.CHOSEN_LOWEST
     text = decision.guarantee(dec)
     assert "Best guess, not shown" in text and f"{c.upper[c.chosen]:.4f}" in text
+    assert "the lowest estimate" in text
     line = next(x for x in decision.choice_lines(dec, analysed(runs, 0.0005)[1])
                 if "Precision" in x)
-    assert "best guess: its estimate is within 0.0005" in line and "seeds" in line
+    assert "best guess: the lowest estimate, nothing within 0.0005 of the best level even one " \
+        "comparison at a time" in line
+    assert re.search(r"; \d+ seeds would show it within with 80% power\)", line)
+    near = replace(dec, choices=tuple(replace(x, basis=winner.CHOSEN_NEAR) for x in dec.choices))
+    assert "each chosen level is within it of every other level one comparison at a time " \
+        "(one-sided 97.5% each)" in decision.guarantee(near)  # alpha over the 2 choices
 
 
 def test_cost_differences_inside_the_run_to_run_spread_do_not_decide():
     """Clip on is 5% cheaper on average, but runs of one config vary by ~10%: the same cost, so
-    the simpler clip off wins. 50% cheaper is beyond the spread and decides. A floor
-    (``cost_tolerance``) makes even a spread-free difference count only past it."""
+    the simpler clip off wins. 50% cheaper is beyond the spread and decides. Zero spread is not
+    certainty: a spread-free 5% counts only under a floor of 0 (``cost_tolerance``), not the
+    default 10%; a spread-free 15% counts."""
     rng = np.random.default_rng(3)
     runs = study({}, {"fp32": 0.01, "fp16": 0.06}, noise=0.0002)
     noisy = runs.assign(step_time_median_s=runs["step_time_median_s"]
@@ -132,10 +142,13 @@ def test_cost_differences_inside_the_run_to_run_spread_do_not_decide():
     assert _chosen(_decide(noisy.assign(step_time_median_s=np.where(
         cheaper, noisy["step_time_median_s"] * 0.5, noisy["step_time_median_s"])), 0.005),
         vocabulary.CLIP) == "max_norm 5"
-    exact = runs.assign(step_time_median_s=np.where(
-        runs["clip.enabled"], runs["step_time_median_s"] * 0.95, runs["step_time_median_s"]))
-    assert _chosen(_decide(exact, 0.005), vocabulary.CLIP) == "max_norm 5"  # no spread: 5% counts
-    assert _chosen(_decide(exact, 0.005, tolerance=0.1), vocabulary.CLIP) == "off"
+
+    def exact(share: float) -> pd.DataFrame:
+        return runs.assign(step_time_median_s=np.where(
+            runs["clip.enabled"], runs["step_time_median_s"] * share, runs["step_time_median_s"]))
+    assert _chosen(_decide(exact(0.95), 0.005), vocabulary.CLIP) == "off"
+    assert _chosen(_decide(exact(0.95), 0.005, tolerance=0.0), vocabulary.CLIP) == "max_norm 5"
+    assert _chosen(_decide(exact(0.85), 0.005), vocabulary.CLIP) == "max_norm 5"
 
 
 def test_a_config_with_an_unfinished_seed_is_never_the_winner():
@@ -204,3 +217,36 @@ def test_alpha_is_split_over_the_choices_decided_together():
         whole = mcb.mcb(mcb.pairwise(y), 0.005, 0.05)
         assert c.upper == pytest.approx(tuple(split.upper))
         assert c.upper != pytest.approx(tuple(whole.upper))
+
+
+def test_the_reports_margin_is_five_percent_of_the_lowest_config_mean():
+    """``stages.weigh`` (what the report runs): 5% of the lowest of the 48 config means, which
+    the decision and every simulation use, not of the median or the first config."""
+    from stability.report import stages
+    from stability.report.fetch import Sweep
+    from stability.report.options import ReportConfig
+    from tests.helpers.synthetic import planted, runs_table, studies
+
+    y = studies(np.random.default_rng(5), 1, planted(accum=(0, 0.01, 0.03, 0.08)))[0]
+    runs = runs_table(y)
+    configs = aggregate(runs)
+    fetched = stages.Fetched(sweep=Sweep("e", "0", "s", None), runs=runs, configs=configs,
+                             set_aside=())
+    margin = stages.weigh(None, fetched, ReportConfig()).margin
+    means = configs["loss_mean"]
+    assert margin == pytest.approx(0.05 * means.min())
+    assert margin < 0.05 * means.median() - 1e-4
+
+
+def test_the_cost_floor_has_one_default():
+    """``stats.cost.FLOOR`` is the report's ``cost_tolerance`` default and the shipped one."""
+    from pathlib import Path
+
+    import yaml
+
+    from stability.report.options import ReportConfig
+
+    conf = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "report.yaml")
+                          .read_text())
+    assert conf["cost_tolerance"] == ReportConfig().cost_tolerance == costs.FLOOR == 0.1
+    assert to_report_config({"cost_tolerance": 0}).cost_tolerance == 0.0

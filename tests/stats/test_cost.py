@@ -37,7 +37,32 @@ def test_a_costlier_level_must_clear_the_spread_and_its_own_uncertainty():
     s = np.log([[1.0, 1.1, 0.9, 1.0], [1.25, 1.35, 1.15, 1.25]])[:, None, :]  # [level, cell, seed]
     c = costs.level_cost(np.exp(s))
     assert float(c.spread) < 0.1 and c.runs.tolist() == [4, 4]
-    assert costs.equally_cheap(c, np.ones(2, dtype=bool)).tolist() == [True, False]
-    assert costs.equally_cheap(c, np.ones(2, dtype=bool), floor=0.5).tolist() == [True, True]
+    assert costs.equally_cheap(c, np.ones(2, dtype=bool), floor=0.0).tolist() == [True, False]
+    # 25% dearer, but not shown so by more than the spread and 10% beyond it
+    assert costs.equally_cheap(c, np.ones(2, dtype=bool)).tolist() == [True, True]
+    assert costs.FLOOR == 0.1
     blind = costs.Cost(c.log_mean, np.array(np.nan), c.runs)
-    assert costs.equally_cheap(blind, np.ones(2, dtype=bool)).all()
+    assert costs.equally_cheap(blind, np.ones(2, dtype=bool), floor=0.0).all()
+
+
+def test_a_difference_past_the_cut_but_not_shown_past_it_does_not_count():
+    """Two runs a level: level 1 is 30% dearer, past the cut (spread 0.129 and the floor's
+    0.095 beyond it: 0.224) on its point estimate (0.262), but its one-sided 95% lower bound
+    (0.262 - 1.645 x 0.129) is not: the same cost. Without the uncertainty term it would count."""
+    c = costs.level_cost(np.array([[1.0, 1.2], [1.3, 1.56]])[:, None, :])
+    diff, s = float(c.log_mean[1] - c.log_mean[0]), float(c.spread)
+    assert diff > s + np.log1p(costs.FLOOR) and diff - 1.645 * s < s + np.log1p(costs.FLOOR)
+    assert costs.equally_cheap(c, np.ones(2, dtype=bool)).tolist() == [True, True]
+    assert costs.equally_cheap(c, np.ones(2, dtype=bool), floor=0.0).tolist() == [True, True]
+
+
+def test_zero_spread_is_not_certainty_that_a_small_difference_matters():
+    """Identical run times (no spread): 1% dearer is the same cost under the default floor, 20%
+    dearer is not; only a floor of 0 lets the bare 1% decide."""
+    for dearer, same in ((1.01, True), (1.2, False)):
+        c = costs.level_cost(np.array([[1.0, 1.0, 1.0], [dearer] * 3])[:, None, :])
+        assert float(c.spread) == 0.0
+        assert costs.equally_cheap(c, np.ones(2, dtype=bool)).tolist() == [True, same]
+    assert costs.equally_cheap(c, np.ones(2, dtype=bool), floor=0.0).tolist() == [True, False]
+    tiny = costs.level_cost(np.array([[1.0, 1.0, 1.0], [1.01] * 3])[:, None, :])
+    assert costs.equally_cheap(tiny, np.ones(2, dtype=bool), floor=0.0).tolist() == [True, False]

@@ -15,6 +15,7 @@ from stability.report.health import summary_sentence
 from stability.report.sections import decision_text
 from stability.report.sections.section import Part, lines
 from stability.report.study import Study
+from stability.stats.best import SD_CONFIDENCE
 
 
 def _margin_words(st: Study) -> str:
@@ -60,7 +61,7 @@ def first_screen(st: Study, plain: bool = False) -> list[str]:
 
 
 def _seeds_line(st: Study) -> list[str]:
-    """How many seeds would decide each open choice."""
+    """How many seeds would show each open choice within the margin, at the report's power."""
     dec = st.decision
     parts = []
     for c in dec.choices if dec is not None else ():
@@ -69,12 +70,13 @@ def _seeds_line(st: Study) -> list[str]:
         title = " × ".join(vocabulary.title(f) for f in c.factors)
         level = ", ".join(vocabulary.level_name(f, lv)
                           for f, lv in zip(c.factors, c.levels[c.chosen], strict=True))
-        parts.append(f"{title.lower()}: about {int(c.seeds_needed)} seeds would show {level} "
-                     "within the margin (MCB)" if math.isfinite(c.seeds_needed) else
+        parts.append(f"{title.lower()}: {int(c.seeds_needed)} seeds would show {level} within "
+                     "the margin (MCB)" if math.isfinite(c.seeds_needed) else
                      f"{title.lower()}: no number of seeds would show {level} within the "
                      "margin (its estimate is past it)")
-    return [f"Seeds that would decide the open choices, if the estimates hold: "
-            f"{'; '.join(parts)}."] if parts else []
+    return [f"Seeds that would decide the open choices, with {st.options.power:.0%} power (each "
+            f"pair sized from this study's estimates, its SD at the upper {SD_CONFIDENCE:.0%} "
+            f"confidence limit, Browne 1995): {'; '.join(parts)}."] if parts else []
 
 
 def _answer(st: Study) -> list[str]:

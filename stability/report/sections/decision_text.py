@@ -14,7 +14,8 @@ from stability.design.factors import level_name, title
 from stability.report import format as fm
 from stability.report.factors import Effect, FactorAnalysis
 from stability.report.spending import Replayed, Sequential, contrast_name
-from stability.report.winner import CHOSEN_NEAR, CHOSEN_WITHIN, Choice, Decision
+from stability.report.winner import CHOSEN_LOWEST, CHOSEN_NEAR, CHOSEN_WITHIN, Choice, Decision
+from stability.stats.best import POWER
 from stability.stats.effects import EQUIVALENT, HELPS, HURTS
 
 
@@ -168,7 +169,7 @@ def _level_word(choice: Choice, i: int) -> str:
                                                           strict=True))
 
 
-def _basis(choice: Choice, margin: float) -> str:
+def _basis(choice: Choice, margin: float, single: float) -> str:
     m = _size(margin)
     bound = _size(choice.upper[choice.chosen])
     if choice.basis == CHOSEN_WITHIN:
@@ -177,11 +178,17 @@ def _basis(choice: Choice, margin: float) -> str:
     seeds = choice.seeds_needed
     more = ("" if math.isnan(seeds) else
             "; more seeds cannot show it within" if math.isinf(seeds) else
-            f"; about {int(seeds)} seeds would show it within")
+            f"; {int(seeds)} seeds would show it within with {POWER:.0%} power")
     if choice.basis == CHOSEN_NEAR:
-        return (f"best guess: its estimate is within {m} of the best level's; shown only to be "
-                f"at most {bound} worse (MCB, simultaneous){more}")
-    return f"the lowest estimate; shown only to be at most {bound} worse (MCB, simultaneous)"
+        return (f"best guess: within {m} of every other level one comparison at a time "
+                f"(one-sided {1 - single:.1%} each, not simultaneous); shown only to be at most "
+                f"{bound} worse (MCB, simultaneous){more}")
+    if choice.basis == CHOSEN_LOWEST:
+        return (f"best guess: the lowest estimate, nothing within {m} of the best level even one "
+                f"comparison at a time; shown only to be at most {bound} worse (MCB, "
+                f"simultaneous){more}")
+    return (f"the next level in the rule's order (its first choice has an unfinished seed); "
+            f"shown only to be at most {bound} worse (MCB, simultaneous)")
 
 
 def _effects_of(an: FactorAnalysis, factor: str, seq: Sequential | None) -> str:
@@ -207,7 +214,7 @@ def choice_lines(dec: Decision, an: FactorAnalysis, seq: Sequential | None = Non
         joint = " (decided jointly: they interact)" if len(c.factors) > 1 else ""
         effects = "; ".join(_effects_of(an, f, seq) for f in c.factors)
         lines.append(f"- **{heading} → {_level_word(c, c.chosen)}**{joint} "
-                     f"({_basis(c, dec.margin)}): {effects}.")
+                     f"({_basis(c, dec.margin, dec.alpha / len(dec.choices))}): {effects}.")
     return lines
 
 
@@ -231,9 +238,16 @@ def guarantee(dec: Decision) -> str:
                    f"guarantee for all {len(dec.choices)} choices together).")
     if guessed:
         bounds = ", ".join(f"{_size(c.upper[c.chosen])}" for c in guessed)
-        out.append(f"Best guess, not shown: the chosen {_names(guessed)} "
-                   f"{'has' if len(guessed) == 1 else 'each have'} an estimate within {m} of "
-                   f"the best level; the data show only that "
+        single = 1 - dec.alpha / len(dec.choices)
+        why = {CHOSEN_NEAR: f"is within it of every other level one comparison at a time "
+                            f"(one-sided {single:.1%} each)",
+               CHOSEN_LOWEST: "has the lowest estimate"}
+        reasons = [why.get(c.basis, "is the next in the rule's order (Note)") for c in guessed]
+        said = (reasons[0] if len(set(reasons)) == 1 else
+                "; ".join(f"{_names([c])}: {r}" for c, r in zip(guessed, reasons, strict=True)))
+        each = "the chosen level" if len(guessed) == 1 else "each chosen level"
+        out.append(f"Best guess, not shown: for {_names(guessed)} no level is shown within "
+                   f"{m} of the best; {each} {said}; the data show only that "
                    f"{'it is' if len(guessed) == 1 else 'they are'} at most {bounds} worse "
                    f"(same {level:.0%} simultaneous bounds). More seeds would tell.")
     return "Guarantee: " + " ".join(out)
