@@ -82,7 +82,8 @@ def time_ratio(an: FactorAnalysis | None, c: Choice, i: int) -> float:
 
 
 def same_cost(c: Choice, i: int, tolerance: float) -> bool:
-    """Level ``i``'s cost cannot be told from the chosen level's (not beyond the spread and the floor)."""
+    """Level ``i``'s cost cannot be told from the chosen level's (not beyond the spread and
+    the floor)."""
     pair = costs.Cost(c.cost.log_mean[[c.chosen, i]], c.cost.spread,
                       c.cost.runs[[c.chosen, i]])
     return bool(costs.equally_cheap(pair, [True, True], tolerance).all())
