@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +27,7 @@ from stability.design.factors import simplicity
 from stability.report.factors import Cube, FactorAnalysis, design
 from stability.stats import best as mcb
 from stability.stats import cost as costs
+from stability.stats.choice import joint, level_choice
 
 # What a choice rests on: shown within the margin / point estimate within it / neither.
 CHOSEN_WITHIN, CHOSEN_NEAR, CHOSEN_LOWEST = mcb.WITHIN_BASIS, mcb.NEAR_BASIS, mcb.LOWEST_BASIS
@@ -103,48 +103,6 @@ def groups(an: FactorAnalysis | None, factors: list[Factor]) -> list[list[int]]:
     for i in range(len(factors)):
         out.setdefault(root(i), []).append(i)
     return list(out.values())
-
-
-def joint(y: np.ndarray, axes: list[int], k: int) -> np.ndarray:
-    """``y[..., joint level, cell of the other factors, seed]`` from ``y[..., f_1..f_k, seed]``.
-
-    ``axes`` are the group's factor indices among the ``k`` factors; leading axes are batch
-    axes.
-    """
-    lead = y.ndim - 1 - k
-    rest = [a for a in range(k) if a not in axes]
-    order = [*range(lead), *(lead + a for a in axes), *(lead + a for a in rest), y.ndim - 1]
-    levels = int(np.prod([y.shape[lead + a] for a in axes]))
-    return np.transpose(y, order).reshape(y.shape[:lead] + (levels, -1, y.shape[-1]))
-
-
-def level_choice(y: np.ndarray, k: int, axes: list[int], delta: float | np.ndarray,
-                 alpha: float, seconds: np.ndarray, simple: np.ndarray,
-                 tolerance: float = 0.0) -> tuple[mcb.Best, np.ndarray, np.ndarray]:
-    """MCB bounds, level means and the rule's pick for one group (any leading batch axes).
-
-    Args:
-        y: losses ``[..., level of factor 1, ..., level of factor k, seed]`` (NaN: not run).
-        k: the number of factors.
-        axes: the group's factor indices.
-        delta: the margin (a scalar, or one per batch element).
-        alpha: the error this group may spend.
-        seconds: training seconds of every run, the shape of ``y`` (NaN: unknown).
-        simple: simplicity rank of each joint level (``[L]``).
-        tolerance: a share a cost difference must exceed beside the measured spread.
-
-    Returns:
-        ``(bounds, mean[..., L], pick[...])``.
-    """
-    yj = joint(y, axes, k)
-    b = mcb.mcb(mcb.pairwise(yj), delta, alpha)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a level never run: NaN mean
-        mean = np.nanmean(yj.reshape(yj.shape[:-2] + (-1,)), axis=-1)
-    cost = costs.level_cost(joint(np.broadcast_to(seconds, y.shape), axes, k))
-    pool = mcb.candidates(b.status, b.gap, delta)
-    cheap = costs.equally_cheap(cost, pool, tolerance)
-    return b, mean, mcb.choose(pool, cheap, simple, mean)
 
 
 def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,

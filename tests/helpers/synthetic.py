@@ -24,22 +24,25 @@ SECONDS = {"fp32": 9.0, "bf16": 23.5, "fp16": 55.0}
 
 def studies(rng: np.random.Generator, n: int, effect: np.ndarray | None = None,
             run: float | np.ndarray = NOISE["run"], seed_by_clip: float = 0.0,
-            tails: float = math.inf) -> np.ndarray:
+            tails: float = math.inf, seeds: int = SEEDS) -> np.ndarray:
     """``n`` studies ``y[n, clip, accum, precision, seed]``: base + effects + seed + noise.
 
     ``run`` may be an array of the grid's shape without seeds (unequal noise per config);
     ``seed_by_clip`` adds a seed x clip-level interaction; ``tails`` < inf draws the run noise
-    from a Student t with that many df (scaled to ``run``).
+    from a Student t with that many df (scaled to ``run``). ``effect`` (and an array ``run``)
+    may have another grid's shape (levels of each factor) with a seed axis of one or
+    ``seeds``.
     """
     y = NOISE["loss"] + (0.0 if effect is None else effect)
-    y = y + rng.normal(0, NOISE["seed"], (n, 1, 1, 1, SEEDS))
-    y = y + rng.normal(0, seed_by_clip, (n, len(CLIPS), 1, 1, SEEDS))
+    grid = np.shape(y)[:-1] if np.ndim(y) else SHAPE[:-1]
+    y = y + rng.normal(0, NOISE["seed"], (n,) + (1,) * len(grid) + (seeds,))
+    y = y + rng.normal(0, seed_by_clip, (n, grid[0]) + (1,) * (len(grid) - 1) + (seeds,))
     sd = np.asarray(run, dtype=float)
-    sd = sd[..., None] if sd.ndim == 3 else sd
+    sd = sd[..., None] if sd.ndim == len(grid) else sd
     if math.isinf(tails):
-        noise = rng.normal(0, 1, (n, *SHAPE))
+        noise = rng.normal(0, 1, (n, *grid, seeds))
     else:
-        noise = rng.standard_t(tails, (n, *SHAPE)) / math.sqrt(tails / (tails - 2))
+        noise = rng.standard_t(tails, (n, *grid, seeds)) / math.sqrt(tails / (tails - 2))
     return y + noise * sd
 
 
@@ -104,21 +107,22 @@ def default_study() -> tuple[np.ndarray, np.ndarray]:
     return loss, seconds
 
 
-def real_noise(rng: np.random.Generator, n: int) -> np.ndarray:
+def real_noise(rng: np.random.Generator, n: int, seeds: int = SEEDS) -> np.ndarray:
     """``n`` noise draws ``[n, clip, accum, precision, seed]`` with the measured study's covariance.
 
     The study's residuals around each config's mean (48 configs x 5 seeds) span 4 seed
     directions ``Z`` (an orthonormal basis orthogonal to the mean); ``Z @ G / 2`` with ``G``
     standard normal ``[4, 5]`` has, seed by seed, the covariance ``Z Z' / 4`` across the 48
     configs: the seed effect, the configs that share a seed's initialisation and shuffling
-    moving together, and the run noise, as measured (a parametric bootstrap).
+    moving together, and the run noise, as measured (a parametric bootstrap). ``seeds``: as
+    many independent seeds as asked (each drawn the same way).
     """
     loss, _ = default_study()
     flat = loss.reshape(-1, SEEDS)
     basis = np.linalg.svd(np.eye(SEEDS) - 1 / SEEDS)[0][:, :SEEDS - 1]  # orthogonal to 1
     z = (flat - flat.mean(axis=1, keepdims=True)) @ basis  # [48, 4]
-    g = rng.normal(0, 1, (n, SEEDS - 1, SEEDS))
-    return (z @ g / math.sqrt(SEEDS - 1)).reshape(n, *SHAPE)
+    g = rng.normal(0, 1, (n, SEEDS - 1, seeds))
+    return (z @ g / math.sqrt(SEEDS - 1)).reshape(n, *SHAPE[:-1], seeds)
 
 
 def run_seconds(rng: np.random.Generator, n: int, log_sd: float = 0.0) -> np.ndarray:
