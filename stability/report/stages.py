@@ -23,6 +23,7 @@ from stability.report import (
     advice,
     check_runs,
     compare,
+    decided,
     factors,
     fetch,
     health,
@@ -42,6 +43,7 @@ from stability.report.winner import decide as decide_winner
 
 if TYPE_CHECKING:
     from stability.report.advice import Recommendation
+    from stability.report.decided import Spent
     from stability.report.factors import FactorAnalysis
     from stability.report.layer_norms import LayerNorms
     from stability.report.lr import LrCurve
@@ -110,7 +112,9 @@ class Evidence:
         analysis: the factor effects from every run.
         spending: an adaptive sweep's replayed rounds; None for a fixed grid.
         sequential: an adaptive sweep's replayed verdicts; None for a fixed grid.
-        notes: one line if the adaptive plan could not be replayed.
+        notes: one line if the adaptive or decide plan could not be replayed.
+        decided: a decide sweep's last look (the share of alpha its answer spends); None for
+            any other sweep.
     """
 
     margin: float
@@ -118,6 +122,7 @@ class Evidence:
     spending: Spending | None
     sequential: Sequential | None
     notes: tuple[str, ...]
+    decided: Spent | None = None
 
 
 def weigh(c: Any, fetched: Fetched, cfg: ReportConfig) -> Evidence:
@@ -127,8 +132,9 @@ def weigh(c: Any, fetched: Fetched, cfg: ReportConfig) -> Evidence:
     analysis = factors.analyse(runs, configs, margin, cfg.alpha, cfg.confidence, cfg.power)
     notes: list[str] = []
     spent, sequential = spending.replayed(c, fetched.sweep.parent_run_id, runs, configs, notes)
+    looks = decided.of_sweep(c, fetched.sweep.parent_run_id, runs, configs, notes)
     return Evidence(margin=margin, analysis=analysis, spending=spent, sequential=sequential,
-                    notes=tuple(notes))
+                    notes=tuple(notes), decided=looks)
 
 
 @dataclass(frozen=True, eq=False)
@@ -157,7 +163,7 @@ def decide(fetched: Fetched, evidence: Evidence, cfg: ReportConfig) -> Decided:
     """Choose the winner on validation and compare it with the rest, paired by seed."""
     runs, margin = fetched.runs, evidence.margin
     decision = decide_winner(runs, fetched.configs, evidence.analysis, margin, cfg.alpha,
-                             cfg.cost_tolerance)
+                             cfg.cost_tolerance, evidence.decided)
     configs = select.put_first(fetched.configs, decision.fingerprint)  # row 0: the winner
     criteria = compare.Criteria(confidence=cfg.confidence, alpha=cfg.alpha, power=cfg.power,
                                 min_effect=cfg.min_effect, min_effect_sd=cfg.min_effect_sd,

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
 from stability.design.design import Factor
 from stability.design.factors import simplicity
+from stability.report.decided import Spent
 from stability.report.factors import Cube, FactorAnalysis, design
 from stability.stats import best as mcb
 from stability.stats import cost as costs
@@ -76,6 +77,7 @@ class Decision:
     alpha: float
     cost_tolerance: float
     note: str = ""  # why the winner is not the rule's first choice, if it is not
+    study: str = ""  # a decide study's looks (``report.decided.Spent.note``); "" otherwise
 
     @property
     def guaranteed(self) -> bool:
@@ -106,7 +108,8 @@ def groups(an: FactorAnalysis | None, factors: list[Factor]) -> list[list[int]]:
 
 
 def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
-           margin: float, alpha: float = 0.05, cost_tolerance: float = 0.0) -> Decision:
+           margin: float, alpha: float = 0.05, cost_tolerance: float = 0.0,
+           spent: Spent | None = None) -> Decision:
     """The winner of the study, factor by factor.
 
     Args:
@@ -116,12 +119,19 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
         margin: the margin of "within the best" (loss units).
         alpha: the error the whole decision may spend (split over the groups).
         cost_tolerance: a share a cost difference must exceed beside the measured spread.
+        spent: a decide study's last look (``report.decided``): the decision spends its share
+            of alpha only, the bounds over the levels not shown worse, as the study's looks
+            did; ``alpha`` stays the guarantee over all looks.
     """
+    level = alpha  # the guarantee printed: 1 - alpha (a decide study's, over all its looks)
+    if spent is not None:
+        alpha = spent.alpha
+    constrained = spent is not None
     table, factors = design(runs, configs)
     if not factors:  # one config: nothing to decide
         fp = _finished(configs)
-        return Decision(choices=(), fingerprint=fp[0] if fp else None, margin=margin, alpha=alpha,
-                        cost_tolerance=cost_tolerance)
+        return Decision(choices=(), fingerprint=fp[0] if fp else None, margin=margin, alpha=level,
+                        cost_tolerance=cost_tolerance, study=spent.note if spent else "")
     cube = Cube.of(table, factors)
     timing = Cube.of(table.assign(loss=table["seconds"], finished=True), factors).loss
     # A grid that is not fully crossed (some combination never ran) cannot be read factor by
@@ -138,7 +148,7 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
         simple = np.array([sum(simplicity(factors[a].name, lv[i], factors[a].levels.index(lv[i]))
                                for i, a in enumerate(axes)) for lv in levels])
         b, mean, pick = level_choice(cube.loss, len(factors), axes, delta, alpha / len(parts),
-                                     timing, simple, cost_tolerance)
+                                     timing, simple, cost_tolerance, constrained)
         cost = costs.level_cost(joint(timing, axes, len(factors)))
         choices.append(Choice(
             factors=names, levels=tuple(levels), status=tuple(str(s) for s in b.status),
@@ -148,7 +158,8 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
             cost_runs=tuple(int(x) for x in cost.runs),
             chosen=int(pick), preferred=int(pick), basis=_basis_of(b, int(pick), delta),
             seeds_needed=_seeds(b, int(pick), delta)))
-    return _settle(table, configs, choices, factors, margin, alpha, cost_tolerance)
+    dec = _settle(table, configs, choices, factors, margin, level, cost_tolerance)
+    return replace(dec, study=spent.note) if spent else dec
 
 
 def _basis_of(b: mcb.Best, i: int, delta: float) -> str:

@@ -233,7 +233,8 @@ def guarantee(dec: Decision) -> str:
                    f"the best level; the data show only that "
                    f"{'it is' if len(guessed) == 1 else 'they are'} at most {bounds} worse "
                    f"(same {level:.0%} simultaneous bounds). More seeds would tell.")
-    return "Guarantee: " + " ".join(out)
+    study = f" ({dec.study})." if dec.study else ""
+    return "Guarantee: " + " ".join(out) + study
 
 
 def adaptive_line(seq: Sequential | None) -> list[str]:
