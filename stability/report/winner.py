@@ -124,7 +124,8 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
             did; ``alpha`` stays the guarantee over all looks.
     """
     level = alpha  # the guarantee printed: 1 - alpha (a decide study's, over all its looks)
-    if spent is not None:
+    unknown = spent is not None and not spent.alpha > 0  # looks not replayed: nothing shown
+    if spent is not None and not unknown:
         alpha = spent.alpha
     constrained = spent is not None
     table, factors = design(runs, configs)
@@ -138,7 +139,8 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
     # factor: its configs are compared with each other, all factors as one group.
     crossed = bool(np.isfinite(cube.loss).any(axis=-1).all())
     parts = groups(an, factors) if crossed else [list(range(len(factors)))]
-    delta = margin if math.isfinite(margin) else -math.inf  # no margin: nothing is "within"
+    # no margin, or a decide study whose share of alpha is unknown: nothing is "within"
+    delta = margin if math.isfinite(margin) and not unknown else -math.inf
     choices = []
     for axes in parts:
         names = tuple(factors[a].name for a in axes)
