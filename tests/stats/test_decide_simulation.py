@@ -191,11 +191,14 @@ SCENARIOS = ["README effects", "README effects, the study's covariance",
              "cheaper and slightly worse (fp32 at 1.25x the margin)",
              "8 levels (clipping: off and 7 thresholds)",
              "least favourable (every other level at 1.001x the margin, margin in loss units)"]
-# Where P(far) is not held at 0.05: clip off 0.004 worse, 1.08x the margin (0.0037), is rarely
-# shown worse or the thresholds within by 20 seeds, and the best guess then takes the simplest
-# level whose estimate is within the margin: clip off (the fixed study: 0.129 at 5 seeds, 0.087
-# at 10). Stated as measured (0.135, 2,000 studies), not as hoped.
-STATED_FAR = {"gap 0.004": 0.16}
+# Where P(far) is not held at 0.05 (stated as measured, 2,000 studies, not as hoped). Both are
+# studies that reach max_seeds unshown under independent run noise, where the best guess
+# (``stats.best.candidates``) decides: clip off 0.004 worse, 1.08x the margin (0.0037), is
+# rarely shown worse and the thresholds rarely within by 20 seeds, and the guess takes the
+# simplest level whose estimate is within the margin, clip off (0.135; the fixed study 0.129 at
+# 5 seeds, 0.087 at 10); fp32, cheapest and 1.25x the margin worse, keeps precision open (a
+# cheaper level not shown worse) and is the guess in 7% (0.082; fixed 5: 0.108, fixed 10: 0.017).
+STATED_FAR = {"gap 0.004": 0.16, "cheaper and slightly worse (fp32 at 1.25x the margin)": 0.10}
 FAST = ["README effects, the study's covariance", "global null",
         "least favourable (every other level at 1.001x the margin, margin in loss units)"]
 
@@ -207,6 +210,24 @@ def test_the_decide_study_keeps_its_guarantee_fast(name: str) -> None:
     far_high, bad_high = summary(name, "decide", o)
     assert far_high <= 0.05
     assert bad_high <= ALPHA
+
+
+def test_each_look_spends_only_its_share_of_alpha() -> None:
+    """One factor, two levels, the simpler one exactly at the margin worse and noise that keeps
+    most studies going to the last look: choosing it as "shown within" is the error, one
+    one-sided t-test per look. Spending alpha over the looks holds it at most alpha (0.034 in
+    4,000 studies); full alpha at every look (the mutant in experiments/mutants.py) makes it
+    0.13."""
+    rng = np.random.default_rng(70)
+    y = np.zeros((4_000, 2, PLAN.max_seeds))
+    y[:, 0] = MARGIN
+    y = y + rng.normal(0, 6 * MARGIN / math.sqrt(2), y.shape)
+    st = shown.simulate(y, PLAN, lambda low: np.full(np.shape(low), MARGIN), (np.array([0, 1]),))
+    wrong = st.final.settled[:, 0] & (st.final.pick[:, 0] == 0)
+    rate, low, high = rate_ci(int(wrong.sum()), len(wrong))
+    print(f"at the margin: shown within in {rate:.4f} (95% CI {low:.4f}-{high:.4f}); "
+          f"studies ending at each look {np.bincount(st.stopped)[1:].tolist()}")
+    assert high <= ALPHA
 
 
 @pytest.mark.slow
@@ -232,20 +253,3 @@ def test_the_decide_study_against_the_fixed_study(name: str) -> None:
         assert o.runs.mean() + half < 480
         assert o.all_shown.mean() > fixed_10.all_shown.mean()
 
-
-def test_each_look_spends_only_its_share_of_alpha() -> None:
-    """One factor, two levels, the simpler one exactly at the margin worse and noise that keeps
-    most studies going to the last look: choosing it as "shown within" is the error, one
-    one-sided t-test per look. Spending alpha over the looks holds it at most alpha (0.039 in
-    4,000 studies); full alpha at every look (the mutant in experiments/mutants.py) makes it
-    0.13."""
-    rng = np.random.default_rng(70)
-    y = np.zeros((4_000, 2, PLAN.max_seeds))
-    y[:, 0] = MARGIN
-    y = y + rng.normal(0, 6 * MARGIN / math.sqrt(2), y.shape)
-    st = shown.simulate(y, PLAN, lambda low: np.full(np.shape(low), MARGIN), (np.array([0, 1]),))
-    wrong = st.final.settled[:, 0] & (st.final.pick[:, 0] == 0)
-    rate, low, high = rate_ci(int(wrong.sum()), len(wrong))
-    print(f"at the margin: shown within in {rate:.4f} (95% CI {low:.4f}-{high:.4f}); "
-          f"studies ending at each look {np.bincount(st.stopped)[1:].tolist()}")
-    assert high <= ALPHA
