@@ -16,10 +16,16 @@ study adds seeds until it is, and only where the answer is still open:
   .equally_cheap`` over the levels not shown worse): the study never stops on a level that the
   same rule would drop for a cheaper one with a few more seeds (under no effect, fp16 would
   otherwise be chosen as often as fp32, at 6x the cost).
-- **The next round** gives ``step`` more seeds to the configs made of, per factor, its chosen
-  level if settled, else its levels not shown worse by more than the margin (a level shown
-  worse leaves as a whole). The study stops when every factor is settled at the same look, or
-  after the last look (``max_seeds``).
+- **The next round** gives ``step`` more seeds to every config none of whose levels is shown
+  worse by more than the margin (a level shown worse leaves as a whole), while some factor is
+  not settled. A settled factor keeps its other levels: the report's MCB weighs every seed
+  alike, so each later seed should average its paired differences over the same cells for
+  every level (a seed over 2 cells instead of 12 counts as much with 6x the variance). The
+  study stops when every factor is settled at the same look, or after the last look
+  (``max_seeds``).
+- **The bounds** are taken over the levels not shown worse (``best.mcb(constrained=True)``):
+  under the event below the true best is never shown worse, so a level that left early, its
+  few seeds making wide pairs, cannot widen every later bound.
 
 **Error.** Let ``E_k`` be the event that look k's MCB bounds hold for every factor (each
 factor's true best is never shown worse, and ``mu_i - min_j mu_j <= U_i`` for every level).
