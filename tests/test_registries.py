@@ -147,7 +147,8 @@ def test_the_registry_names_what_it_refuses(firsts) -> None:
                                           r"strategy defining settings_type, reads_losses"):
         strategy_registry.load_strategy("tests.test_registries.Mute")
     with pytest.raises(ConfigError, match=r"^hydra.sweeper.strategy=nope is invalid: allowed "
-                                          r"values are grid, adaptive, decide, firsts or an importable"):
+                                          r"values are grid, adaptive, decide, firsts or an "
+                                          r"importable"):
         strategy_registry.load_strategy("nope")
 
 
