@@ -133,6 +133,8 @@ def weigh(c: Any, fetched: Fetched, cfg: ReportConfig) -> Evidence:
     notes: list[str] = []
     spent, sequential = spending.replayed(c, fetched.sweep.parent_run_id, runs, configs, notes)
     looks = decided.of_sweep(c, fetched.sweep.parent_run_id, runs, configs, notes)
+    if looks is not None:  # seeds added where a choice was open: no fixed-design verdict holds
+        sequential = spending.Sequential(decide=True)
     return Evidence(margin=margin, analysis=analysis, spending=spent, sequential=sequential,
                     notes=tuple(notes), decided=looks)
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from stability.design.margin import Margin
-from stability.report import decided, factors, winner
+from stability.report import decided, factors, spending, winner
 from stability.report.select import aggregate
 from stability.stats import best as mcb
 from stability.stats import sequential as sq
@@ -90,3 +90,14 @@ def test_the_recorded_plan_is_data() -> None:
     an = factors.analyse(runs, aggregate(runs), 0.004)
     dec = winner.decide(runs, aggregate(runs), an, 0.004, 0.05, 0.0, spent)
     assert not any(c.status[c.chosen] == mcb.WITHIN for c in dec.choices)
+
+
+def test_a_decide_sweeps_verdicts_are_withheld_and_say_why() -> None:
+    from stability.report.sections import decision_text
+
+    seq = spending.Sequential(decide=True)
+    runs = runs_table(NOISE["loss"] + planted(**README)[..., 0:1].repeat(5, -1))
+    an = factors.analyse(runs, aggregate(runs), 0.004)
+    assert {seq.word(e) for e in an.main} == {spending.WITHHELD}
+    line = decision_text.adaptive_line(seq)[0]
+    assert line.startswith("**Decide sweep: the factor verdicts are withheld.**")
