@@ -1,5 +1,4 @@
-"""Statistics shared by the report (the answer) and the sweep (adaptive and decide seeds): no MLflow,
-no I/O.
+"""Statistics shared by the report (the answer) and the sweep (adaptive, decide): no MLflow, no I/O.
 
 ``paired``: seed statistics of two configs (means, paired tests, power, Holm).
 ``effects``: a factor's effect from every run of a study, seeds as blocks, and the
