@@ -62,6 +62,8 @@ MUTANTS = [
      "return np.where(p_equiv_holm < 2 * alpha, EQUIVALENT,"),
     ("alpha not split over the choices", "stability/report/winner.py",
      "delta, alpha / len(parts),", "delta, alpha,"),
+    ("decide: full alpha at every look (no spending)", "stability/stats/shown.py",
+     "share = float(plan.spend[k])", "share = float(plan.alpha)"),
 ]
 TESTS = ["tests/stats", "tests/design/test_margin.py", "tests/report/test_decision.py",
          "tests/report/test_decision_simulation.py", "tests/report/test_decision_choice.py"]

@@ -127,7 +127,7 @@ def test_a_registered_strategy_runs_from_the_sweeper_with_its_own_settings(
      "error: hydra.sweeper.firsts.count=0 is invalid: allowed values are an integer >= 1"),
     (["+hydra.sweeper.first.count=2"],
      "error: hydra.sweeper.first is unknown: allowed keys are the sweeper's "
-     "(conf/hydra/sweeper/study.yaml) and a strategy's settings (grid, adaptive, firsts)"),
+     "(conf/hydra/sweeper/study.yaml) and a strategy's settings (grid, adaptive, decide, firsts)"),
 ])
 def test_a_bad_strategy_setting_is_one_line_and_exit_2(firsts, tmp_path: Path, monkeypatch,
                                                         capsys, args: list[str],
@@ -139,7 +139,7 @@ def test_a_bad_strategy_setting_is_one_line_and_exit_2(firsts, tmp_path: Path, m
 
 def test_the_registry_names_what_it_refuses(firsts) -> None:
     assert strategy_registry.load_strategy("firsts") is Firsts
-    assert strategy_registry.names() == ("grid", "adaptive", "firsts")
+    assert strategy_registry.names() == ("grid", "adaptive", "decide", "firsts")
     with pytest.raises(ValueError, match="'firsts' is taken"):
         strategy_registry.register("firsts", Mute)
     with pytest.raises(ConfigError, match=r"^hydra.sweeper.strategy=tests.test_registries.Mute "
@@ -147,7 +147,8 @@ def test_the_registry_names_what_it_refuses(firsts) -> None:
                                           r"strategy defining settings_type, reads_losses"):
         strategy_registry.load_strategy("tests.test_registries.Mute")
     with pytest.raises(ConfigError, match=r"^hydra.sweeper.strategy=nope is invalid: allowed "
-                                          r"values are grid, adaptive, firsts or an importable"):
+                                          r"values are grid, adaptive, decide, firsts or an "
+                                          r"importable"):
         strategy_registry.load_strategy("nope")
 
 

@@ -61,11 +61,14 @@ class Sequential:
 
     ``verdicts`` maps a contrast's name (``contrast_name``) to the rule's verdict.
     ``replayed=False``: the rule could not be replayed, so no verdict is valid for the sweep;
-    the fixed-design ones are withheld, not shown.
+    the fixed-design ones are withheld, not shown. ``decide=True``: a decide sweep
+    (``report.decided``), whose seeds follow its open choices and whose rule gives no verdicts:
+    every verdict is withheld.
     """
 
     verdicts: Mapping[str, Replayed] = field(default_factory=dict)
     replayed: bool = True
+    decide: bool = False
 
     def word(self, e: Effect) -> str:
         """The rule's verdict on ``e`` with its look, or ``WITHHELD``."""

@@ -23,6 +23,7 @@ from stability.report import (
     advice,
     check_runs,
     compare,
+    decided,
     factors,
     fetch,
     health,
@@ -43,6 +44,7 @@ from stability.report.winner import decide as decide_winner
 
 if TYPE_CHECKING:
     from stability.report.advice import Recommendation
+    from stability.report.decided import Spent
     from stability.report.factors import FactorAnalysis
     from stability.report.layer_norms import LayerNorms
     from stability.report.lr import LrCurve
@@ -111,7 +113,9 @@ class Evidence:
         analysis: the factor effects from every run.
         spending: an adaptive sweep's replayed rounds; None for a fixed grid.
         sequential: an adaptive sweep's replayed verdicts; None for a fixed grid.
-        notes: one line if the adaptive plan could not be replayed.
+        notes: one line if the adaptive or decide plan could not be replayed.
+        decided: a decide sweep's last look (the share of alpha its answer spends); None for
+            any other sweep.
     """
 
     margin: float
@@ -119,6 +123,7 @@ class Evidence:
     spending: Spending | None
     sequential: Sequential | None
     notes: tuple[str, ...]
+    decided: Spent | None = None
 
 
 def weigh(c: Any, fetched: Fetched, cfg: ReportConfig) -> Evidence:
@@ -128,8 +133,11 @@ def weigh(c: Any, fetched: Fetched, cfg: ReportConfig) -> Evidence:
     analysis = factors.analyse(runs, configs, margin, cfg.alpha, cfg.confidence, cfg.power)
     notes: list[str] = []
     spent, sequential = spending.replayed(c, fetched.sweep.parent_run_id, runs, configs, notes)
+    looks = decided.of_sweep(c, fetched.sweep.parent_run_id, runs, configs, notes)
+    if looks is not None:  # seeds added where a choice was open: no fixed-design verdict holds
+        sequential = spending.Sequential(decide=True)
     return Evidence(margin=margin, analysis=analysis, spending=spent, sequential=sequential,
-                    notes=tuple(notes))
+                    notes=tuple(notes), decided=looks)
 
 
 @dataclass(frozen=True, eq=False)
@@ -163,7 +171,7 @@ def decide(fetched: Fetched, evidence: Evidence, cfg: ReportConfig) -> Decided:
     """Choose the winner on validation and compare it with the rest, paired by seed."""
     runs, margin = fetched.runs, evidence.margin
     decision = decide_winner(runs, fetched.configs, evidence.analysis, margin, cfg.alpha,
-                             cfg.cost_tolerance, cfg.power)
+                             cfg.cost_tolerance, cfg.power, evidence.decided)
     return _against(fetched, decision, margin, cfg)
 
 

@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import itertools
 import math
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
 from stability.design.design import Factor
 from stability.design.factors import simplicity
+from stability.report.decided import Spent
 from stability.report.factors import Cube, FactorAnalysis, design
 from stability.stats import best as mcb
 from stability.stats import cost as costs
+from stability.stats.choice import joint, level_choice
 
 # What a choice rests on: shown within the margin / within it one comparison at a time / the
 # lowest estimate / the next level in the rule's order (the first choice has an unfinished seed).
@@ -80,6 +81,7 @@ class Decision:
     alpha: float
     cost_tolerance: float
     note: str = ""  # why the winner is not the rule's first choice, if it is not
+    study: str = ""  # a decide study's looks (``report.decided.Spent.note``); "" otherwise
 
     @property
     def guaranteed(self) -> bool:
@@ -109,51 +111,9 @@ def groups(an: FactorAnalysis | None, factors: list[Factor]) -> list[list[int]]:
     return list(out.values())
 
 
-def joint(y: np.ndarray, axes: list[int], k: int) -> np.ndarray:
-    """``y[..., joint level, cell of the other factors, seed]`` from ``y[..., f_1..f_k, seed]``.
-
-    ``axes`` are the group's factor indices among the ``k`` factors; leading axes are batch
-    axes.
-    """
-    lead = y.ndim - 1 - k
-    rest = [a for a in range(k) if a not in axes]
-    order = [*range(lead), *(lead + a for a in axes), *(lead + a for a in rest), y.ndim - 1]
-    levels = int(np.prod([y.shape[lead + a] for a in axes]))
-    return np.transpose(y, order).reshape(y.shape[:lead] + (levels, -1, y.shape[-1]))
-
-
-def level_choice(y: np.ndarray, k: int, axes: list[int], delta: float | np.ndarray,
-                 alpha: float, seconds: np.ndarray, simple: np.ndarray,
-                 tolerance: float = 0.0) -> tuple[mcb.Best, np.ndarray, np.ndarray]:
-    """MCB bounds, level means and the rule's pick for one group (any leading batch axes).
-
-    Args:
-        y: losses ``[..., level of factor 1, ..., level of factor k, seed]`` (NaN: not run).
-        k: the number of factors.
-        axes: the group's factor indices.
-        delta: the margin (a scalar, or one per batch element).
-        alpha: the error this group may spend.
-        seconds: training seconds of every run, the shape of ``y`` (NaN: unknown).
-        simple: simplicity rank of each joint level (``[L]``).
-        tolerance: a share a cost difference must exceed beside the measured spread.
-
-    Returns:
-        ``(bounds, mean[..., L], pick[...])``.
-    """
-    yj = joint(y, axes, k)
-    b = mcb.mcb(mcb.pairwise(yj), delta, alpha)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a level never run: NaN mean
-        mean = np.nanmean(yj.reshape(yj.shape[:-2] + (-1,)), axis=-1)
-    cost = costs.level_cost(joint(np.broadcast_to(seconds, y.shape), axes, k))
-    pool = mcb.candidates(b.status, b.gap, delta)
-    cheap = costs.equally_cheap(cost, pool, tolerance)
-    return b, mean, mcb.choose(pool, cheap, simple, mean)
-
-
 def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
            margin: float, alpha: float = 0.05, cost_tolerance: float = costs.FLOOR,
-           power: float = mcb.POWER) -> Decision:
+           power: float = mcb.POWER, spent: Spent | None = None) -> Decision:
     """The winner of the study, factor by factor.
 
     Args:
@@ -164,19 +124,28 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
         alpha: the error the whole decision may spend (split over the groups).
         cost_tolerance: the share a cost difference must exceed beyond the measured spread.
         power: of the seeds that would show an open choice within the margin.
+        spent: a decide study's last look (``report.decided``): the decision spends its share
+            of alpha only, the bounds over the levels not shown worse, as the study's looks
+            did; ``alpha`` stays the guarantee over all looks.
     """
+    level = alpha  # the guarantee printed: 1 - alpha (a decide study's, over all its looks)
+    unknown = spent is not None and not spent.alpha > 0  # looks not replayed: nothing shown
+    if spent is not None and not unknown:
+        alpha = spent.alpha
+    constrained = spent is not None
     table, factors = design(runs, configs)
     if not factors:  # one config: nothing to decide
         fp = _finished(configs)
-        return Decision(choices=(), fingerprint=fp[0] if fp else None, margin=margin, alpha=alpha,
-                        cost_tolerance=cost_tolerance)
+        return Decision(choices=(), fingerprint=fp[0] if fp else None, margin=margin, alpha=level,
+                        cost_tolerance=cost_tolerance, study=spent.note if spent else "")
     cube = Cube.of(table, factors)
     timing = Cube.of(table.assign(loss=table["seconds"], finished=True), factors).loss
     # A grid that is not fully crossed (some combination never ran) cannot be read factor by
     # factor: its configs are compared with each other, all factors as one group.
     crossed = bool(np.isfinite(cube.loss).any(axis=-1).all())
     parts = groups(an, factors) if crossed else [list(range(len(factors)))]
-    delta = margin if math.isfinite(margin) else -math.inf  # no margin: nothing is "within"
+    # no margin, or a decide study whose share of alpha is unknown: nothing is "within"
+    delta = margin if math.isfinite(margin) and not unknown else -math.inf
     choices = []
     for axes in parts:
         names = tuple(factors[a].name for a in axes)
@@ -186,7 +155,7 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
         simple = np.array([sum(simplicity(factors[a].name, lv[i], factors[a].levels.index(lv[i]))
                                for i, a in enumerate(axes)) for lv in levels])
         b, mean, pick = level_choice(cube.loss, len(factors), axes, delta, alpha / len(parts),
-                                     timing, simple, cost_tolerance)
+                                     timing, simple, cost_tolerance, constrained)
         cost = costs.level_cost(joint(timing, axes, len(factors)))
         choices.append(Choice(
             factors=names, levels=tuple(levels), status=tuple(str(s) for s in b.status),
@@ -196,7 +165,8 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
             cost_runs=tuple(int(x) for x in cost.runs),
             chosen=int(pick), preferred=int(pick), basis=_basis_of(b, int(pick)),
             seeds_needed=_seeds(b, int(pick), delta, power)))
-    return _settle(table, configs, choices, factors, margin, alpha, cost_tolerance)
+    dec = _settle(table, configs, choices, factors, margin, level, cost_tolerance)
+    return replace(dec, study=spent.note) if spent else dec
 
 
 def _basis_of(b: mcb.Best, i: int) -> str:

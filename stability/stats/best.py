@@ -101,13 +101,19 @@ class Best:
     single: np.ndarray
 
 
-def mcb(d: np.ndarray, delta: float | np.ndarray, alpha: float) -> Best:
+def mcb(d: np.ndarray, delta: float | np.ndarray, alpha: float,
+        constrained: bool = False) -> Best:
     """Multiple comparisons with the best from pairwise per-seed differences.
 
     Args:
         d: ``pairwise`` output ``[..., k, k, seed]`` (NaN: seed missing for that pair).
         delta: the margin (loss units), a scalar or one per leading batch element.
         alpha: the error this factor may spend (``alpha / factors`` for several at once).
+        constrained: ``U_i`` over the levels not shown worse only. Under the same event E the
+            true best is never shown worse (``L_b <= 0 <= delta``), so it is among them and
+            ``mu_i - mu_b <= hi_ib`` still bounds the gap; a level that left a study early
+            (the decide study, ``stats.shown``), its few seeds giving wide pairs, then bounds
+            nothing it cannot. False (the fixed study's report): every level, as published.
 
     Returns:
         The bounds and each level's status.
@@ -139,12 +145,16 @@ def mcb(d: np.ndarray, delta: float | np.ndarray, alpha: float) -> Best:
     hi = np.where(skip, -np.inf, hi)
     lo = np.where(skip, -np.inf, lo)
     one = np.where(skip, -np.inf, one)
+    lower = lo.max(axis=-1) if k > 1 else np.full(d.shape[:-2], -np.inf)
+    delta = np.asarray(delta, dtype=float)[..., None] if np.ndim(delta) else delta
+    if constrained and k > 1:
+        out = (lower > delta) & (np.asarray(delta) >= 0)  # no margin: nothing is set aside
+        hi = np.where(out[..., None, :], -np.inf, hi)
+        one = np.where(out[..., None, :], -np.inf, one)
     upper = np.maximum(0.0, hi.max(axis=-1)) if k > 1 else np.zeros(d.shape[:-2])
     single = np.maximum(0.0, one.max(axis=-1)) if k > 1 else np.zeros(d.shape[:-2])
-    lower = lo.max(axis=-1) if k > 1 else np.full(d.shape[:-2], -np.inf)
     point = np.where(skip | ~np.isfinite(mean), -np.inf, mean)
     gap = np.maximum(0.0, point.max(axis=-1)) if k > 1 else np.zeros(d.shape[:-2])
-    delta = np.asarray(delta, dtype=float)[..., None] if np.ndim(delta) else delta
     status = np.where(upper <= delta, WITHIN, np.where(
         lower > delta, WORSE, np.where(single <= delta, NEAR, OPEN)))
     status = np.where(present | (k == 1), status, ABSENT)

@@ -25,7 +25,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -62,32 +62,7 @@ class Settings:
         Raises:
             ConfigError: one line naming the key and the allowed values.
         """
-        def whole(k: str, low: int, none: bool = False) -> None:
-            v = getattr(self, k)
-            if v is None and none:
-                return
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ConfigError(f"{KEY}.{k}={v!r} is invalid: allowed values are an integer "
-                                  f">= {low}" + (" or null" if none else ""))
-
-        whole("n0", 2)
-        whole("step", 1)
-        whole("max_seeds", 2)
-        whole("budget_runs", 1, none=True)
-        for k, low, high in (("alpha", 0, 1), ("power", 0, 1)):
-            v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not low < v < high:
-                raise ConfigError(f"{KEY}.{k}={v!r} is invalid: allowed values are "
-                                  f"{low} < {k} < {high}")
-        cpu = self.budget_cpu_s
-        if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int | float)
-                                or not cpu > 0):
-            raise ConfigError(f"{KEY}.budget_cpu_s={cpu!r} is invalid: allowed values are "
-                              "seconds > 0 or null")
-        Margin.parse(self.margin, f"{KEY}.margin")
-        if self.max_seeds < self.n0:
-            raise ConfigError(f"{KEY}.max_seeds={self.max_seeds} is invalid: allowed values are "
-                              f"an integer >= n0 ({self.n0})")
+        validate(self, KEY)
 
     @property
     def plan(self) -> sq.Plan:
@@ -98,6 +73,44 @@ class Settings:
     def to_json(self, base_seed: int) -> str:
         """What the parent run records (``contract.Tag.ADAPTIVE_PLAN``): the report replays it."""
         return json.dumps(asdict(self) | {"base_seed": base_seed}, sort_keys=True)
+
+
+def validate(settings: Any, key: str) -> None:
+    """Refuse a bad value of the settings a seeded study shares (``n0``, ``step``,
+    ``max_seeds``, ``alpha``, ``power`` where it has one, ``margin``, the budgets).
+
+    Raises:
+        ConfigError: one line naming the key and the allowed values.
+    """
+    def whole(k: str, low: int, none: bool = False) -> None:
+        v = getattr(settings, k)
+        if v is None and none:
+            return
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ConfigError(f"{key}.{k}={v!r} is invalid: allowed values are an integer "
+                              f">= {low}" + (" or null" if none else ""))
+
+    whole("n0", 2)
+    whole("step", 1)
+    whole("max_seeds", 2)
+    whole("budget_runs", 1, none=True)
+    for k, low, high in (("alpha", 0, 1), ("power", 0, 1)):
+        if not hasattr(settings, k):
+            continue
+        v = getattr(settings, k)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not low < v < high:
+            raise ConfigError(f"{key}.{k}={v!r} is invalid: allowed values are "
+                              f"{low} < {k} < {high}")
+    cpu = settings.budget_cpu_s
+    if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int | float)
+                            or not cpu > 0):
+        raise ConfigError(f"{key}.budget_cpu_s={cpu!r} is invalid: allowed values are "
+                          "seconds > 0 or null")
+    Margin.parse(settings.margin, f"{key}.margin")
+    n0, most = settings.n0, settings.max_seeds
+    if most < n0:
+        raise ConfigError(f"{key}.max_seeds={most} is invalid: allowed values are "
+                          f"an integer >= n0 ({n0})")
 
 
 def configs(points: Sequence[SweepPoint]) -> dict[str, SweepPoint]:
@@ -125,7 +138,7 @@ def swept_keys(points: Sequence[SweepPoint]) -> set[str]:
     return {k for k, v in values.items() if len(v) > 1}
 
 
-def design(points: Sequence[SweepPoint]) -> Design:
+def design(points: Sequence[SweepPoint], strategy: str = "adaptive") -> Design:
     """The factorial design of the grid's points (``design_of``), checked.
 
     Raises:
@@ -138,19 +151,21 @@ def design(points: Sequence[SweepPoint]) -> Design:
         why = (f"; {', '.join(never)} {'is' if len(never) == 1 else 'are'} swept but never a "
                "factor (not a setting of training)") if never else ""
         raise ConfigError(
-            "hydra.sweeper.strategy=adaptive is invalid for this grid: allowed grids are a full "
+            f"hydra.sweeper.strategy={strategy} is invalid for this grid: allowed grids are a full "
             f"factorial of at least one factor with two levels (got {len(d.cells)} configs over "
             f"{' x '.join(map(str, d.shape)) or 'no factor'}{why})")
     return d
 
 
-class AdaptiveStrategy:
-    """Seeds where a verdict is open (see the module docstring).
+class Seeded:
+    """What a study that adds seeds round by round keeps: the grid's configs as a factorial,
+    the recorded runs, the budgets, and the points of a round (``AdaptiveStrategy``,
+    ``decide.DecideStrategy``).
 
     Args:
         points: the de-duplicated grid.
         make: composes overrides into a point (new seeds of a config).
-        settings: ``hydra.sweeper.adaptive`` (``Settings``).
+        settings: the strategy's settings (its ``settings_type``).
 
     Raises:
         ConfigError: the grid is not a full factorial, or ``budget_runs`` cannot pay round 1.
@@ -158,13 +173,15 @@ class AdaptiveStrategy:
 
     settings_type: ClassVar[type] = Settings
     reads_losses: ClassVar[bool] = True
+    name: ClassVar[str] = "adaptive"  # hydra.sweeper.strategy=<name>; its lines start with it
+    key: ClassVar[str] = KEY  # its settings' block
 
     def __init__(self, points: Sequence[SweepPoint], make: PointMaker | None = None,
-                 settings: Settings | None = None) -> None:
-        self.settings = settings or Settings()
+                 settings: Any = None) -> None:
+        self.settings = settings or self.settings_type()
         self.plan = self.settings.plan
-        self.design = design(points)
-        self.margin = Margin.parse(self.settings.margin, f"{KEY}.margin")
+        self.design = design(points, self.name)
+        self.margin = Margin.parse(self.settings.margin, f"{self.key}.margin")
         self.configs = tuple(configs(points).values())  # grid order
         self.cells = tuple(self.design.cell(p.fingerprint) for p in self.configs)
         self.make = make
@@ -173,34 +190,21 @@ class AdaptiveStrategy:
         first = len(self.configs) * self.settings.n0
         budget = self.settings.budget_runs
         if budget is not None and budget < first:
-            raise ConfigError(f"{KEY}.budget_runs={budget} is invalid: allowed values are at "
-                              f"least the first round, {len(self.configs)} configs x "
+            raise ConfigError(f"{self.key}.budget_runs={budget} is invalid: allowed values are "
+                              f"at least the first round, {len(self.configs)} configs x "
                               f"n0={self.settings.n0} = {first} runs")
         self.loss: dict[tuple[int, int], float] = {}  # (config, seed index) -> loss or NaN
         self.seconds: dict[tuple[int, int], float] = {}
-        self.replay: looks.Replay | None = None
-        self.stopped = ""  # why the study ended before its verdicts did ("" when they did)
+        self.stopped = ""  # why the study ended before its rule did ("" when it did)
         self._lines: list[str] = []
-
-    def tags(self) -> dict[str, str]:
-        """What the sweep's parent run records about this strategy (the report reads it)."""
-        return {Tag.STRATEGY: "adaptive", Tag.ADAPTIVE_PLAN: self.settings.to_json(self.base_seed)}
 
     def lines(self) -> list[str]:
         """What the strategy has to say since last asked (the sweeper says it)."""
         out, self._lines = self._lines, []
         return out
 
-    def initial(self) -> list[SweepPoint]:
-        """Round 1: every config, seeds ``base .. base + n0 - 1``."""
-        self._lines.append(f"adaptive: {len(self.configs)} configs over "
-                           f"{' x '.join(map(str, self.design.shape))} "
-                           f"({', '.join(self.design.names)}); round 1 gives each "
-                           f"{self.settings.n0} seeds, looks at {self.plan.looks} seeds")
-        return self._points(np.ones(self.design.shape + (self.settings.n0,), dtype=bool))
-
-    def next(self, results: Sequence[PointResult]) -> list[SweepPoint] | None:
-        """Record the round, replay the looks, and plan the runs the next look needs."""
+    def record(self, results: Sequence[PointResult]) -> None:
+        """Keep each result's loss (NaN: did not finish) and seconds by (config, seed index)."""
         for r in results:
             c = self.fingerprints.get(r.fingerprint)
             i = r.seed - self.base_seed
@@ -210,12 +214,10 @@ class AdaptiveStrategy:
             self.loss[(c, i)] = float(r.best_val_loss) if ok else math.nan
             if r.seconds is not None and math.isfinite(r.seconds):
                 self.seconds[(c, i)] = float(r.seconds)
-        loss, ran = self.arrays()
-        self.replay = looks.replay(loss, ran, self.plan, self.margin.of)
-        self._lines += self._said()
-        if self.replay.done:
-            return None
-        todo = self.replay.missing
+
+    def over_budget(self, todo: np.ndarray) -> str:
+        """Why the runs ``todo`` would overrun a budget ("" when they would not); kept in
+        ``stopped`` and said."""
         spent, cost = len(self.loss), int(todo.sum())
         budget = self.settings.budget_runs
         if budget is not None and spent + cost > budget:
@@ -226,9 +228,8 @@ class AdaptiveStrategy:
                 self.stopped = (f"budget_cpu_s: the next round needs ~{more:.0f} CPU-s, "
                                 f"{self.settings.budget_cpu_s - used:.0f} left")
         if self.stopped:
-            self._lines.append(f"adaptive: stopped, {self.stopped}")
-            return None
-        return self._points(todo)
+            self._lines.append(f"{self.name}: stopped, {self.stopped}")
+        return self.stopped
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """``(loss, ran)`` as ``[levels..., seed index]`` (NaN loss: unfinished or not run)."""
@@ -238,6 +239,13 @@ class AdaptiveStrategy:
             loss[self.cells[c] + (i,)] = v
             ran[self.cells[c] + (i,)] = True
         return loss, ran
+
+    def seconds_array(self) -> np.ndarray:
+        """Each recorded run's seconds as ``[levels..., seed index]`` (NaN: unknown)."""
+        out = np.full(self.design.shape + (self.plan.max_seeds,), np.nan)
+        for (c, i), v in self.seconds.items():
+            out[self.cells[c] + (i,)] = v
+        return out
 
     def cpu_seconds(self, todo: np.ndarray) -> tuple[float, float]:
         """Seconds the recorded runs took, and an estimate for ``todo`` (each config's mean
@@ -261,6 +269,48 @@ class AdaptiveStrategy:
                 out.append(p if p.cfg.seed == seed else
                            self.make(with_override(p.overrides, "seed", seed)))  # type: ignore[misc]
         return out
+
+
+class AdaptiveStrategy(Seeded):
+    """Seeds where a verdict is open (see the module docstring).
+
+    Args:
+        points: the de-duplicated grid.
+        make: composes overrides into a point (new seeds of a config).
+        settings: ``hydra.sweeper.adaptive`` (``Settings``).
+
+    Raises:
+        ConfigError: the grid is not a full factorial, or ``budget_runs`` cannot pay round 1.
+    """
+
+    settings_type: ClassVar[type] = Settings
+
+    def __init__(self, points: Sequence[SweepPoint], make: PointMaker | None = None,
+                 settings: Settings | None = None) -> None:
+        super().__init__(points, make, settings)
+        self.replay: looks.Replay | None = None
+
+    def tags(self) -> dict[str, str]:
+        """What the sweep's parent run records about this strategy (the report reads it)."""
+        return {Tag.STRATEGY: "adaptive", Tag.ADAPTIVE_PLAN: self.settings.to_json(self.base_seed)}
+
+    def initial(self) -> list[SweepPoint]:
+        """Round 1: every config, seeds ``base .. base + n0 - 1``."""
+        self._lines.append(f"adaptive: {len(self.configs)} configs over "
+                           f"{' x '.join(map(str, self.design.shape))} "
+                           f"({', '.join(self.design.names)}); round 1 gives each "
+                           f"{self.settings.n0} seeds, looks at {self.plan.looks} seeds")
+        return self._points(np.ones(self.design.shape + (self.settings.n0,), dtype=bool))
+
+    def next(self, results: Sequence[PointResult]) -> list[SweepPoint] | None:
+        """Record the round, replay the looks, and plan the runs the next look needs."""
+        self.record(results)
+        loss, ran = self.arrays()
+        self.replay = looks.replay(loss, ran, self.plan, self.margin.of)
+        self._lines += self._said()
+        if self.replay.done or self.over_budget(self.replay.missing):
+            return None
+        return self._points(self.replay.missing)
 
     def _said(self) -> list[str]:
         rep = self.replay

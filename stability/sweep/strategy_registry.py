@@ -1,10 +1,11 @@
 """The strategies a sweep can name: ``hydra.sweeper.strategy=<name>`` looks its class up here.
 
 ``STRATEGIES`` maps a name to a strategy class (``strategy_base.Strategy``) or to the import
-path of one, imported only when a sweep names it: ``adaptive`` brings scipy, which a single
-run's worker never loads (tests/test_imports.py; Hydra imports the sweeper plugin in every
-process). A strategy of your own is one ``register("name", MyStrategy)`` in a module the sweep
-imports; ``hydra.sweeper.strategy=module.Class`` (a class by its import path) works too.
+path of one, imported only when a sweep names it: ``adaptive`` and ``decide`` bring scipy,
+which a single run's worker never loads (tests/test_imports.py; Hydra imports the sweeper
+plugin in every process). A strategy of your own is one ``register("name", MyStrategy)`` in a
+module the sweep imports; ``hydra.sweeper.strategy=module.Class`` (a class by its import path)
+works too.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ DEFAULT = "grid"  # the strategy of a sweep that names none
 STRATEGIES: dict[str, type | str] = {
     DEFAULT: GridStrategy,
     "adaptive": "stability.sweep.adaptive.AdaptiveStrategy",
+    "decide": "stability.sweep.decide.DecideStrategy",
 }
 
 

@@ -85,6 +85,7 @@ class Tag:
     LOSS_NAME = "stability.loss_name"  # what the task's loss is ("BCE", "MSE"): axis labels
     STRATEGY = "stability.strategy"  # on a sweep's parent: how it planned (absent: the grid)
     ADAPTIVE_PLAN = "stability.adaptive_plan"  # on an adaptive sweep's parent: its settings (JSON)
+    DECIDE_PLAN = "stability.decide_plan"  # on a decide sweep's parent: its settings (JSON)
     CHECK_OUTCOME = "stability.check_outcome"  # check run: pass | fail (any probe failed)
     # An experiment tag (MLflow 3.x UI): the experiment's type. Set to EXPERIMENT_KIND_TRAINING,
     # the UI opens the experiment on its runs table (model training), not on GenAI traces.

@@ -34,18 +34,20 @@ def studies(rng: np.random.Generator, n: int, effect: np.ndarray | None = None,
 
     ``run`` may be an array of the grid's shape without seeds (unequal noise per config);
     ``seed_by_clip`` adds a seed x clip-level interaction; ``tails`` < inf draws the run noise
-    from a Student t with that many df (scaled to ``run``); ``seeds``: seeds per config.
+    from a Student t with that many df (scaled to ``run``). ``effect`` (and an array ``run``)
+    may have another grid's shape (levels of each factor) with a seed axis of one or
+    ``seeds``.
     """
-    shape = (*SHAPE[:-1], seeds)
     y = NOISE["loss"] + (0.0 if effect is None else effect)
-    y = y + rng.normal(0, NOISE["seed"], (n, 1, 1, 1, seeds))
-    y = y + rng.normal(0, seed_by_clip, (n, len(CLIPS), 1, 1, seeds))
+    grid = np.shape(y)[:-1] if np.ndim(y) else SHAPE[:-1]
+    y = y + rng.normal(0, NOISE["seed"], (n,) + (1,) * len(grid) + (seeds,))
+    y = y + rng.normal(0, seed_by_clip, (n, grid[0]) + (1,) * (len(grid) - 1) + (seeds,))
     sd = np.asarray(run, dtype=float)
-    sd = sd[..., None] if sd.ndim == 3 else sd
+    sd = sd[..., None] if sd.ndim == len(grid) else sd
     if math.isinf(tails):
-        noise = rng.normal(0, 1, (n, *shape))
+        noise = rng.normal(0, 1, (n, *grid, seeds))
     else:
-        noise = rng.standard_t(tails, (n, *shape)) / math.sqrt(tails / (tails - 2))
+        noise = rng.standard_t(tails, (n, *grid, seeds)) / math.sqrt(tails / (tails - 2))
     return y + noise * sd
 
 
@@ -117,8 +119,8 @@ def real_noise(rng: np.random.Generator, n: int, seeds: int = SEEDS) -> np.ndarr
     directions ``Z`` (an orthonormal basis orthogonal to the mean); ``Z @ G / 2`` with ``G``
     standard normal ``[4, 5]`` has, seed by seed, the covariance ``Z Z' / 4`` across the 48
     configs: the seed effect, the configs that share a seed's initialisation and shuffling
-    moving together, and the run noise, as measured (a parametric bootstrap). ``seeds``: seeds
-    per config (each an independent draw of that covariance).
+    moving together, and the run noise, as measured (a parametric bootstrap). ``seeds``: as
+    many independent seeds as asked (each drawn the same way).
     """
     loss, _ = default_study()
     flat = loss.reshape(-1, SEEDS)

@@ -420,8 +420,8 @@ def test_grid_strategy_is_the_whole_grid_in_one_round() -> None:
     assert load_strategy(None) is GridStrategy and load_strategy("grid") is GridStrategy
     assert load_strategy("tests.sweep.test_sweep.AddOneSeed") is AddOneSeed
     with pytest.raises(ConfigError, match=r"hydra.sweeper.strategy=no.such.Strategy is invalid: "
-                                          r"allowed values are grid, adaptive or an importable "
-                                          r"class"):
+                                          r"allowed values are grid, adaptive, decide or an "
+                                          r"importable class"):
         load_strategy("no.such.Strategy")
 
 

@@ -110,7 +110,7 @@ def factor_sentences(an: FactorAnalysis, seq: Sequential | None = None) -> list[
                 else _adaptive_phrase(e, seq, an.confidence) for e in effects]
         parts = "; ".join([f"{level_name(f.name, e.level)} {s}{_cost(e)}"
                            for e, s in zip(effects, said, strict=True)] + extra)
-        pooled = ("pooled over every other setting and seed" if seq is None else
+        pooled = ("pooled over every other setting and seed" if seq is None or seq.decide else
                   "pooled over the other settings still in play at the deciding look (named "
                   "where a level had left)")
         text = (f"- **{title(f.name)}** vs {level_name(f.name, f.reference)}, "
@@ -250,13 +250,20 @@ def guarantee(dec: Decision) -> str:
                    f"{m} of the best; {each} {said}; the data show only that "
                    f"{'it is' if len(guessed) == 1 else 'they are'} at most {bounds} worse "
                    f"(same {level:.0%} simultaneous bounds). More seeds would tell.")
-    return "Guarantee: " + " ".join(out)
+    study = f" ({dec.study})." if dec.study else ""
+    return "Guarantee: " + " ".join(out) + study
 
 
 def adaptive_line(seq: Sequential | None) -> list[str]:
     """For an adaptive sweep: whose verdicts these are, and what the numbers beside them are."""
     if seq is None:
         return []
+    if seq.decide:
+        return ["**Decide sweep: the factor verdicts are withheld.** Its seeds were added "
+                "where a choice was still open, so re-testing the final runs as if the seeds "
+                "had been fixed in advance is not valid; the effects, CIs and p-values below "
+                "are descriptive (unadjusted), not tests. The answer's claims are the study's "
+                "last look (its guarantee line).", ""]
     if not seq.replayed:
         return ["**Adaptive sweep whose looks could not be replayed (see Problems): the "
                 "verdicts are withheld.** Re-testing the final runs at the full α as if the "
