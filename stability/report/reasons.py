@@ -2,12 +2,13 @@
 
 The rule (``select.DECISION_RULE``) decides in order: validation (the candidates of
 ``stats.best.candidates``: levels shown within the margin of the best, else within it one
-comparison at a time, else the lowest estimate), cost (the cheapest candidates, a difference
-not shown beyond the run-to-run spread and the cost floor counting as none), simplicity,
-then the lowest mean; a config with an unfinished seed is never chosen, and stability
-(``steady``) may swap a marginal or unstable choice for a stable twin. ``why`` names the step that decided a group's chosen level and, for every other level,
-the step that kept it out, from the same numbers the decision used (``stats.best.candidates``,
-``stats.cost.equally_cheap``), so a cheaper level beside a costlier choice is never unexplained.
+comparison at a time, else the lowest estimate), cost (the cheapest candidates, a difference not
+shown beyond the run-to-run spread and the cost floor counting as none), simplicity, then the
+lowest mean; a config with an unfinished seed is never chosen, and stability (``steady``) may
+swap a marginal or unstable choice for a stable twin. ``why`` names the step that decided a
+group's chosen level and, for every other level, the step that kept it out, from the same
+numbers the decision used (``stats.best.candidates``, ``stats.cost.equally_cheap``), so a
+cheaper level beside a costlier choice is never unexplained.
 """
 
 from __future__ import annotations
