@@ -243,11 +243,12 @@ def guarantee(dec: Decision) -> str:
                             f"(one-sided {single:.1%} each)",
                CHOSEN_LOWEST: "has the lowest estimate"}
         reasons = [why.get(c.basis, "is the next in the rule's order (Note)") for c in guessed]
-        said = (reasons[0] if len(set(reasons)) == 1 else
-                "; ".join(f"{_names([c])}: {r}" for c, r in zip(guessed, reasons, strict=True)))
         each = "the chosen level" if len(guessed) == 1 else "each chosen level"
+        said = (f"{each} {reasons[0]}" if len(set(reasons)) == 1 else
+                "; ".join(f"the chosen {_names([c])} level {r}"
+                          for c, r in zip(guessed, reasons, strict=True)))
         out.append(f"Best guess, not shown: for {_names(guessed)} no level is shown within "
-                   f"{m} of the best; {each} {said}; the data show only that "
+                   f"{m} of the best; {said}; the data show only that "
                    f"{'it is' if len(guessed) == 1 else 'they are'} at most {bounds} worse "
                    f"(same {level:.0%} simultaneous bounds). More seeds would tell.")
     study = f" ({dec.study})." if dec.study else ""
