@@ -171,7 +171,8 @@ def decide(fetched: Fetched, evidence: Evidence, cfg: ReportConfig) -> Decided:
     """Choose the winner on validation and compare it with the rest, paired by seed."""
     runs, margin = fetched.runs, evidence.margin
     decision = decide_winner(runs, fetched.configs, evidence.analysis, margin, cfg.alpha,
-                             cfg.cost_tolerance, cfg.power, evidence.decided)
+                             cfg.cost_tolerance, power=cfg.power,
+                             spent=evidence.decided)
     return _against(fetched, decision, margin, cfg)
 
 

@@ -105,7 +105,7 @@ def prefer_stable(runs: pd.DataFrame, configs: pd.DataFrame, decision: rule.Deci
                          decision.cost_tolerance)
     if other.fingerprint is None:
         return decision, first
-    choices = tuple(c if o.chosen == c.chosen else rule._moved(c, o.chosen, delta)
+    choices = tuple(c if o.chosen == c.chosen else rule._moved(c, o.chosen)
                     for c, o in zip(decision.choices, other.choices, strict=True))
     if not _passes(choices, delta):
         return decision, first

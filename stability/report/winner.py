@@ -112,7 +112,7 @@ def groups(an: FactorAnalysis | None, factors: list[Factor]) -> list[list[int]]:
 
 
 def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
-           margin: float, alpha: float = 0.05, cost_tolerance: float = costs.FLOOR,
+           margin: float, alpha: float = 0.05, cost_tolerance: float = costs.FLOOR, *,
            power: float = mcb.POWER, spent: Spent | None = None) -> Decision:
     """The winner of the study, factor by factor.
 
