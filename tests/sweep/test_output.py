@@ -72,7 +72,8 @@ def test_verbose_brings_the_epoch_lines_back_to_the_terminal(tmp_path: Path) -> 
      "seconds >= 0"),
     ("hydra.sweeper.strategy=no.such.Strategy",
      "error: hydra.sweeper.strategy=no.such.Strategy is invalid: allowed values are grid, "
-     "adaptive, decide or an importable class module.Class (called as Class(points, make, settings))"),
+     "adaptive, decide or an importable class module.Class (called as Class(points, make, "
+     "settings))"),
     ("hydra.sweeper.strategy=adaptive hydra.sweeper.adaptive.n0=1",
      "error: hydra.sweeper.adaptive.n0=1 is invalid: allowed values are an integer >= 2"),
     ("hydra.sweeper.strategy=adaptive hydra.sweeper.adaptive.margin=big",
