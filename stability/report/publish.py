@@ -131,10 +131,10 @@ def finish_report_run(c: Any, run_id: str, folder: Path, metrics: Mapping[str, f
     ts = int(time.time() * 1000)
     c.log_batch(run_id, metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items()],
                 synchronous=True)
-    repo = origins.repo(c, run_id)  # the report run's own location, checked
+    uri = origins.run_uri(c, run_id)  # the report run's own location, checked
     for rel in files:
         parent = str(PurePosixPath(rel).parent)
-        repo.log_artifact(str(folder / rel), None if parent == "." else parent)
+        origins.upload(c, run_id, folder / rel, None if parent == "." else parent, uri)
     c.set_terminated(run_id, status="FINISHED")
 
 

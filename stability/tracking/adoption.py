@@ -44,12 +44,10 @@ class NotBacked(ValueError):
 
 def _download(c: Any, run_id: str, artifact_uri: str, name: str, dest: Path) -> Path:
     try:
-        repo = origins.repo(c, run_id, artifact_uri)
+        dest.mkdir(parents=True, exist_ok=True)
+        return origins.download(c, run_id, name, dest, artifact_uri)
     except origins.ForeignArtifacts as err:
         raise NotBacked(str(err)) from None
-    try:
-        dest.mkdir(parents=True, exist_ok=True)
-        return Path(repo.download_artifacts(name, str(dest)))
     except Exception:
         raise NotBacked(f"it has no {name}") from None
 
