@@ -63,11 +63,11 @@ def _unsafe(location: str) -> str:
     bad = _UNSAFE.search(location)
     if bad:
         return f"it holds {bad.group()!r}, which HTTP clients parse differently"
-    if "://" in location:
-        parts = urllib.parse.urlsplit(location)
-        if parts.scheme in ("http", "https", "mlflow-artifacts") and parts.netloc \
-                and not _AUTHORITY.fullmatch(parts.netloc):
-            return f"its authority {parts.netloc[:80]!r} is not a plain host[:port]"
+    scheme, sep, rest = location.partition("://")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]  # where RFC 3986 (and urlsplit) ends it
+    if sep and scheme.lower() in ("http", "https", "mlflow-artifacts") and authority \
+            and not _AUTHORITY.fullmatch(authority):
+        return f"its authority {authority[:80]!r} is not a plain host[:port]"
     return ""
 
 
@@ -115,7 +115,10 @@ def refusal(tracking_uri: str, location: str, root: str | None = None) -> str:
     unsafe = "" if location.startswith("/") else _unsafe(location)  # a path sends nothing
     if unsafe:
         return unsafe
-    parts = urllib.parse.urlsplit(location)
+    try:
+        parts = urllib.parse.urlsplit(location)
+    except ValueError:  # "Invalid IPv6 URL"
+        return "not a URL"
     track = urllib.parse.urlsplit(tracking_uri)
     server = track.scheme in ("http", "https")
     if parts.scheme == "mlflow-artifacts":
