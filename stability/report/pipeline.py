@@ -98,7 +98,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             publish.tag_findings(c, report_run, findings.configs.winner, list(findings.advice))
             test = _sealed_test(c, cfg, fetched, decided, cache / "winner")
             registered = (_register(c, uri, cfg, fetched, findings.configs.winner, test,
-                                    report_run, cache / "model")
+                                    report_run, cache / "model", folder)
                           if cfg.register else Registered())
             study = Study(options=cfg, tracking_uri=redact_uri(uri), fetched=fetched,
                           evidence=evidence, decided=decided, findings=findings, test=test,
@@ -150,7 +150,8 @@ def _present(study: Study, staging: Path, report_run: str, commit: str,
 
 
 def _register(c: Any, uri: str, cfg: ReportConfig, fetched: stages.Fetched, winner: ConfigRow,
-              test: WinnerTestResult, report_run: str, workdir: Path) -> Registered:
+              test: WinnerTestResult, report_run: str, workdir: Path,
+              folder: Path) -> Registered:
     """Register the winner's best seed (chosen on validation); a failure is one of its notes."""
     runs = fetched.runs
     notes: list[str] = []
@@ -162,7 +163,8 @@ def _register(c: Any, uri: str, cfg: ReportConfig, fetched: stages.Fetched, winn
         loadable = load_winner(c, str(best["run_id"]), workdir, winner.fingerprint,
                                allowed_tasks(cfg.task))
         candidate = publish.Candidate(sweep=fetched.sweep, winner=winner, run=best, test=test,
-                                      loadable=loadable, report_run_id=report_run)
+                                      loadable=loadable, report_run_id=report_run,
+                                      folder=folder)
         version, created = publish.register_winner(c, uri, cfg.registered_model, candidate,
                                                    notes)
     except Exception as err:  # the report stands without a registry entry

@@ -2,11 +2,18 @@
 
 Re-running a report on the same sweep creates a new report run (each is a dated record) but
 no new model version: the version an earlier report of this sweep registered for the same
-winner is reused, recognised by its run and source, never by its tags (``_own_version``).
+winner is reused. What MLflow records of a version (its tags, its run, its source, the report
+run that logged its model, that run's tags) is written by anyone who may create runs in the
+experiment or versions of the model, so none of it proves a version is ours: a planted pyfunc
+version dressed as this sweep's was reused and ``@champion`` moved to it. The proof is local:
+each version a report registers is written into ``LEDGER`` in its own report folder (the user's
+disk, which no teammate writes), and only a version named there, with the same source, run
+and store, is reused (``_own_version``); any other is passed over and a new one registered.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -26,6 +33,7 @@ from stability.report.select import SELECTION_RULE
 from stability.report.signature import LOGGED_MODEL, signature_warning, versions
 from stability.tracking import origins
 from stability.tracking.contract import Artifact, Kind, Tag
+from stability.tracking.credentials import redact_uri
 
 if TYPE_CHECKING:
     from stability.report.table import ConfigRow
@@ -34,6 +42,8 @@ log = logging.getLogger(__name__)
 
 MAX_TAG = 5000  # MLflow's tag value limit
 CHAMPION = "champion"  # registry alias of the newest winner
+LEDGER = "registered_versions.json"  # in the report folder: the versions its reports registered
+MAX_LEDGER_BYTES = 1_000_000
 
 
 def start_report_run(c: Any, sweep: Sweep, winner: Mapping[str, Any], git_commit: str) -> str:
@@ -147,28 +157,50 @@ def fail_report_run(c: Any, run_id: str, err: BaseException) -> None:
         log.exception("could not close report run %s", run_id)
 
 
-def _own_version(c: Any, v: Any, sweep: Sweep, fp: str, training_run_id: str) -> bool:
-    """Whether ``v`` is the version an earlier report of this sweep registered for this winner.
-
-    Read from what MLflow records, never from the version's tags (anyone can tag a version
-    ``sweep_id``/``winner``): its run is the winner's seed this report chose from the sweep's
-    own runs, its source is the logged model it names (``models:/<model_id>``), and that model
-    was logged into a report run of this sweep, in its experiment, for this winner.
-    """
-    source = LOGGED_MODEL.fullmatch(str(v.source or ""))
-    if str(v.run_id or "") != training_run_id or source is None:
-        return False
-    model_id = source.group(1)
+def _ledger(folder: Path | None) -> list[dict[str, str]]:
+    """The versions earlier reports in ``folder`` registered ([] when none or unreadable)."""
+    path = None if folder is None else folder / LEDGER
+    if path is None or not path.is_file() or path.is_symlink() \
+            or path.stat().st_size > MAX_LEDGER_BYTES:
+        return []
     try:
-        logged = c.get_logged_model(model_id)
-        report = c.get_run(logged.source_run_id)
-    except Exception as err:  # gone, or not a logged model: not ours to reuse
-        log.debug("version %s of %s is not reusable: %s", v.version, v.name, err)
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def _entry(uri: str, name: str, version: str, source: str, fp: str, training_run_id: str,
+           report_run_id: str) -> dict[str, str]:
+    return {"store": redact_uri(uri), "name": name, "version": version, "source": source,
+            "winner": fp, "training_run_id": training_run_id, "report_run_id": report_run_id}
+
+
+def _remember(folder: Path | None, entry: dict[str, str]) -> None:
+    """Add ``entry`` to the folder's ledger (written beside it, then renamed over it)."""
+    if folder is None:
+        return
+    entries = [*_ledger(folder), entry]
+    tmp = folder / f".{LEDGER}.tmp"
+    try:
+        tmp.write_text(json.dumps(entries, indent=1), encoding="utf-8")
+        os.replace(tmp, folder / LEDGER)
+    except OSError as err:  # the version stands; the next report registers another
+        log.warning("could not note model version %s in %s: %s", entry["version"],
+                    folder / LEDGER, err)
+
+
+def _own_version(v: Any, uri: str, ledger: Sequence[Mapping[str, str]], fp: str,
+                 training_run_id: str) -> bool:
+    """Whether ``v`` is a version an earlier report in this report folder registered for this
+    winner: named in its ledger with this store, source, winner and training run, and MLflow
+    still records that source and run for it. Nothing a teammate can write decides it."""
+    source = str(v.source or "")
+    if LOGGED_MODEL.fullmatch(source) is None or str(v.run_id or "") != training_run_id:
         return False
-    tags = report.data.tags
-    return (logged.experiment_id == sweep.experiment_id == report.info.experiment_id
-            and logged.name == Artifact.MODEL and tags.get(Tag.KIND) == Kind.REPORT.value
-            and tags.get(Tag.SWEEP_ID) == sweep.sweep_id and tags.get(Tag.WINNER) == fp)
+    mine = _entry(uri, str(v.name), str(v.version), source, fp, training_run_id, "")
+    keys = ("store", "name", "version", "source", "winner", "training_run_id")
+    return any(all(e.get(k) == mine[k] for k in keys) for e in ledger)
 
 
 @dataclass(frozen=True)
@@ -183,6 +215,8 @@ class Candidate:
         test: the winner's test evaluation (its numbers become version tags).
         loadable: that run's rebuilt model and input example (``evaluate.load_winner``).
         report_run_id: the report run that registers it.
+        folder: the report folder; its ``LEDGER`` names the versions its reports registered
+            (None: no version is reused).
     """
 
     sweep: Sweep
@@ -191,6 +225,7 @@ class Candidate:
     test: WinnerTestResult
     loadable: LoadableWinner
     report_run_id: str
+    folder: Path | None = None
 
 
 def register_winner(c: Any, uri: str, name: str, candidate: Candidate,
@@ -219,8 +254,9 @@ def register_winner(c: Any, uri: str, name: str, candidate: Candidate,
     sweep, winner, run, test = candidate.sweep, candidate.winner, candidate.run, candidate.test
     report_run_id = candidate.report_run_id
     fp = winner.fingerprint
+    ledger = _ledger(candidate.folder)
     for v in versions(c, name):
-        if _own_version(c, v, sweep, fp, str(run["run_id"])):
+        if _own_version(v, uri, ledger, fp, str(run["run_id"])):
             log.info("model %s version %s already holds this winner; not registering again",
                      name, v.version)
             c.set_registered_model_alias(name, CHAMPION, v.version)
@@ -247,6 +283,8 @@ def register_winner(c: Any, uri: str, name: str, candidate: Candidate,
     }
     if seed_test is not None and math.isfinite(seed_test.test_loss):
         tags |= {"test_loss": f"{seed_test.test_loss:.6g}", "test_acc": f"{seed_test.test_acc:.6g}"}
+    exp = c.get_experiment(sweep.experiment_id)  # read now: log_model uploads below it
+    origins.check(c.tracking_uri, str(exp.artifact_location), f"experiment '{exp.name}'")
     info = _log_model(uri, sweep.experiment_id, report_run_id, candidate.loadable)
     warning = signature_warning(c, name, info.signature)
     if warning:
@@ -256,6 +294,8 @@ def register_winner(c: Any, uri: str, name: str, candidate: Candidate,
     mv = c.create_model_version(name, source=info.model_uri, run_id=str(run["run_id"]),
                                 tags=tags, description=_description(candidate, seed_test),
                                 model_id=info.model_id)
+    _remember(candidate.folder, _entry(uri, name, str(mv.version), str(mv.source), fp,
+                                       str(run["run_id"]), report_run_id))
     c.set_registered_model_alias(name, CHAMPION, mv.version)
     c.set_tag(report_run_id, Tag.MODEL_URI, f"models:/{name}@{CHAMPION}")
     return str(mv.version), True
