@@ -80,6 +80,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     fetched = stages.fetch_sweep(c, cfg)
     evidence = stages.weigh(c, fetched, cfg)
     decided = stages.decide(fetched, evidence, cfg)
+    fetched, evidence, decided = stages.settle_loadable(c, cfg, fetched, evidence, decided)
     winner = decided.winner
     log.info("winner %s (%s) of %d configs", winner["label"], winner["fingerprint"],
              len(decided.configs))

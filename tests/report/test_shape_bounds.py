@@ -103,3 +103,20 @@ def test_a_checkpoint_of_300k_empty_members_is_refused_by_its_end_record(tmp_pat
     result, text = report(uri, "z4", tmp_path / "out")
     assert result.winner == fingerprint(run_config(WINNER, 0, tmp_path))
     assert "checkpoints/best.pt declares 300,000 members" in text
+
+
+def test_a_config_whose_every_checkpoint_is_refused_cannot_win(tmp_path: Path) -> None:
+    """Issue 55, item 7 (low): a config whose every checkpoint was refused still won and its
+    answer read "split of 0 sequences". Now its runs are unreadable, one line names it, and
+    the next config wins, tested on the sealed split."""
+    bomb = empty_members(tmp_path / "bomb" / "best.pt", MAX_CHECKPOINT_MEMBERS + 1)
+    uri, c, exp_id, parent, ids = recorded_sweep(tmp_path, "n7")
+    fp = fingerprint(run_config(WINNER, 0, tmp_path))
+    for seed in (0, 1):
+        c.log_artifact(ids[(fp, seed)], str(bomb), "checkpoints")
+    result, text = report(uri, "n7", tmp_path / "out")
+    assert result.winner == fingerprint(run_config(BASELINE, 0, tmp_path))
+    assert f"({fp}) cannot be the winner: none of its 2 finished runs has a checkpoint that " \
+           "loads (seed 0: CheckpointMismatch: checkpoints/best.pt declares 10,001 members" in text
+    assert "split of 0 sequences" not in text
+    assert f"run {ids[(fp, 1)]} is unreadable" in text
