@@ -26,7 +26,7 @@ from typing import Any
 
 from stability.report.adoption import user_of
 from stability.report.html import one_line
-from stability.tracking import children
+from stability.tracking import children, origins
 from stability.tracking.contract import Artifact, Tag
 
 log = logging.getLogger(__name__)
@@ -62,11 +62,13 @@ def own_runs(c: Any, parent_run_id: str | None, runs: Sequence[Any],
         return list(runs), []
     try:
         record = children.read(c, parent_run_id)
+    except origins.ForeignArtifacts as err:  # its location is elsewhere: nothing read there
+        raise children.RecordMissing(f"{err}; nothing is reported") from None
     except Exception as err:  # the record is there but unreadable: no run is shown to be its
         raise children.RecordMissing(one_line(
             f"the sweep's parent run {parent_run_id} has a {Artifact.SWEEP_RUNS} that cannot be "
             f"read ({str(err)[:200]}): its own runs cannot be told from planted ones; nothing "
-            "is reported (who wrote it: the run's artifacts in the MLflow UI)")) from None
+            "is reported")) from None
     if record is None:
         if children.promised(c.get_run(parent_run_id).data.params):
             raise children.RecordMissing(
