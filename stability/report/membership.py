@@ -15,7 +15,7 @@ Every other run is set aside, one line each naming the run, its point, why, and 
 missing from a parent that promised it (``children.RECORD_PARAM``, a param written once when
 the sweep began), stops the report (``children.RecordMissing``): deleting or garbling the
 record must not turn the sweep back into runs read by their tags. Only a sweep from before
-the record existed (no such param) is read by its tags, and the report says so in a line.
+the record existed (no such param) is read by its tags, with a warning line in the output.
 """
 
 from __future__ import annotations
@@ -75,10 +75,10 @@ def own_runs(c: Any, parent_run_id: str | None, runs: Sequence[Any],
                 f"the sweep's parent run {parent_run_id} was created keeping "
                 f"{Artifact.SWEEP_RUNS} (param {children.RECORD_PARAM}) and has none now: its "
                 "own runs cannot be told from planted ones; nothing is reported")
-        line = (f"the sweep's parent run {parent_run_id} keeps no {Artifact.SWEEP_RUNS} (a sweep "
-                "from before the record existed): its runs are taken by their tags")
-        log.warning("%s", line)
-        return list(runs), [line]
+        log.warning("the sweep's parent run %s keeps no %s (a sweep from before the record "
+                    "existed): its runs are taken by their tags", parent_run_id,
+                    Artifact.SWEEP_RUNS)
+        return list(runs), []
     own = record.launched | set(adopted)
     covered = {_point(r) for r in runs if r.info.run_id in own}
     kept, lines = [], []
