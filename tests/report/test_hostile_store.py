@@ -76,8 +76,9 @@ def _plant_55(kind: str, c, exp_id: str, parent: str, folder: Path, i: int, url:
             origins.write_text(c, parent, '{"launched": [', Artifact.SWEEP_RUNS)
     elif kind in ("parent_on_listener", "parent_read_two_ways"):
         host = url.removeprefix("http://")
-        where = (f"{url}/loot{i}" if kind == "parent_on_listener"
-                 else f"http://{host}\\@127.0.0.1:1/loot{i}")
+        loot = f"/api/2.0/mlflow-artifacts/artifacts/loot{i}"  # a path MLflow's client lists
+        where = (f"{url}{loot}" if kind == "parent_on_listener"
+                 else f"http://{host}\\@127.0.0.1:1{loot}")
         with sqlite3.connect(folder / "mlflow.db") as con:
             con.execute("UPDATE runs SET artifact_uri = ? WHERE run_uuid = ?", (where, parent))
         con.close()

@@ -23,6 +23,9 @@ from tests.report.test_planted import recorded_sweep, report
 from tests.tracking.test_origins import PASSWORD, Listener, listener, signed_in  # noqa: F401
 
 pytestmark = pytest.mark.slow
+# A listener path MLflow's HTTP artifact client lists (``http://host/loot`` fails inside MLflow
+# before any request: the reproduction needs the proxied API's path)
+LOOT = "/api/2.0/mlflow-artifacts/artifacts/loot"
 
 
 def _promise(c, parent: str) -> None:
@@ -119,13 +122,13 @@ def test_the_record_is_read_and_written_only_at_a_checked_location(
     uri, c, exp_id, parent, ids = recorded_sweep(tmp_path, "r2")
     with sqlite3.connect(tmp_path / "mlflow.db") as con:  # anyone who can write the file
         con.execute("UPDATE runs SET artifact_uri = ? WHERE run_uuid = ?",
-                    (f"{listener.url}/loot", parent))
+                    (f"{listener.url}{LOOT}", parent))
     con.close()
     with pytest.raises(origins.ForeignArtifacts, match=f"run {parent} keeps its artifacts at"):
         children.read(c, parent)
     with pytest.raises(origins.ForeignArtifacts, match=f"run {parent} keeps its artifacts at"):
         children.write(c, parent, ids.keys(), ids.values())
-    with pytest.raises(ReportError, match=f"keeps its artifacts at '{listener.url}/loot'"):
+    with pytest.raises(ReportError, match=f"keeps its artifacts at '{listener.url}{LOOT}'"):
         report(uri, "r2", tmp_path / "out")
     assert listener.seen == []
 
@@ -148,3 +151,31 @@ def test_only_origins_calls_mlflows_artifact_io() -> None:
              if io.search(line.split("#")[0])]
     assert calls == [], calls
     assert io.search(own.read_text())  # the pattern finds what it looks for
+
+
+@pytest.mark.server
+def test_on_a_server_the_record_is_read_only_at_a_checked_location(
+        tmp_path: Path, listener: Listener, signed_in: None,  # noqa: F811
+        mlflow_server) -> None:
+    """Item 2 as reproduced: the project's own server, the parent's ``artifact_uri`` set to a
+    listener by one UPDATE of its database; the report read the record through MLflow's own
+    client and the listener got the victim's password (1 request). Now: one line, nothing
+    sent."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.helpers.report_fixtures import make_sweep
+    from tests.report.test_planted import BASELINE, WINNER
+
+    uri = mlflow_server.uri
+    ids = make_sweep(uri, "r2-server", "r2-server", [WINNER, BASELINE], tmp_path / "runs")
+    c = MlflowClient(uri)
+    exp_id = c.get_experiment_by_name("r2-server").experiment_id
+    parent = c.search_runs([exp_id], "tags.`stability.kind` = 'sweep'")[0].info.run_id
+    children.write(c, parent, ids.keys(), ids.values())
+    with sqlite3.connect(mlflow_server.root / "mlflow.db") as con:
+        con.execute("UPDATE runs SET artifact_uri = ? WHERE run_uuid = ?",
+                    (f"{listener.url}{LOOT}", parent))
+    con.close()
+    with pytest.raises(ReportError, match=f"keeps its artifacts at '{listener.url}{LOOT}'"):
+        report(uri, "r2-server", tmp_path / "out")
+    assert listener.seen == []
