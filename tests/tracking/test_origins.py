@@ -298,3 +298,21 @@ def test_a_location_read_two_ways_gets_no_request_from_a_sweep(
     assert "which HTTP clients parse differently" in done.stderr
     assert "Traceback" not in done.stderr
     assert listener.seen == []
+
+
+def test_only_origins_calls_mlflows_artifact_io() -> None:
+    """Item 2: every artifact listing, download and upload goes through ``origins``; no other
+    module of the package or the scripts calls MLflow's artifact I/O itself."""
+    import re
+
+    io = re.compile(r"\b(download_artifacts|list_artifacts|log_artifacts?|log_text|log_dict|"
+                    r"log_figure|log_image|log_table|load_text|load_dict|"
+                    r"get_artifact_repository)\s*\(")
+    own = (PROJECT / "stability" / "tracking" / "origins.py").resolve()
+    calls = [f"{path.relative_to(PROJECT)}:{n}: {line.strip()}"
+             for folder in ("stability", "experiments")
+             for path in sorted((PROJECT / folder).rglob("*.py")) if path.resolve() != own
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if io.search(line.split("#")[0])]
+    assert calls == [], calls
+    assert io.search(own.read_text())  # the pattern finds what it looks for
