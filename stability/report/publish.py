@@ -6,14 +6,13 @@ winner is reused. What MLflow records of a version (its tags, its run, its sourc
 run that logged its model, that run's tags) is written by anyone who may create runs in the
 experiment or versions of the model, so none of it proves a version is ours: a planted pyfunc
 version dressed as this sweep's was reused and ``@champion`` moved to it. The proof is local:
-each version a report registers is written into ``LEDGER`` in its own report folder (the user's
-disk, which no teammate writes), and only a version named there, with the same source, run
-and store, is reused (``_own_version``); any other is passed over and a new one registered.
+each version a report registers is written into the ledger in its own report folder (the
+user's disk, which no teammate writes), and only a version named there, with the same source,
+run and store, is reused (``ledger.own``); any other is passed over and a new one registered.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -25,15 +24,15 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from stability.core.validation import safe_name
+from stability.report import ledger
 from stability.report.evaluate import LoadableWinner, WinnerTestResult
 from stability.report.fetch import Sweep
 from stability.report.html import note_markdown
 from stability.report.options import ReportError
 from stability.report.select import SELECTION_RULE
-from stability.report.signature import LOGGED_MODEL, signature_warning, versions
+from stability.report.signature import signature_warning, versions
 from stability.tracking import origins
 from stability.tracking.contract import Artifact, Kind, Tag
-from stability.tracking.credentials import redact_uri
 
 if TYPE_CHECKING:
     from stability.report.table import ConfigRow
@@ -42,8 +41,6 @@ log = logging.getLogger(__name__)
 
 MAX_TAG = 5000  # MLflow's tag value limit
 CHAMPION = "champion"  # registry alias of the newest winner
-LEDGER = "registered_versions.json"  # in the report folder: the versions its reports registered
-MAX_LEDGER_BYTES = 1_000_000
 
 
 def start_report_run(c: Any, sweep: Sweep, winner: Mapping[str, Any], git_commit: str) -> str:
@@ -157,52 +154,6 @@ def fail_report_run(c: Any, run_id: str, err: BaseException) -> None:
         log.exception("could not close report run %s", run_id)
 
 
-def _ledger(folder: Path | None) -> list[dict[str, str]]:
-    """The versions earlier reports in ``folder`` registered ([] when none or unreadable)."""
-    path = None if folder is None else folder / LEDGER
-    if path is None or not path.is_file() or path.is_symlink() \
-            or path.stat().st_size > MAX_LEDGER_BYTES:
-        return []
-    try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
-
-
-def _entry(uri: str, name: str, version: str, source: str, fp: str, training_run_id: str,
-           report_run_id: str) -> dict[str, str]:
-    return {"store": redact_uri(uri), "name": name, "version": version, "source": source,
-            "winner": fp, "training_run_id": training_run_id, "report_run_id": report_run_id}
-
-
-def _remember(folder: Path | None, entry: dict[str, str]) -> None:
-    """Add ``entry`` to the folder's ledger (written beside it, then renamed over it)."""
-    if folder is None:
-        return
-    entries = [*_ledger(folder), entry]
-    tmp = folder / f".{LEDGER}.tmp"
-    try:
-        tmp.write_text(json.dumps(entries, indent=1), encoding="utf-8")
-        os.replace(tmp, folder / LEDGER)
-    except OSError as err:  # the version stands; the next report registers another
-        log.warning("could not note model version %s in %s: %s", entry["version"],
-                    folder / LEDGER, err)
-
-
-def _own_version(v: Any, uri: str, ledger: Sequence[Mapping[str, str]], fp: str,
-                 training_run_id: str) -> bool:
-    """Whether ``v`` is a version an earlier report in this report folder registered for this
-    winner: named in its ledger with this store, source, winner and training run, and MLflow
-    still records that source and run for it. Nothing a teammate can write decides it."""
-    source = str(v.source or "")
-    if LOGGED_MODEL.fullmatch(source) is None or str(v.run_id or "") != training_run_id:
-        return False
-    mine = _entry(uri, str(v.name), str(v.version), source, fp, training_run_id, "")
-    keys = ("store", "name", "version", "source", "winner", "training_run_id")
-    return any(all(e.get(k) == mine[k] for k in keys) for e in ledger)
-
-
 @dataclass(frozen=True)
 class Candidate:
     """What a report registers: the winner's best seed, its test and its loadable model.
@@ -215,8 +166,8 @@ class Candidate:
         test: the winner's test evaluation (its numbers become version tags).
         loadable: that run's rebuilt model and input example (``evaluate.load_winner``).
         report_run_id: the report run that registers it.
-        folder: the report folder; its ``LEDGER`` names the versions its reports registered
-            (None: no version is reused).
+        folder: the report folder; its ledger (``ledger.LEDGER``) names the versions its
+            reports registered (None: no version is reused).
     """
 
     sweep: Sweep
@@ -254,9 +205,9 @@ def register_winner(c: Any, uri: str, name: str, candidate: Candidate,
     sweep, winner, run, test = candidate.sweep, candidate.winner, candidate.run, candidate.test
     report_run_id = candidate.report_run_id
     fp = winner.fingerprint
-    ledger = _ledger(candidate.folder)
+    entries = ledger.read(candidate.folder)
     for v in versions(c, name):
-        if _own_version(v, uri, ledger, fp, str(run["run_id"])):
+        if ledger.own(v, uri, entries, fp, str(run["run_id"])):
             log.info("model %s version %s already holds this winner; not registering again",
                      name, v.version)
             c.set_registered_model_alias(name, CHAMPION, v.version)
@@ -294,8 +245,8 @@ def register_winner(c: Any, uri: str, name: str, candidate: Candidate,
     mv = c.create_model_version(name, source=info.model_uri, run_id=str(run["run_id"]),
                                 tags=tags, description=_description(candidate, seed_test),
                                 model_id=info.model_id)
-    _remember(candidate.folder, _entry(uri, name, str(mv.version), str(mv.source), fp,
-                                       str(run["run_id"]), report_run_id))
+    ledger.remember(candidate.folder, ledger.entry(uri, name, str(mv.version), str(mv.source),
+                                                   fp, str(run["run_id"]), report_run_id))
     c.set_registered_model_alias(name, CHAMPION, mv.version)
     c.set_tag(report_run_id, Tag.MODEL_URI, f"models:/{name}@{CHAMPION}")
     return str(mv.version), True
