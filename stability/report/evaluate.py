@@ -194,6 +194,18 @@ def _safe_load(c: Any, run_id: str, dest: Path, expected: str,
         return _reason(err)
 
 
+def unloadable(c: Any, runs: pd.DataFrame, winner: str, workdir: Path, workers: int = 8,
+               allowed: Sequence[str] = BUILTIN_TASKS) -> dict[str, str]:
+    """``{run id: why}`` of the winner's finished seeds whose checkpoint cannot be loaded
+    (its config refused, its archive refused, ``torch.load`` failing), read as the sealed test
+    reads them but without opening the test split: a config none of whose seeds loads cannot
+    be the winner (``stages.settle_loadable``)."""
+    mine = runs[(runs["fingerprint"] == winner) & (runs["outcome"] == "finished")]
+    loaded = parallel(lambda rid: _safe_load(c, rid, workdir / rid, winner, allowed),
+                      mine["run_id"], workers)
+    return {rid: got for rid, got in loaded.items() if isinstance(got, str)}
+
+
 def _record(c: Any, row: pd.Series, run_id: str, seed: int, loss: float,
             acc: float) -> SeedTestResult:
     """Log test metrics onto the run unless it already carries them (then compare)."""

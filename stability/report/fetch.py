@@ -28,7 +28,7 @@ from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
 from stability.report import adoption, grid, membership
 from stability.report.html import one_line
 from stability.report.options import ReportError
-from stability.tracking import origins
+from stability.tracking import children, origins
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
 from stability.tracking.queries import search_all
 
@@ -128,8 +128,23 @@ def find_sweep(c: Any, experiment: str, sweep_id: str | None) -> Sweep:
         raise ReportError(f"the latest sweep of experiment={experiment!r} has the sweep id "
                           f"{sweep_id!r}, which is invalid: allowed values are "
                           f"{SAFE_NAME_ALLOWED}; choose a sweep with sweep_id=...")
-    parents = search_all(c, exp_id, search_filter(Kind.SWEEP, sweep_id), None, 1)
+    parents = search_all(c, exp_id, search_filter(Kind.SWEEP, sweep_id), ["attributes.start_time"],
+                         MAX_PARENTS_SHOWN)
+    if len(parents) > 1:  # a teammate's run tagged with the id: no rule of ours picks one
+        raise ReportError(_one_line(
+            f"sweep_id={sweep_id!r} is ambiguous: experiment {experiment!r} holds "
+            f"{'at least ' if len(parents) == MAX_PARENTS_SHOWN else ''}{len(parents)} parent "
+            f"runs of it ({', '.join(_parent(r) for r in parents)}), and a sweep creates one: "
+            "someone else created the others; refused, nothing reported (ask them, or delete "
+            "the run that is not yours)"))
     return Sweep(experiment, exp_id, sweep_id, parents[0].info.run_id if parents else None)
+
+
+MAX_PARENTS_SHOWN = 5  # parent runs of one sweep id named in the refusal
+
+
+def _parent(run: Any) -> str:
+    return f"{run.info.run_id} created by {adoption.user_of(run) or 'no user'}"
 
 
 _one_line = one_line
@@ -248,16 +263,16 @@ def adopted_ids(c: Any, sweep: Sweep) -> list[str]:
     if sweep.parent_run_id is None:
         return []
     try:
-        repo = origins.repo(c, sweep.parent_run_id)
-        info = {f.path: f for f in repo.list_artifacts()}
+        uri = origins.run_uri(c, sweep.parent_run_id)
+        info = {f.path: f for f in origins.listing(c, sweep.parent_run_id, artifact_uri=uri)}
         entry = info.get(Artifact.ADOPTED_RUNS)
         if entry is None:
             return []  # a sweep that skipped nothing
         if entry.is_dir or (entry.file_size or 0) > MAX_ADOPTED_BYTES:
             raise ValueError(f"not a file of at most {MAX_ADOPTED_BYTES} bytes")
         with tempfile.TemporaryDirectory() as tmp:
-            path = repo.download_artifacts(Artifact.ADOPTED_RUNS, tmp)
-            ids = json.loads(Path(path).read_text(encoding="utf-8")[:MAX_ADOPTED_BYTES])
+            path = origins.download(c, sweep.parent_run_id, Artifact.ADOPTED_RUNS, tmp, uri)
+            ids = json.loads(path.read_text(encoding="utf-8")[:MAX_ADOPTED_BYTES])
         if not isinstance(ids, list) or len(ids) > MAX_ADOPTED:
             raise ValueError(f"not a list of at most {MAX_ADOPTED} run ids")
     except Exception as err:  # written by a teammate's sweep: the report stands without it
@@ -306,8 +321,11 @@ def fetch_runs(c: Any, sweep: Sweep, allowed: Sequence[str] | None = None,
     runs = search_all(c, sweep.experiment_id, search_filter(Kind.TRAIN, sweep.sweep_id))
     own = {r.info.run_id for r in runs}
     adopted = [r for r in adopted_runs(c, sweep) if r.info.run_id not in own]
-    runs, lines = membership.own_runs(c, sweep.parent_run_id, runs + adopted,
-                                      [r.info.run_id for r in adopted])
+    try:
+        runs, lines = membership.own_runs(c, sweep.parent_run_id, runs + adopted,
+                                          [r.info.run_id for r in adopted])
+    except (children.RecordMissing, origins.ForeignArtifacts) as err:
+        raise ReportError(f"sweep_id={sweep.sweep_id!r}: {err}") from None
     swept = _swept(c, sweep)
     if swept is not None:  # a run that is no point of the sweep's own grid is set aside
         runs, outside = grid.outside(runs, swept, runs)
@@ -433,8 +451,8 @@ def download(c: Any, run_id: str, path: str, dest: Path,
     """
     dest.mkdir(parents=True, exist_ok=True)
     try:
-        repo = origins.repo(c, run_id, artifact_uri if isinstance(artifact_uri, str) else "")
-        return Path(repo.download_artifacts(path, str(dest)))
+        return origins.download(c, run_id, path, dest,
+                                artifact_uri if isinstance(artifact_uri, str) else "")
     except Exception as err:  # a missing artifact must not end the report
         log.warning("run %s has no artifact %s (%s)", run_id, path, one_line(str(err))[:300])
         return None

@@ -83,12 +83,13 @@ def fetch_tables(c: Any, run_ids: Sequence[str], dest: Path,
 
     def one(run_id: str) -> pd.DataFrame | None:
         try:
-            repo = origins.repo(c, run_id)  # a run whose artifacts are elsewhere: not read
-            if Artifact.LAYER_NORMS not in {a.path for a in repo.list_artifacts()}:
+            uri = origins.run_uri(c, run_id)  # a run whose artifacts are elsewhere: not read
+            if Artifact.LAYER_NORMS not in {a.path for a in origins.listing(
+                    c, run_id, artifact_uri=uri)}:
                 return None
             (dest / run_id).mkdir(parents=True, exist_ok=True)
-            return read_table(Path(repo.download_artifacts(Artifact.LAYER_NORMS,
-                                                           str(dest / run_id))))
+            return read_table(origins.download(c, run_id, Artifact.LAYER_NORMS, dest / run_id,
+                                               uri))
         except Exception as err:  # an unreadable table must not end the report
             log.warning("run %s: %s not read (%s)", run_id, Artifact.LAYER_NORMS, err)
             return None

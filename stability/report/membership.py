@@ -11,8 +11,11 @@ counts a run tagged with the sweep's id only when
   that point (a job whose run id could not be recorded: a sweep killed mid-round).
 
 Every other run is set aside, one line each naming the run, its point, why, and who created it
-(MLflow's ``user_id``, the ``mlflow.user`` tag when set). A sweep without the record (from
-before it existed) is read by its tags, as before.
+(MLflow's ``user_id``, the ``mlflow.user`` tag when set). A record that cannot be read, or one
+missing from a parent that promised it (``children.RECORD_PARAM``, a param written once when
+the sweep began), stops the report (``children.RecordMissing``): deleting or garbling the
+record must not turn the sweep back into runs read by their tags. Only a sweep from before
+the record existed (no such param) is read by its tags, with a warning line in the output.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from stability.report.adoption import user_of
 from stability.report.html import one_line
-from stability.tracking import children
+from stability.tracking import children, origins
 from stability.tracking.contract import Artifact, Tag
 
 log = logging.getLogger(__name__)
@@ -55,12 +58,26 @@ def own_runs(c: Any, parent_run_id: str | None, runs: Sequence[Any],
         runs: the MLflow runs tagged with the sweep's id, and those it adopted.
         adopted: the run ids the sweep adopted (``fetch.adopted_ids``).
     """
+    if parent_run_id is None:
+        return list(runs), []
     try:
         record = children.read(c, parent_run_id)
-    except Exception as err:  # the record is there but unreadable: say so, read by tags
-        return list(runs), [one_line(f"the sweep's {Artifact.SWEEP_RUNS} cannot be read "
-                                     f"({str(err)[:200]}): its runs are taken by their tags")]
+    except origins.ForeignArtifacts as err:  # its location is elsewhere: nothing read there
+        raise children.RecordMissing(f"{err}; nothing is reported") from None
+    except Exception as err:  # the record is there but unreadable: no run is shown to be its
+        raise children.RecordMissing(one_line(
+            f"the sweep's parent run {parent_run_id} has a {Artifact.SWEEP_RUNS} that cannot be "
+            f"read ({str(err)[:200]}): its own runs cannot be told from planted ones; nothing "
+            "is reported")) from None
     if record is None:
+        if children.promised(c.get_run(parent_run_id).data.params):
+            raise children.RecordMissing(
+                f"the sweep's parent run {parent_run_id} was created keeping "
+                f"{Artifact.SWEEP_RUNS} (param {children.RECORD_PARAM}) and has none now: its "
+                "own runs cannot be told from planted ones; nothing is reported")
+        log.warning("the sweep's parent run %s keeps no %s (a sweep from before the record "
+                    "existed): its runs are taken by their tags", parent_run_id,
+                    Artifact.SWEEP_RUNS)
         return list(runs), []
     own = record.launched | set(adopted)
     covered = {_point(r) for r in runs if r.info.run_id in own}

@@ -80,6 +80,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
     fetched = stages.fetch_sweep(c, cfg)
     evidence = stages.weigh(c, fetched, cfg)
     decided = stages.decide(fetched, evidence, cfg)
+    fetched, evidence, decided = stages.settle_loadable(c, cfg, fetched, evidence, decided)
     scratch = tempfile.TemporaryDirectory(prefix="stability-report-")
     cache = Path(scratch.name)
     try:  # the verdicts read every judged run's steps: stability is the rule's last criterion
@@ -105,7 +106,7 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             publish.tag_findings(c, report_run, findings.configs.winner, list(findings.advice))
             test = _sealed_test(c, cfg, fetched, decided, cache / "winner")
             registered = (_register(c, uri, cfg, fetched, findings.configs.winner, test,
-                                    report_run, cache / "model")
+                                    report_run, cache / "model", folder)
                           if cfg.register else Registered())
             study = Study(options=cfg, tracking_uri=redact_uri(uri), fetched=fetched,
                           evidence=evidence, decided=decided, findings=findings, test=test,
@@ -157,7 +158,8 @@ def _present(study: Study, staging: Path, report_run: str, commit: str,
 
 
 def _register(c: Any, uri: str, cfg: ReportConfig, fetched: stages.Fetched, winner: ConfigRow,
-              test: WinnerTestResult, report_run: str, workdir: Path) -> Registered:
+              test: WinnerTestResult, report_run: str, workdir: Path,
+              folder: Path) -> Registered:
     """Register the winner's best seed (chosen on validation); a failure is one of its notes."""
     runs = fetched.runs
     notes: list[str] = []
@@ -169,7 +171,8 @@ def _register(c: Any, uri: str, cfg: ReportConfig, fetched: stages.Fetched, winn
         loadable = load_winner(c, str(best["run_id"]), workdir, winner.fingerprint,
                                allowed_tasks(cfg.task))
         candidate = publish.Candidate(sweep=fetched.sweep, winner=winner, run=best, test=test,
-                                      loadable=loadable, report_run_id=report_run)
+                                      loadable=loadable, report_run_id=report_run,
+                                      folder=folder)
         version, created = publish.register_winner(c, uri, cfg.registered_model, candidate,
                                                    notes)
     except Exception as err:  # the report stands without a registry entry

@@ -2,7 +2,13 @@
 
 Re-running a report on the same sweep creates a new report run (each is a dated record) but
 no new model version: the version an earlier report of this sweep registered for the same
-winner is reused, recognised by its run and source, never by its tags (``_own_version``).
+winner is reused. What MLflow records of a version (its tags, its run, its source, the report
+run that logged its model, that run's tags) is written by anyone who may create runs in the
+experiment or versions of the model, so none of it proves a version is ours: a planted pyfunc
+version dressed as this sweep's was reused and ``@champion`` moved to it. The proof is local:
+each version a report registers is written into the ledger in its own report folder (the
+user's disk, which no teammate writes), and only a version named there, with the same source,
+run and store, is reused (``ledger.own``); any other is passed over and a new one registered.
 """
 
 from __future__ import annotations
@@ -18,14 +24,15 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from stability.core.validation import safe_name
+from stability.report import ledger
 from stability.report.evaluate import LoadableWinner, WinnerTestResult
 from stability.report.fetch import Sweep
 from stability.report.html import note_markdown
 from stability.report.options import ReportError
 from stability.report.select import SELECTION_RULE
-from stability.report.signature import LOGGED_MODEL, signature_warning, versions
+from stability.report.signature import signature_warning, versions
 from stability.tracking import origins
-from stability.tracking.contract import Artifact, Kind, Tag, read_tag
+from stability.tracking.contract import Artifact, Kind, Tag
 
 if TYPE_CHECKING:
     from stability.report.table import ConfigRow
@@ -131,10 +138,10 @@ def finish_report_run(c: Any, run_id: str, folder: Path, metrics: Mapping[str, f
     ts = int(time.time() * 1000)
     c.log_batch(run_id, metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items()],
                 synchronous=True)
-    repo = origins.repo(c, run_id)  # the report run's own location, checked
+    uri = origins.run_uri(c, run_id)  # the report run's own location, checked
     for rel in files:
         parent = str(PurePosixPath(rel).parent)
-        repo.log_artifact(str(folder / rel), None if parent == "." else parent)
+        origins.upload(c, run_id, folder / rel, None if parent == "." else parent, uri)
     c.set_terminated(run_id, status="FINISHED")
 
 
@@ -145,30 +152,6 @@ def fail_report_run(c: Any, run_id: str, err: BaseException) -> None:
         c.set_terminated(run_id, status="FAILED")
     except Exception:  # the tracking server may be the reason; keep the first error
         log.exception("could not close report run %s", run_id)
-
-
-def _own_version(c: Any, v: Any, sweep: Sweep, fp: str, training_run_id: str) -> bool:
-    """Whether ``v`` is the version an earlier report of this sweep registered for this winner.
-
-    Read from what MLflow records, never from the version's tags (anyone can tag a version
-    ``sweep_id``/``winner``): its run is the winner's seed this report chose from the sweep's
-    own runs, its source is the logged model it names (``models:/<model_id>``), and that model
-    was logged into a report run of this sweep, in its experiment, for this winner.
-    """
-    source = LOGGED_MODEL.fullmatch(str(v.source or ""))
-    if str(v.run_id or "") != training_run_id or source is None:
-        return False
-    model_id = source.group(1)
-    try:
-        logged = c.get_logged_model(model_id)
-        report = c.get_run(logged.source_run_id)
-    except Exception as err:  # gone, or not a logged model: not ours to reuse
-        log.debug("version %s of %s is not reusable: %s", v.version, v.name, err)
-        return False
-    tags = report.data.tags
-    return (logged.experiment_id == sweep.experiment_id == report.info.experiment_id
-            and logged.name == Artifact.MODEL and tags.get(Tag.KIND) == Kind.REPORT.value
-            and tags.get(Tag.SWEEP_ID) == sweep.sweep_id and read_tag(tags, Tag.WINNER) == fp)
 
 
 @dataclass(frozen=True)
@@ -183,6 +166,8 @@ class Candidate:
         test: the winner's test evaluation (its numbers become version tags).
         loadable: that run's rebuilt model and input example (``evaluate.load_winner``).
         report_run_id: the report run that registers it.
+        folder: the report folder; its ledger (``ledger.LEDGER``) names the versions its
+            reports registered (None: no version is reused).
     """
 
     sweep: Sweep
@@ -191,6 +176,7 @@ class Candidate:
     test: WinnerTestResult
     loadable: LoadableWinner
     report_run_id: str
+    folder: Path | None = None
 
 
 def register_winner(c: Any, uri: str, name: str, candidate: Candidate,
@@ -219,8 +205,9 @@ def register_winner(c: Any, uri: str, name: str, candidate: Candidate,
     sweep, winner, run, test = candidate.sweep, candidate.winner, candidate.run, candidate.test
     report_run_id = candidate.report_run_id
     fp = winner.fingerprint
+    entries = ledger.read(candidate.folder)
     for v in versions(c, name):
-        if _own_version(c, v, sweep, fp, str(run["run_id"])):
+        if ledger.own(v, uri, entries, fp, str(run["run_id"])):
             log.info("model %s version %s already holds this winner; not registering again",
                      name, v.version)
             c.set_registered_model_alias(name, CHAMPION, v.version)
@@ -247,6 +234,8 @@ def register_winner(c: Any, uri: str, name: str, candidate: Candidate,
     }
     if seed_test is not None and math.isfinite(seed_test.test_loss):
         tags |= {"test_loss": f"{seed_test.test_loss:.6g}", "test_acc": f"{seed_test.test_acc:.6g}"}
+    exp = c.get_experiment(sweep.experiment_id)  # read now: log_model uploads below it
+    origins.check(c.tracking_uri, str(exp.artifact_location), f"experiment '{exp.name}'")
     info = _log_model(uri, sweep.experiment_id, report_run_id, candidate.loadable)
     warning = signature_warning(c, name, info.signature)
     if warning:
@@ -256,6 +245,8 @@ def register_winner(c: Any, uri: str, name: str, candidate: Candidate,
     mv = c.create_model_version(name, source=info.model_uri, run_id=str(run["run_id"]),
                                 tags=tags, description=_description(candidate, seed_test),
                                 model_id=info.model_id)
+    ledger.remember(candidate.folder, ledger.entry(uri, name, str(mv.version), str(mv.source),
+                                                   fp, str(run["run_id"]), report_run_id))
     c.set_registered_model_alias(name, CHAMPION, mv.version)
     c.set_tag(report_run_id, Tag.MODEL_URI, f"models:/{name}@{CHAMPION}")
     return str(mv.version), True

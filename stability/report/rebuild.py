@@ -26,6 +26,12 @@ _SHOWN = 3  # names listed per kind of mismatch
 # What torch.load may inflate a checkpoint to: the members of the zip archive torch.save
 # writes (stored, uncompressed) summed; the built-in tasks' models are under 1 MB.
 MAX_CHECKPOINT_BYTES = 2**30
+# Members of that archive: torch.save writes one per tensor storage and 6 more (data.pkl,
+# version, byteorder...); Llama-2-7B's state_dict has 291 tensors. 300k empty members loaded
+# (each a ZipInfo, the whole central directory parsed) before this cap: it is read from the
+# archive's end record first, with the central directory's size (what ZipFile iterates by).
+MAX_CHECKPOINT_MEMBERS = 10_000
+MAX_CENTRAL_DIRECTORY_BYTES = 512 * MAX_CHECKPOINT_MEMBERS  # a member's record: ~70 B + name
 
 
 class CheckpointMismatch(ValueError):
@@ -33,8 +39,9 @@ class CheckpointMismatch(ValueError):
 
 
 def check_archive(path: Any) -> None:
-    """Before ``torch.load``: ``path`` is the zip archive ``torch.save`` writes, its members
-    stored uncompressed and together at most ``MAX_CHECKPOINT_BYTES``.
+    """Before ``torch.load``: ``path`` is the zip archive ``torch.save`` writes, of at most
+    ``MAX_CHECKPOINT_MEMBERS`` members stored uncompressed and together at most
+    ``MAX_CHECKPOINT_BYTES``.
 
     A DEFLATE-compressed member of 0.97 MB inflates to 1 GB inside ``torch.load`` (with
     ``weights_only=True`` too), before any shape is compared: the sizes the archive declares
@@ -48,6 +55,15 @@ def check_archive(path: Any) -> None:
     name = CHECKPOINT_NAME
     if not zipfile.is_zipfile(path):
         raise CheckpointMismatch(f"{name} is not the zip archive torch.save writes")
+    with open(path, "rb") as f:  # the numbers ZipFile itself reads, before it reads members
+        end = zipfile._EndRecData(f)  # type: ignore[attr-defined]
+    members = end[zipfile._ECD_ENTRIES_TOTAL]  # type: ignore[attr-defined]
+    directory = end[zipfile._ECD_SIZE]  # type: ignore[attr-defined]
+    if members > MAX_CHECKPOINT_MEMBERS or directory > MAX_CENTRAL_DIRECTORY_BYTES:
+        raise CheckpointMismatch(
+            f"{name} declares {members:,} members in a {directory:,}-byte directory, over the "
+            f"report's cap of {MAX_CHECKPOINT_MEMBERS:,} members ({MAX_CENTRAL_DIRECTORY_BYTES:,}"
+            " bytes)")
     with zipfile.ZipFile(path) as archive:
         members = archive.infolist()
     packed = [m.filename for m in members if m.compress_type != zipfile.ZIP_STORED]

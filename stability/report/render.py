@@ -9,6 +9,7 @@ test evaluation; nothing is typed in by hand.
 from __future__ import annotations
 
 import logging
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,13 +137,23 @@ def render(study: Study, written: Written, header: Header, notes: Sequence[str])
     return "\n".join(parts)
 
 
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet cell formula's first character
+# A spreadsheet formula's first character (OWASP's CSV injection list, and ``|``: a DDE call
+# in LibreOffice and older Excel)
+FORMULA_STARTS = ("=", "+", "-", "@", "|", "\t", "\r")
 
 
 def _cell(value: object) -> object:
     """A text cell a spreadsheet would run as a formula, prefixed with ``'`` (OWASP's CSV
-    injection advice); numbers, and text that is a plain number (``-1``), stay as they are."""
-    if not isinstance(value, str) or not value.startswith(FORMULA_STARTS):
+    injection advice); numbers, and text that is a plain number (``-1``), stay as they are.
+
+    Judged on the text as a spreadsheet reads it: compatibility forms folded (NFKC: the
+    full-width ``＝`` is ``=``) and leading white space dropped (`` =1+1`` is a formula in
+    LibreOffice; a tab became that space when the value was read, ``html.one_line``).
+    """
+    if not isinstance(value, str):
+        return value
+    folded = unicodedata.normalize("NFKC", value).lstrip()
+    if not folded.startswith(FORMULA_STARTS) and not value.startswith(FORMULA_STARTS):
         return value
     try:
         float(value)

@@ -67,7 +67,6 @@ def signature_warning(c: Any, name: str, signature: Any) -> str:
     import tempfile
 
     from mlflow.models import Model
-    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
     previous, location = None, ""
     for v in sorted(versions(c, name), key=lambda v: int(v.version), reverse=True):
@@ -87,9 +86,9 @@ def signature_warning(c: Any, name: str, signature: Any) -> str:
     if previous is None:
         return ""
     try:
-        repo = get_artifact_repository(location, tracking_uri=c.tracking_uri)
         with tempfile.TemporaryDirectory(prefix="stability-mlmodel-") as tmp:
-            old = Model.load(repo.download_artifacts("MLmodel", tmp)).signature
+            old = Model.load(origins.download_at(
+                c, location, "MLmodel", tmp, f"model version {name}/{previous.version}")).signature
     except Exception as err:  # an older version without a readable MLmodel: nothing to compare
         log.debug("no signature of %s version %s: %s", name, previous.version, err)
         return ""

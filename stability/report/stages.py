@@ -10,6 +10,7 @@ the test split, which ``pipeline`` opens afterwards for the winner alone.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from stability.report import (
     check_runs,
     compare,
     decided,
+    evaluate,
     factors,
     fetch,
     health,
@@ -227,6 +229,43 @@ def steady(fetched: Fetched, evidence: Evidence, decided: Decided, stepped: Step
     if steadied is None or not steadied.swapped:
         return replace(decided, verdicts=verdicts, steadied=steadied)
     return _against(fetched, decision, evidence.margin, cfg, verdicts, steadied)
+
+
+def settle_loadable(c: Any, cfg: ReportConfig, fetched: Fetched, evidence: Evidence,
+                    decided: Decided) -> tuple[Fetched, Evidence, Decided]:
+    """The records again without a winner none of whose finished seeds' checkpoints loads.
+
+    Such a config cannot be tested or registered (a teammate can refuse every checkpoint of a
+    config: issue 55, item 7, "split of 0 sequences"): its finished runs become unreadable
+    runs, one line names it, and the evidence is weighed and the winner decided again, until
+    a winner loads. The test split stays sealed: checkpoints are only read here.
+
+    Raises:
+        NothingToReport: no config is left with a run that finished.
+    """
+    for _ in range(len(fetched.configs)):
+        fp = str(decided.winner["fingerprint"])
+        with tempfile.TemporaryDirectory(prefix="stability-loadable-") as tmp:
+            why = evaluate.unloadable(c, fetched.runs, fp, Path(tmp), cfg.history_workers,
+                                      allowed_tasks(cfg.task))
+        mine = fetched.runs[(fetched.runs["fingerprint"] == fp)
+                            & (fetched.runs["outcome"] == "finished")]
+        if len(why) < len(mine):
+            return fetched, evidence, decided
+        runs = fetched.runs.copy()
+        for i in mine.index:
+            reason = f"unreadable run: its checkpoint cannot be loaded: {why[runs.at[i, 'run_id']]}"
+            runs.loc[i, ["outcome", "reason"]] = [fetch.UNREADABLE, reason[:300]]
+        line = (f"config {decided.winner['label']} ({fp}) cannot be the winner: none of its "
+                f"{len(mine)} finished runs has a checkpoint that loads (seed "
+                f"{int(mine.iloc[0]['seed'])}: {why[mine.iloc[0]['run_id']][:200]})")
+        if not (runs["outcome"] == "finished").any():
+            raise NothingToReport(f"nothing to recommend: {line}")
+        fetched = replace(fetched, runs=runs, configs=select.aggregate(runs, cfg.confidence),
+                          set_aside=(*fetched.set_aside, line))
+        evidence = weigh(c, fetched, cfg)
+        decided = decide(fetched, evidence, cfg)
+    return fetched, evidence, decided
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,8 +1,9 @@
 """A run's ``steps.csv`` as the report reads it: a table of numbers, bounded, checked.
 
-The table is data a teammate could have written: it is refused by its file size before it is
-read (``adoption.MAX_STEPS_BYTES``), must hold every column the report reads steps by
-(``READ_COLUMNS``), and every cell of a number column must be a number. A table that fails is
+The table is data a teammate could have written: it is refused by its file size and by its
+widest line before it is parsed (``adoption.MAX_STEPS_BYTES``, ``MAX_STEPS_COLUMNS``), must
+hold every column the report reads steps by (``READ_COLUMNS``), and every cell of a number
+column must be a number. A table that fails is
 that run's problem, one line under Problems, never the end of the report.
 """
 
@@ -18,7 +19,7 @@ import pandas as pd
 
 from stability.core.steplog import COLUMN, TEXT_COLUMNS
 from stability.report.fetch import download, parallel
-from stability.tracking.adoption import MAX_STEPS_BYTES
+from stability.tracking.adoption import MAX_STEPS_BYTES, too_wide
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,9 @@ def read_steps(path: Path) -> pd.DataFrame:
     if size > MAX_STEPS_BYTES:  # before reading: pandas holds every cell as a string first
         raise UnreadableTable(f"steps.csv is {size:,} bytes, over the report's cap of "
                               f"{MAX_STEPS_BYTES:,}")
+    wide = too_wide(path)  # and by its shape, before pandas holds a cell
+    if wide:
+        raise UnreadableTable(wide)
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False)
     except Exception as err:  # ParserError, UnicodeDecodeError, EmptyDataError

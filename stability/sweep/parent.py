@@ -19,7 +19,7 @@ from typing import Any
 
 from stability.core.config import TrackingConfig
 from stability.sweep.schedule import CostKey, observed_costs
-from stability.tracking import adoption, children
+from stability.tracking import adoption, children, origins
 from stability.tracking.artifacts import upload_artifacts
 from stability.tracking.contract import (
     UI_TRAINING_VIEW,
@@ -113,8 +113,8 @@ class SweepRun:
         """
         new = {r for r in run_ids if r} - self.adopted
         if new:  # kept only once written: after a failed write the next round writes them
-            client(self.uri).log_text(self.run_id, json.dumps(sorted(self.adopted | new)),
-                                      Artifact.ADOPTED_RUNS)
+            origins.write_text(client(self.uri), self.run_id,
+                               json.dumps(sorted(self.adopted | new)), Artifact.ADOPTED_RUNS)
             self.adopted |= new
 
     def record(self, planned: Iterable[tuple[str, int]] = (),
@@ -282,8 +282,9 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
     run = c.create_run(exp_id, tags=tags, run_name=f"sweep {sweep_id}")
     grid = [Param("grid." + re.sub(r"[^\w\-. :/]", "_", k), str(v)[:MAX_PARAM_CHARS])
             for k, v in params.items()]  # MLflow's allowed key characters
-    if grid:
-        c.log_batch(run.info.run_id, params=grid[:100], synchronous=True)
+    # written once, with the parent: the report then requires the record (children.promised)
+    record = Param(children.RECORD_PARAM, Artifact.SWEEP_RUNS)
+    c.log_batch(run.info.run_id, params=[record, *grid[:99]], synchronous=True)
     sweep = SweepRun(uri, tracking.experiment, exp_id, run.info.run_id, sweep_id,
                      time.time(), synced, stale, observed_costs(finished), root=sweep_dir)
     sweep.beat(tracking.heartbeat_s)

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from stability.core.steplog import CSV_COLUMNS
 from stability.tracking import origins
 from stability.tracking.contract import WORLD_SIZE_PARAM, Artifact
 from stability.tracking.trusted import MAX_CONFIG_BYTES, read_recorded, trusted_config
@@ -35,6 +36,10 @@ from stability.tracking.trusted import MAX_CONFIG_BYTES, read_recorded, trusted_
 # steps.csv: ~100 bytes a step, so ~160,000 steps (the default study's runs are ~1,500); the
 # report reads such a table whole, up to 8 at a time
 MAX_STEPS_BYTES = 16_000_000
+# ...and by its shape: StepLog's columns and the writer's epoch (CSV_COLUMNS), which a trainer's
+# StepLog subclass extends by a few (scheduler_stepped), plus this allowance. A 2.9 MB table of
+# the known columns and 150k more took the report to 951 MB (pandas converts column by column)
+MAX_STEPS_COLUMNS = len(CSV_COLUMNS) + 32
 REL_TOL = 1e-6  # float32 values written to a CSV and logged as float64 agree to this
 
 
@@ -44,12 +49,10 @@ class NotBacked(ValueError):
 
 def _download(c: Any, run_id: str, artifact_uri: str, name: str, dest: Path) -> Path:
     try:
-        repo = origins.repo(c, run_id, artifact_uri)
+        dest.mkdir(parents=True, exist_ok=True)
+        return origins.download(c, run_id, name, dest, artifact_uri)
     except origins.ForeignArtifacts as err:
         raise NotBacked(str(err)) from None
-    try:
-        dest.mkdir(parents=True, exist_ok=True)
-        return Path(repo.download_artifacts(name, str(dest)))
     except Exception:
         raise NotBacked(f"it has no {name}") from None
 
@@ -85,11 +88,27 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
 
 
+def too_wide(path: Path) -> str:
+    """Why the table at ``path`` (at most ``MAX_STEPS_BYTES``) is not of our shape ("" when
+    no line holds more than ``MAX_STEPS_COLUMNS`` fields), found before any CSV parser runs:
+    every comma is counted as a separator (an upper bound: a quoted comma counts too)."""
+    with path.open("rb") as f:
+        for n, line in enumerate(f, 1):
+            if line.count(b",") >= MAX_STEPS_COLUMNS:
+                return (f"steps.csv line {n} has {line.count(b',') + 1:,} fields, over the cap "
+                        f"of {MAX_STEPS_COLUMNS} (its known columns and "
+                        f"{MAX_STEPS_COLUMNS - len(CSV_COLUMNS)} more)")
+    return ""
+
+
 def _steps(path: Path, metrics: Mapping[str, Any]) -> None:
     size = path.stat().st_size
     if size > MAX_STEPS_BYTES:  # before reading: a table is data, its size too
         raise NotBacked(f"its {Artifact.STEPS_CSV} is {size:,} bytes, over the cap of "
                         f"{MAX_STEPS_BYTES:,}")
+    wide = too_wide(path)
+    if wide:
+        raise NotBacked(f"its {wide}")
     rows, last = 0, None
     try:  # streamed: only the last row is kept
         with path.open(newline="", encoding="utf-8") as f:

@@ -25,16 +25,16 @@ from stability.tracking.folders import NotRegular, open_regular
 log = logging.getLogger(__name__)
 
 
-def uploaded(c: Any, run_id: str, repo: Any = None) -> dict[str, int]:
+def uploaded(c: Any, run_id: str, artifact_uri: str = "") -> dict[str, int]:
     """``{artifact path: size}`` of the run's files (one folder level deep, as ``Artifact``).
 
     Raises:
         origins.ForeignArtifacts: the run's artifact location is not on the store.
     """
-    repo = repo or origins.repo(c, run_id)
+    uri = artifact_uri or origins.run_uri(c, run_id)
     out: dict[str, int] = {}
-    for a in repo.list_artifacts():
-        for f in repo.list_artifacts(a.path) if a.is_dir else [a]:
+    for a in origins.listing(c, run_id, artifact_uri=uri):
+        for f in origins.listing(c, run_id, a.path, uri) if a.is_dir else [a]:
             if not f.is_dir:
                 out[f.path] = int(f.file_size or 0)
     return out
@@ -81,8 +81,8 @@ def upload_artifacts(c: Any, run_id: str, folder: str | Path) -> list[str]:
     files = _open_present(Path(folder))
     done = []
     try:
-        repo = origins.repo(c, run_id) if files else None
-        have = uploaded(c, run_id, repo) if files else {}
+        uri = origins.run_uri(c, run_id) if files else ""
+        have = uploaded(c, run_id, uri) if files else {}
         with tempfile.TemporaryDirectory(prefix="stability-upload-") as tmp:
             for name, fd in files.items():
                 if have.get(name) == os.fstat(fd).st_size:
@@ -92,7 +92,7 @@ def upload_artifacts(c: Any, run_id: str, folder: str | Path) -> list[str]:
                 with os.fdopen(os.dup(fd), "rb") as src, copy.open("wb") as dst:
                     shutil.copyfileobj(src, dst)
                 parent = str(Path(name).parent) if "/" in name else None
-                repo.log_artifact(str(copy), artifact_path=parent)
+                origins.upload(c, run_id, copy, parent, uri)
                 done.append(name)
     finally:
         for fd in files.values():

@@ -7,6 +7,11 @@ parent run (``Artifact.SWEEP_RUNS``, rewritten whole as it grows) the ``(fingerp
 points it planned, before launching them, and the run ids its jobs created, read from each
 job's own journal in the sweep's folder after each round and at its end. The report decides
 from those runs (``report/membership.py``).
+
+The parent also logs the param ``RECORD_PARAM`` when it is created: a param is written once
+(MLflow refuses to change one and has no call that deletes one), so a record deleted or
+garbled later is an error the report stops on, never a sweep read by its tags. Every read and
+write goes to the parent's checked ``artifact_uri`` (``origins``).
 """
 
 from __future__ import annotations
@@ -15,12 +20,12 @@ import json
 import logging
 import re
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stability.tracking import journal
+from stability.tracking import journal, origins
 from stability.tracking.contract import Artifact
 
 log = logging.getLogger(__name__)
@@ -29,6 +34,17 @@ RUN_ID = re.compile(r"[0-9a-f]{32}")  # an MLflow run id (uuid4 hex)
 FINGERPRINT = re.compile(r"[0-9a-f]{1,64}")
 MAX_ENTRIES = 100_000  # points or runs one sweep records (the default study: ~240)
 MAX_BYTES = 128 * MAX_ENTRIES
+# The sweep parent's param saying it keeps the record (value: the artifact's name).
+RECORD_PARAM = "sweep.record"
+
+
+class RecordMissing(ValueError):
+    """A parent that promised the record (``RECORD_PARAM``) has none, or an unreadable one."""
+
+
+def promised(params: Mapping[str, str]) -> bool:
+    """The parent's params say it keeps ``Artifact.SWEEP_RUNS`` (a sweep of this version)."""
+    return params.get(RECORD_PARAM) == Artifact.SWEEP_RUNS
 
 
 @dataclass(frozen=True)
@@ -47,8 +63,8 @@ def encode(planned: Iterable[tuple[str, int]], launched: Iterable[str]) -> str:
 
 def write(c: Any, parent_run_id: str, planned: Iterable[tuple[str, int]],
           launched: Iterable[str]) -> None:
-    """Write the whole record onto the sweep's parent run (``MlflowClient.log_text``)."""
-    c.log_text(parent_run_id, encode(planned, launched), Artifact.SWEEP_RUNS)
+    """Write the whole record onto the sweep's parent run, at its checked location."""
+    origins.write_text(c, parent_run_id, encode(planned, launched), Artifact.SWEEP_RUNS)
 
 
 def run_ids_of(folders: Iterable[Path]) -> set[str]:
@@ -91,14 +107,17 @@ def read(c: Any, parent_run_id: str | None) -> Children | None:
     """
     if not parent_run_id:
         return None
-    info = {f.path: f for f in c.list_artifacts(parent_run_id)}
+    uri = origins.run_uri(c, parent_run_id)  # ForeignArtifacts: nothing read or sent there
+    info = {f.path: f for f in origins.listing(c, parent_run_id, artifact_uri=uri)}
     entry = info.get(Artifact.SWEEP_RUNS)
     if entry is None:
         return None
     if entry.is_dir or (entry.file_size or 0) > MAX_BYTES:
         raise ValueError(f"{Artifact.SWEEP_RUNS} is not a file of at most {MAX_BYTES:,} bytes")
     with tempfile.TemporaryDirectory(prefix="stability-children-") as tmp:
-        path = Path(c.download_artifacts(parent_run_id, Artifact.SWEEP_RUNS, tmp))
+        path = origins.download(c, parent_run_id, Artifact.SWEEP_RUNS, tmp, uri)
         with path.open("rb") as f:
             text = f.read(MAX_BYTES + 1).decode("utf-8")
+    if len(text.encode("utf-8")) > MAX_BYTES:
+        raise ValueError(f"{Artifact.SWEEP_RUNS} is over {MAX_BYTES:,} bytes")
     return _parsed(text)

@@ -17,11 +17,25 @@ first:
 
 Anything else (another host, another scheme: ``gs://``, ``ftp://``, ``runs:/``...) is refused
 with one line naming it (``ForeignArtifacts``).
+
+One parser: ``urllib.parse`` (this policy) and urllib3 (what ``requests`` connects to) end an
+authority at different characters (urllib3 also at ``\\``) and strip different ones (tabs,
+newlines), so ``http://127.0.0.1:<L>\\@127.0.0.1:<S>/`` was the server here and port L there.
+A location with a backslash, a control character or white space anywhere, or whose authority
+is anything but ``host[:port]`` of plain ASCII (no userinfo, no ``%``, no empty port), is
+refused before it is parsed: on what remains, both read the same host and port
+(``tests/tracking/test_origins.py`` feeds URL shapes to both).
+
+The functions below (``listing``, ``download``, ``upload``, ``write_text``, ``download_at``)
+are the project's only calls of MLflow's artifact listing, download and upload:
+``tests/tracking/test_origins.py`` greps that no other module makes one.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import tempfile
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -34,6 +48,27 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 class ForeignArtifacts(ValueError):
     """An artifact location outside the configured store (the message is one line)."""
+
+
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+# ``host[:port]``: DNS labels (a trailing dot is another spelling: refused), IPv4 (labels too),
+# or a bracketed IPv6 literal; a port of digits. Nothing two parsers could split differently.
+_AUTHORITY = re.compile(rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{{1,5}})?")
+_UNSAFE = re.compile(r"[\x00-\x20\x7f-\x9f\\\u00a0\u1680\u2000-\u200f\u2028-\u202f\u205f"
+                     r"\u3000\ufeff]")
+
+
+def _unsafe(location: str) -> str:
+    """Why ``location`` could be read two ways ("" when it cannot)."""
+    bad = _UNSAFE.search(location)
+    if bad:
+        return f"it holds {bad.group()!r}, which HTTP clients parse differently"
+    scheme, sep, rest = location.partition("://")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]  # where RFC 3986 (and urlsplit) ends it
+    if sep and scheme.lower() in ("http", "https", "mlflow-artifacts") and authority \
+            and not _AUTHORITY.fullmatch(authority):
+        return f"its authority {authority[:80]!r} is not a plain host[:port]"
+    return ""
 
 
 def _origin(scheme: str, netloc: str) -> tuple[str, str, int | None]:
@@ -77,7 +112,13 @@ def refusal(tracking_uri: str, location: str, root: str | None = None) -> str:
         root: the recorded artifact location of the experiment ``location`` belongs to (for a
             run or a model), None for an experiment's own location.
     """
-    parts = urllib.parse.urlsplit(location)
+    unsafe = "" if location.startswith("/") else _unsafe(location)  # a path sends nothing
+    if unsafe:
+        return unsafe
+    try:
+        parts = urllib.parse.urlsplit(location)
+    except ValueError:  # "Invalid IPv6 URL"
+        return "not a URL"
     track = urllib.parse.urlsplit(tracking_uri)
     server = track.scheme in ("http", "https")
     if parts.scheme == "mlflow-artifacts":
@@ -167,3 +208,61 @@ def repo(c: Any, run: Any, artifact_uri: str = "") -> Any:
     else:
         uri = run_uri(c, run)
     return get_artifact_repository(uri, tracking_uri=c.tracking_uri)
+
+
+# -- the only artifact I/O: each goes to a location checked just before --------------------
+
+
+def listing(c: Any, run: Any, path: str | None = None, artifact_uri: str = "") -> list[Any]:
+    """MLflow's ``FileInfo`` list of ``path`` (the root: None) of ``run``'s artifacts.
+
+    Raises:
+        ForeignArtifacts: the run's location is elsewhere.
+    """
+    return list(repo(c, run, artifact_uri).list_artifacts(path))
+
+
+def download(c: Any, run: Any, path: str, dest: str | Path, artifact_uri: str = "") -> Path:
+    """Download ``path`` of ``run``'s artifacts into ``dest``; the local path.
+
+    Raises:
+        ForeignArtifacts: the run's location is elsewhere.
+    """
+    return Path(repo(c, run, artifact_uri).download_artifacts(path, str(dest)))
+
+
+def upload(c: Any, run: Any, local: str | Path, artifact_path: str | None = None,
+           artifact_uri: str = "") -> None:
+    """Upload the file ``local`` into ``artifact_path`` (None: the root) of ``run``.
+
+    Raises:
+        ForeignArtifacts: the run's location is elsewhere.
+    """
+    repo(c, run, artifact_uri).log_artifact(str(local), artifact_path)
+
+
+def write_text(c: Any, run: Any, text: str, path: str) -> None:
+    """Write ``text`` as the artifact ``path`` (a file name at the root) of ``run``.
+
+    Raises:
+        ForeignArtifacts: the run's location is elsewhere.
+    """
+    with tempfile.TemporaryDirectory(prefix="stability-text-") as tmp:
+        local = Path(tmp) / Path(path).name
+        local.write_text(text, encoding="utf-8")
+        parent = str(Path(path).parent)
+        upload(c, run, local, None if parent == "." else parent)
+
+
+def download_at(c: Any, location: str, path: str, dest: str | Path, what: str,
+                root: str | None = None) -> Path:
+    """Download ``path`` below ``location`` (a model's), checked first (``check``).
+
+    Raises:
+        ForeignArtifacts: ``location`` is elsewhere.
+    """
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    checked = check(c.tracking_uri, location, what, root)
+    repository = get_artifact_repository(checked, tracking_uri=c.tracking_uri)
+    return Path(repository.download_artifacts(path, str(dest)))

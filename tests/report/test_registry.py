@@ -126,3 +126,63 @@ def test_a_planted_version_tagged_with_the_sweep_and_winner_is_never_reused(tmp_
     assert str(champion.version) == "2" and champion.source != planted.source
     again = build_report(cfg)  # the report's own version is still reused
     assert (again.model_version, again.model_created) == ("2", False)
+
+
+def _evil_model(marker: Path):  # a PythonModel whose loading writes ``marker``
+    import mlflow.pyfunc
+
+    class Evil(mlflow.pyfunc.PythonModel):
+        def load_context(self, context):  # noqa: ARG002 - runs in whoever loads the model
+            marker.write_text("her code ran")
+
+        def predict(self, context, model_input):  # noqa: ARG002
+            return model_input
+
+    return Evil()
+
+
+@pytest.mark.slow
+def test_a_planted_pyfunc_dressed_as_the_sweeps_own_version_is_never_reused(tmp_path):
+    """Issue 55, item 6: mallory logs a pyfunc into a run she tags ``kind=report`` with the
+    victim's sweep id and winner, and registers it naming the winner's training run. The report
+    printed ``model version: 2 (existing)``, moved ``@champion`` to it, and loading
+    ``models:/victim-winner@champion`` as the README says ran her code. Now only a version the
+    report folder's own ledger names is reused: a new version is registered, ``@champion`` is
+    it, and loading it runs nothing of hers; a second report reuses its own."""
+    import mlflow
+    import mlflow.pyfunc
+
+    from stability.core.identity import fingerprint
+    from stability.tracking.contract import Tag
+    from tests.helpers.report_fixtures import run_config
+
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    ids = make_sweep(uri, "victim", "v1", LONG, tmp_path)
+    c = MlflowClient(uri)
+    exp_id = c.get_experiment_by_name("victim").experiment_id
+    fp = fingerprint(run_config(LONG[1], 0, Path(".")))
+    cfg = ReportConfig(tracking_uri=uri, experiment="victim", device="cpu", plots=False,
+                       output_dir=str(tmp_path / "reports"))
+    marker = tmp_path / "marker"
+    hers = c.create_run(exp_id, tags={Tag.KIND: "report", Tag.SWEEP_ID: "v1", Tag.WINNER: fp,
+                                      "mlflow.user": "mallory"}).info.run_id
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run(run_id=hers):
+        info = mlflow.pyfunc.log_model(name="model", python_model=_evil_model(marker))
+    c.set_terminated(hers)
+    marker.unlink(missing_ok=True)  # MLflow loads a pyfunc once while logging it
+    c.create_registered_model("victim-winner")
+    planted = c.create_model_version("victim-winner", source=info.model_uri,
+                                     run_id=ids[(fp, 0)], model_id=info.model_id,
+                                     tags={"sweep_id": "v1", "winner": fp})
+    assert str(planted.version) == "1"
+    first = build_report(cfg)
+    assert (first.model_version, first.model_created) == ("2", True), first
+    champion = c.get_model_version_by_alias("victim-winner", "champion")
+    assert str(champion.version) == "2" and champion.source != planted.source
+    mlflow.pyfunc.load_model("models:/victim-winner@champion")
+    assert not marker.exists()
+    again = build_report(cfg)  # its own version, named in its folder's ledger, is reused
+    assert (again.model_version, again.model_created) == ("2", False)
+    mlflow.pyfunc.load_model(planted.source)  # the control: loading hers does run her code
+    assert marker.read_text() == "her code ran"

@@ -13,10 +13,13 @@ import http.server
 import json
 import sqlite3
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
 
 from stability.tracking.origins import S3_BUCKET_VAR, refusal
@@ -204,3 +207,112 @@ def test_a_report_on_a_planted_experiment_is_refused_in_one_line(
     assert done.code == 2, done.stderr[-3000:]
     assert f"experiment 'lure' keeps its artifacts at '{listener.url}/lure'" in done.stderr
     assert listener.seen == []
+
+
+# -- issue 55, item 3: one parser for locations ------------------------------------------------
+
+SERVER = "http://127.0.0.1:5000"
+PIECES = ["127.0.0.1", "127.0.0.1.", "evil", "localhost", ":5000", ":5001", ":", ":0", "@", "\\",
+          "/", "?", "#", "%40", "%5c", "%2e", " ", "\t", "\n", "\r", "\x00", ".", "[::1]",
+          "[", "]", "user:pw", "１２７", "\u3000", "\u200b", ";", "5000", "0x7f.1", "-", "..",
+          "ｅvil", "::"]
+SHAPES = st.one_of(
+    st.lists(st.sampled_from(PIECES), max_size=7).map("".join),
+    st.lists(st.sampled_from(PIECES), max_size=4).map(lambda p: "127.0.0.1:5000" + "".join(p)),
+    st.text(alphabet=st.sampled_from("127.0:5@\\/#?% \tevil[]"), max_size=24))
+
+
+def _requests_origin(location: str) -> tuple[str, str, int] | None:
+    """Scheme, host and port that ``requests`` connects to for an artifact ``location`` (what
+    MLflow's HTTP and proxied artifact repositories hand it); None where it refuses to."""
+    import requests
+    from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
+    from urllib3.util import parse_url
+
+    try:
+        url = (MlflowArtifactsRepository.resolve_uri(location, SERVER)
+               if location.lower().startswith("mlflow-artifacts:") else location)
+        prepared = requests.Request("GET", url.rstrip("/") + "/file").prepare()
+        parsed = parse_url(prepared.url)
+    except Exception:  # requests (or MLflow) refuses the URL: nothing is sent anywhere
+        return None
+    scheme = parsed.scheme or ""
+    return scheme, parsed.host or "", parsed.port or {"http": 80, "https": 443}.get(scheme, 0)
+
+
+@settings(max_examples=600, deadline=None, derandomize=True)
+@example(scheme="http", authority="127.0.0.1:5000")
+@example(scheme="mlflow-artifacts", authority="127.0.0.1:5000")
+@example(scheme="http", authority="127.0.0.1:5001\\@127.0.0.1:5000")
+@example(scheme="http", authority="127.0.0.1:5001\t@127.0.0.1:5000")
+@given(scheme=st.sampled_from(["http", "https", "HTTP", "mlflow-artifacts", "Mlflow-Artifacts"]),
+       authority=SHAPES)
+def test_the_policy_and_requests_name_the_same_host_and_port(scheme: str, authority: str) -> None:
+    """Every location the policy lets through is one ``requests`` connects to on the tracking
+    server's own host and port (issue 55, item 3: ``http://127.0.0.1:<L>\\@127.0.0.1:<S>/``
+    was port S to ``urllib.parse`` and port L to requests: 30 requests with the password)."""
+    location = f"{scheme}://{authority}/api/2.0/mlflow-artifacts/artifacts/1/abc"
+    if refusal(SERVER, location):
+        return
+    assert _requests_origin(location) == ("http", "127.0.0.1", 5000), location
+
+
+def test_locations_two_parsers_read_differently_are_refused() -> None:
+    """The shapes of item 3, each refused in words: a backslash, a control character, white
+    space, userinfo, a percent sign, an empty port; the plain server location passes."""
+    assert refusal(SERVER, f"{SERVER}/x") == ""
+    for bad, why in [("http://127.0.0.1:5001\\@127.0.0.1:5000/x", "'\\\\'"),
+                     ("http://127.0.0.1:5001\t@127.0.0.1:5000/x", "'\\t'"),
+                     ("http://127.0.0.1:5000/x\\y", "'\\\\'"),
+                     ("mlflow-artifacts://127.0.0.1:5000\n/x", "'\\n'"),
+                     ("http://evil@127.0.0.1:5000/x", "not a plain host[:port]"),
+                     ("http://127.0.0.1%3a5000/x", "not a plain host[:port]"),
+                     ("http://127.0.0.1:/x", "not a plain host[:port]"),
+                     ("http://127.0.0.1:5000\u3000/x", "'\\u3000'")]:
+        assert why in refusal(SERVER, bad), (bad, refusal(SERVER, bad))
+    assert _requests_origin("http://127.0.0.1:5001\\@127.0.0.1:5000/x")[2] == 5001  # the trap
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_a_location_read_two_ways_gets_no_request_from_a_sweep(
+        tmp_path: Path, listener: Listener, signed_in: None, mlflow_server,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 3 end to end: the project's own server; an experiment's artifact location written
+    in its database as ``http://127.0.0.1:<listener>\\@127.0.0.1:<server>/loot`` (MLflow's API
+    refuses it: this takes write access to the database). The sweep stops in one line naming
+    it; the listener got nothing (30 requests, 30 with the password, before)."""
+    server_port = urllib.parse.urlsplit(mlflow_server.uri).port
+    location = f"{listener.url}\\@127.0.0.1:{server_port}/loot"
+    MlflowClient(mlflow_server.uri).create_experiment("twoway")
+    with sqlite3.connect(mlflow_server.root / "mlflow.db") as con:
+        con.execute("UPDATE experiments SET artifact_location = ? WHERE name = 'twoway'",
+                    (location,))
+    con.close()
+    done = in_process(["sweep", "-m", "+sweep=smoke", "device=cpu", "seed=0",
+                       "hydra/launcher=basic", f"tracking.uri={mlflow_server.uri}",
+                       "tracking.experiment=twoway", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                      capsys)
+    assert done.code == 1, done.stderr[-3000:]
+    assert "experiment 'twoway' keeps its artifacts at" in done.stderr
+    assert "which HTTP clients parse differently" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert listener.seen == []
+
+
+def test_only_origins_calls_mlflows_artifact_io() -> None:
+    """Item 2: every artifact listing, download and upload goes through ``origins``; no other
+    module of the package or the scripts calls MLflow's artifact I/O itself."""
+    import re
+
+    io = re.compile(r"\b(download_artifacts|list_artifacts|log_artifacts?|log_text|log_dict|"
+                    r"log_figure|log_image|log_table|load_text|load_dict|"
+                    r"get_artifact_repository)\s*\(")
+    own = (PROJECT / "stability" / "tracking" / "origins.py").resolve()
+    calls = [f"{path.relative_to(PROJECT)}:{n}: {line.strip()}"
+             for folder in ("stability", "experiments")
+             for path in sorted((PROJECT / folder).rglob("*.py")) if path.resolve() != own
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if io.search(line.split("#")[0])]
+    assert calls == [], calls
+    assert io.search(own.read_text())  # the pattern finds what it looks for
