@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stability.design.design import NEVER, set_by
-from stability.report.html import one_line
+from stability.report.inert import one_line
 
 log = logging.getLogger(__name__)
 
