@@ -23,7 +23,7 @@ import pandas as pd
 from stability.core.steplog import COLUMN
 from stability.report import fetch
 from stability.report.inert import one_line
-from stability.report.plots import Series
+from stability.report.plotted import Series
 from stability.tracking import origins
 from stability.tracking.adoption import MAX_STEPS_BYTES
 from stability.tracking.contract import Artifact

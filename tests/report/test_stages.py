@@ -12,7 +12,7 @@ import pandas as pd
 from stability.report import health
 from stability.report.compare import versus
 from stability.report.layer_norms import LayerNorms
-from stability.report.plots import Series
+from stability.report.plotted import Series
 from stability.report.render import write_sections
 from stability.report.sections import layer_norms as layer_norms_section
 from stability.report.sections import val_curves as val_curves_section
