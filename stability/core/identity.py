@@ -49,7 +49,7 @@ def canonical(run: RunConfig) -> dict[str, Any]:
 
     With clipping off, ``clip.method``, ``clip.max_norm`` and ``clip.clip_value`` do not
     influence training, so they are replaced by ``None``; the GradScaler knobs only matter
-    for fp16 (``inert``). Output locations, tracking and telemetry settings and
+    for fp16 (``irrelevant``). Output locations, tracking and telemetry settings and
     ``train.num_workers`` (same batches in the same order either way) are dropped, and so is
     ``task._target_`` of a task that declares ``hash_target = False`` (the default task: it
     keeps every fingerprint from before tasks existed). The rule is the task's, the same for
@@ -68,11 +68,11 @@ def canonical(run: RunConfig) -> dict[str, Any]:
         if default:
             for key in [k for k in flat if k.startswith(section)]:
                 flat.pop(key)
-    flat.update(dict.fromkeys(sorted(inert(flat)), None))
+    flat.update(dict.fromkeys(sorted(irrelevant(flat)), None))
     return flat
 
 
-def inert(flat: Mapping[str, Any]) -> set[str]:
+def irrelevant(flat: Mapping[str, Any]) -> set[str]:
     """The dotted keys whose value cannot influence a run with these settings: the one rule
     of what cannot matter (``canonical``, the sweep's de-duplication, the report's grid).
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from stability.report.html import one_line
+from stability.report.inert import one_line
 from stability.tracking import adoption, origins
 from stability.tracking.contract import Tag
 

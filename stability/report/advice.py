@@ -20,13 +20,7 @@ import pandas as pd
 
 from stability.core.steplog import COLUMN
 from stability.design.factors import ACCUM_STEPS, CLIP_ENABLED
-
-
-@dataclass(frozen=True)
-class ClipAdviceConfig:
-    """``advice.*`` in ``conf/report.yaml``."""
-
-    target_share: float = 0.05
+from stability.report.options import ClipAdviceConfig
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ push them out of the ``NEWEST`` read), the user's failed ones are searched on th
 (a flood of passes cannot push a failure out), and the newest failure within ``WINDOW_MS`` of
 the task's newest check wins over a pass: a pass planted after a real failure does not hide it.
 
-Everything read from the check runs is data: strings are kept to one inert line (``html.inert``),
+Everything read from the check runs is data: strings are kept to one inert line (``inert.inert``),
 numbers must parse, and a run that does not read is left out (it never stops the report).
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from stability.report.html import inert
+from stability.report.inert import inert
 from stability.tracking.contract import CHECK_PREFIX, Kind, Tag, search_filter
 from stability.tracking.queries import search_all
 

@@ -26,7 +26,7 @@ from stability.core.config import ClipConfig, TrainConfig
 from stability.core.task import DEFAULT_LOSS_NAME
 from stability.core.validation import SAFE_NAME_ALLOWED, is_safe_name
 from stability.report import adoption, grid, membership
-from stability.report.html import one_line
+from stability.report.inert import one_line
 from stability.report.options import ReportError
 from stability.tracking import children, origins
 from stability.tracking.contract import Artifact, Kind, Outcome, Tag, search_filter
@@ -192,7 +192,7 @@ def _row(run: Any) -> dict[str, Any]:
     row.update(run.data.metrics)
     # Text read from runs is data: control characters (newlines) would restructure the
     # markdown report, and a backtick or ``](`` would make markup of it, so every string is
-    # kept to one inert line here, at the way in (``html.inert``).
+    # kept to one inert line here, at the way in (``inert.inert``).
     row = {k: _one_line(v) if isinstance(v, str) else v for k, v in row.items()}
     params = {k: _one_line(v) for k, v in params.items()}
     tags = {k: _one_line(v) for k, v in tags.items()}

@@ -7,7 +7,7 @@ param (``sweep/parent.py``). A key whose value is a sweep (``a,b``, ``range(...)
 planted on two runs would otherwise be forty factors and a cube of 3^40 cells. A run whose
 value of a setting the sweep did not sweep differs from the one the sweep's own runs share is
 no point of the grid: it is set aside with one line. A setting that cannot matter for a run
-(``core.identity.inert``: ``clip.max_norm`` with clipping off, which the sweep drops from that
+(``core.identity.irrelevant``: ``clip.max_norm`` with clipping off, which the sweep drops from that
 run's overrides, so it records the default) is neither compared for that run nor counted in
 the shared value. A sweep without a recorded grid (no parent run) is read as before.
 """
@@ -20,10 +20,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from stability.core.identity import inert
+from stability.core.identity import irrelevant
 from stability.design.design import NEVER, set_by
 from stability.design.factors import CLIP_ENABLED, flag
-from stability.report.html import one_line
+from stability.report.inert import one_line
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,6 @@ def outside(runs: Sequence[Any], swept: Sequence[str],
 
 
 def _inert(run: Any) -> set[str]:
-    """The settings that cannot matter for ``run`` (``core.identity.inert`` of its params)."""
+    """The settings that cannot matter for ``run`` (``core.identity.irrelevant`` of its params)."""
     params = run.data.params
-    return inert({**params, CLIP_ENABLED: flag(params.get(CLIP_ENABLED, False))})
+    return irrelevant({**params, CLIP_ENABLED: flag(params.get(CLIP_ENABLED, False))})

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from stability.core.steplog import COLUMN
+from stability.report.options import Thresholds
 from stability.report.table import ConfigTable, StabilityVerdict
 from stability.tracking.contract import SCHEDULER_STEPPED, SCHEDULER_STEPS_ON_SKIP, Outcome
 
@@ -31,28 +32,6 @@ class Verdict(IntEnum):
 
     def __str__(self) -> str:
         return self.name.lower()
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """When a sign makes a run marginal or unstable (defaults: ``conf/report.yaml``)."""
-
-    skip_rate_marginal: float = 0.01
-    skip_rate_unstable: float = 0.05
-    backoff_rate_marginal: float = 0.05
-    scale_floor: float = 1.0
-    net_backoffs_unstable: int = 8
-    spike_factor: float = 10.0
-    spike_window: int = 50
-    spike_min_history: int = 10
-    spikes_unstable: int = 3
-    zspike_threshold: float = 6.0
-    zspike_window: int = 128
-    zspike_min_history: int = 32
-    zspikes_marginal: int = 3
-    zspikes_unstable: int = 6
-    clip_saturation: float = 0.95
-    settle_steps: int = 20
 
 
 @dataclass(frozen=True)

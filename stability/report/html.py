@@ -38,28 +38,6 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 _FIGURE = re.compile(r"plots/[A-Za-z0-9_-][A-Za-z0-9._-]*\.png")  # the report's own figures
 
 
-# What lets text become markdown markup, and its inert look-alike: a backtick closes a code
-# span (U+02CB looks the same and is no markup), ``](`` makes a link and ``![`` an image.
-_ACTIVE = (("`", "\u02cb"), ("](", "] ("), ("![", "! ["))
-
-
-def inert(value: str) -> str:
-    """``value`` (read from a run) as text no markdown renderer turns into markup.
-
-    Applied where a run's strings enter the report (``fetch``) and to every note and reason
-    line: inside a code span or not, it cannot close the span, make a link or an image, in
-    report.html or in MLflow's own renderer (``mlflow.note.content``).
-    """
-    for active, text in _ACTIVE:
-        value = value.replace(active, text)
-    return value
-
-
-def one_line(value: str) -> str:
-    """A string read from a run as one inert line (no control character, no markup)."""
-    return inert("".join(ch if ch.isprintable() else " " for ch in value))
-
-
 def safe_href(href: str) -> bool:
     """A link target the page may carry: ``http(s)://``, ``#...`` or a relative path."""
     if any(ord(ch) < 0x20 or ch in "\\<>\"'`" for ch in href) or href.startswith("//"):

@@ -22,8 +22,8 @@ import pandas as pd
 
 from stability.core.steplog import COLUMN
 from stability.report import fetch
-from stability.report.html import one_line
-from stability.report.plots import Series
+from stability.report.inert import one_line
+from stability.report.plotted import Series
 from stability.tracking import origins
 from stability.tracking.adoption import MAX_STEPS_BYTES
 from stability.tracking.contract import Artifact
@@ -58,7 +58,7 @@ def read_table(path: Path) -> pd.DataFrame:
     """``layer_norms.csv`` as floats (``inf``/``nan`` as written), sorted by step.
 
     Its column names are run data that reach the caption and the figure: each becomes one
-    inert line (``html.one_line``: no newline, no link, no image, no closing backtick). A
+    inert line (``inert.one_line``: no newline, no link, no image, no closing backtick). A
     file over ``MAX_STEPS_BYTES`` is refused before it is read.
     """
     size = path.stat().st_size

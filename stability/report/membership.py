@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from stability.report.adoption import user_of
-from stability.report.html import one_line
+from stability.report.inert import one_line
 from stability.tracking import children, origins
 from stability.tracking.contract import Artifact, Tag
 

@@ -16,8 +16,6 @@ from typing import Any
 from stability.core.validation import SAFE_NAME_ALLOWED, ConfigError, Errors, is_safe_name
 from stability.design.margin import ALLOWED as MARGIN_ALLOWED
 from stability.design.margin import Margin
-from stability.report.advice import ClipAdviceConfig
-from stability.report.health import Thresholds
 from stability.stats import cost as costs
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -27,6 +25,35 @@ HASHED = re.compile(rf"-[0-9a-f]{{{NAME_HASH}}}$")
 
 class ReportError(ConfigError):
     """A user-facing mistake (unknown sweep, empty experiment...); the message names the key."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a sign makes a run marginal or unstable (defaults: ``conf/report.yaml``)."""
+
+    skip_rate_marginal: float = 0.01
+    skip_rate_unstable: float = 0.05
+    backoff_rate_marginal: float = 0.05
+    scale_floor: float = 1.0
+    net_backoffs_unstable: int = 8
+    spike_factor: float = 10.0
+    spike_window: int = 50
+    spike_min_history: int = 10
+    spikes_unstable: int = 3
+    zspike_threshold: float = 6.0
+    zspike_window: int = 128
+    zspike_min_history: int = 32
+    zspikes_marginal: int = 3
+    zspikes_unstable: int = 6
+    clip_saturation: float = 0.95
+    settle_steps: int = 20
+
+
+@dataclass(frozen=True)
+class ClipAdviceConfig:
+    """``advice.*`` in ``conf/report.yaml``."""
+
+    target_share: float = 0.05
 
 
 @dataclass(frozen=True)

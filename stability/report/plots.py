@@ -28,6 +28,7 @@ from stability.core.task import DEFAULT_LOSS_NAME  # noqa: E402
 from stability.design.design import Design  # noqa: E402
 from stability.design.factors import CLIP, MAX_NORM, PRECISION, kind, precision_rank  # noqa: E402
 from stability.report.format import fmt, save  # noqa: E402
+from stability.report.plotted import Series  # noqa: E402
 
 PRECISION_COLORS = {Precision.FP32: "tab:blue", Precision.BF16: "tab:green",
                     Precision.FP16: "tab:orange"}
@@ -40,16 +41,6 @@ class Figure:
     file: str
     title: str
     caption: str
-
-
-@dataclass(frozen=True)
-class Series:
-    """One plotted config: its role in the report, label and colour."""
-
-    role: str  # "chosen", "baseline", "lowest-mean fp16"...
-    label: str
-    color: str
-    max_norm: float = math.nan  # NaN when clipping is off
 
 
 def _log_if_wide(ax: plt.Axes, values: Sequence[float] | np.ndarray, axis: str = "y") -> bool:

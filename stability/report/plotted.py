@@ -15,10 +15,19 @@ import pandas as pd
 
 from stability.core.precision import Precision
 from stability.report import select
-from stability.report.plots import Series
 from stability.report.table import ConfigTable
 
 ROLE_COLORS = ("tab:red", "tab:blue", "tab:purple", "tab:olive", "tab:cyan")
+
+
+@dataclass(frozen=True)
+class Series:
+    """One plotted config: its role in the report, label and colour."""
+
+    role: str  # "chosen", "baseline", "lowest-mean fp16"...
+    label: str
+    color: str
+    max_norm: float = math.nan  # NaN when clipping is off
 
 
 def roles(configs: pd.DataFrame) -> list[tuple[str, str]]:

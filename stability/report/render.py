@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from stability.report.html import one_line
+from stability.report.inert import one_line
 from stability.report.plots import Figure
 from stability.report.sections import SECTIONS, Section
 from stability.report.study import Study

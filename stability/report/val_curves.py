@@ -14,8 +14,7 @@ from typing import Any
 import pandas as pd
 
 from stability.report import fetch, select
-from stability.report.plots import Series
-from stability.report.plotted import rivals
+from stability.report.plotted import Series, rivals
 from stability.report.table import ConfigTable
 
 RIVAL_COLORS = ("tab:purple", "tab:olive", "tab:cyan")

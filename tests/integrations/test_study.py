@@ -187,7 +187,8 @@ def test_fp16_of_an_hf_task_on_cpu_exits_2_with_one_line(
 
 
 def test_the_verdict_names_a_scheduler_stepped_on_skipped_steps() -> None:
-    from stability.report.health import Thresholds, judge_config
+    from stability.report.health import judge_config
+    from stability.report.options import Thresholds
 
     def steps(sched: list[int]) -> pd.DataFrame:
         n = len(sched)

@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stability.report.advice import ClipAdviceConfig, against, nearest_swept, recommend
+from stability.report.advice import against, nearest_swept, recommend
+from stability.report.options import ClipAdviceConfig
 from stability.report.sections.max_norm_advice import draw_max_norm_advice, max_norm_advice
 
 

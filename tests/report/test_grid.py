@@ -2,7 +2,7 @@
 never makes it a stranger to its grid.
 
 The sweep drops ``clip.max_norm`` from a clip-off point's overrides (it cannot matter there:
-``core.identity.inert``), so a clip-off run records the default max_norm while the sweep's
+``core.identity.irrelevant``), so a clip-off run records the default max_norm while the sweep's
 clipped runs record the grid's. Issue 54: the report set every clip-off run aside as "not a
 point of the sweep's grid" and decided clipping from the clipped runs alone.
 """
@@ -16,7 +16,7 @@ from mlflow.entities import Param, Run, RunData, RunInfo
 from mlflow.tracking import MlflowClient
 
 from stability.core.config import to_run_config
-from stability.core.identity import canonical, flatten, inert
+from stability.core.identity import canonical, flatten, irrelevant
 from stability.report import grid
 from tests.helpers.stores import sqlite_store
 
@@ -48,7 +48,7 @@ def test_a_clip_off_run_with_the_default_max_norm_is_a_point_of_the_grid() -> No
 
 
 def test_inert_is_the_rule_the_fingerprint_normalises() -> None:
-    """``canonical`` sets exactly ``inert``'s keys to None, for every clip method and
+    """``canonical`` sets exactly ``irrelevant``'s keys to None, for every clip method and
     precision: the sweep's de-duplication and the report's grid read one rule."""
     for clip in ({"enabled": False}, {"enabled": True, "method": "norm"},
                  {"enabled": True, "method": "value"}):
@@ -56,7 +56,7 @@ def test_inert_is_the_rule_the_fingerprint_normalises() -> None:
             cfg = to_run_config({"clip": clip, "precision": {"name": precision}})
             flat, canon = flatten(cfg), canonical(cfg)
             assert {k for k, v in canon.items() if v is None and flat.get(k) is not None} \
-                == inert(flat), (clip, precision)
+                == irrelevant(flat), (clip, precision)
 
 
 @pytest.mark.slow

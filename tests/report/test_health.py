@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 
 from stability.report.health import (
-    Thresholds,
     Verdict,
     judge,
     judge_config,
@@ -17,7 +16,7 @@ from stability.report.health import (
     loss_zspikes,
     run_signs,
 )
-from stability.report.options import ReportError, to_report_config
+from stability.report.options import ReportError, Thresholds, to_report_config
 from tests.helpers import traces
 from tests.helpers.synthetic import rate_ci
 

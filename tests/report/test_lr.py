@@ -11,6 +11,7 @@ import pytest
 from matplotlib.collections import PathCollection, PolyCollection
 
 from stability.report import factors, health, lr, select
+from stability.report.options import Thresholds
 from stability.report.sections import lr_sensitivity as lr_plot
 from tests.helpers.stores import sqlite_store
 
@@ -43,7 +44,7 @@ def _runs(losses: dict[tuple[bool, str], list[float]], seeds: int = 3) -> pd.Dat
 
 def _study(runs: pd.DataFrame) -> tuple[list[lr.LrCurve], pd.DataFrame]:
     configs = select.aggregate(runs)
-    configs = health.judge(runs, configs, {}, health.Thresholds())
+    configs = health.judge(runs, configs, {}, Thresholds())
     return lr.curves(runs, configs), configs
 
 

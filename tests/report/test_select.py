@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from stability.report.compare import Criteria, comparisons, versus_winner
-from stability.report.options import ReportError, to_report_config
+from stability.report.options import ReportError, Thresholds, to_report_config
 from stability.report.select import (
     SELECTION_RULE,
     aggregate,
@@ -257,7 +257,7 @@ def test_the_config_table_is_assembled_once_from_the_stages_parts_with_the_schem
         ("lost", "bf16", True, 0.5, 1, {0: 0.20, 1: "diverged", 2: 0.21}),
     ])
     ranked = put_first(aggregate(runs), "base")  # a decided winner that is not rank 1
-    t = health.Thresholds()
+    t = Thresholds()
     table = ConfigTable.assemble(ranked, versus(runs, ranked),
                                  health.verdicts(runs, ranked, {}, t))
     assert [r.fingerprint for r in table] == ["base", "low", "lost"] and len(table) == 3

@@ -12,7 +12,8 @@ import pandas as pd
 from stability.report import health
 from stability.report.compare import versus
 from stability.report.layer_norms import LayerNorms
-from stability.report.plots import Series
+from stability.report.options import Thresholds
+from stability.report.plotted import Series
 from stability.report.render import write_sections
 from stability.report.sections import layer_norms as layer_norms_section
 from stability.report.sections import val_curves as val_curves_section
@@ -30,7 +31,7 @@ def _table() -> ConfigTable:
     ])
     ranked = put_first(aggregate(runs), "base")
     return ConfigTable.assemble(ranked, versus(runs, ranked),
-                                health.verdicts(runs, ranked, {}, health.Thresholds()))
+                                health.verdicts(runs, ranked, {}, Thresholds()))
 
 
 def test_the_frame_is_made_once_at_assembly_and_equals_the_rows() -> None:

@@ -353,7 +353,7 @@ BREAKOUT = "fp32` [x](/etc/passwd) ![i](http://evil/x.png) `"
 
 
 def test_inert_text_cannot_close_a_code_span_or_make_a_link_or_an_image() -> None:
-    from stability.report.html import inert
+    from stability.report.inert import inert
     for rendered in (inline(f"`{inert(BREAKOUT)}`"), inline(inert(BREAKOUT))):
         assert "<a " not in rendered and "<img" not in rendered, rendered
     note = note_markdown(f"winner `{inert(BREAKOUT)}`")

@@ -210,7 +210,7 @@ def test_the_loss_a_task_names_reaches_the_figures_loss_axis(
     import matplotlib.figure
     import pandas as pd
 
-    from stability.report import fetch, plots
+    from stability.report import fetch, plots, plotted
     from stability.tracking.contract import Tag
     from stability.tracking.run import run_record
 
@@ -222,7 +222,7 @@ def test_the_loss_a_task_names_reaches_the_figures_loss_axis(
     save = matplotlib.figure.Figure.savefig
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
                         lambda fig, *a, **k: (saved.append(fig), save(fig, *a, **k))[1])
-    series = plots.Series("winner", "fp32 noclip acc=1", "tab:red")
+    series = plotted.Series("winner", "fp32 noclip acc=1", "tab:red")
     fig = plots.val_loss_curves([(series, {0: pd.Series([0.9, 0.5], index=[1, 2])})],
                                 tmp_path, fetch.loss_name(runs))
     assert fig is not None and (tmp_path / fig.file).is_file()

@@ -6,7 +6,7 @@ import math
 
 from stability.report.evaluate import SeedTestResult
 from stability.report.format import ACC_DIGITS, fmt, pm, table
-from stability.report.html import inert
+from stability.report.inert import inert
 from stability.report.sections.section import Part, lines
 from stability.report.study import Study
 
