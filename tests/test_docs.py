@@ -2,10 +2,10 @@
 
 README.md and docs/*.md are read as a newcomer reads them:
 
-- every repository path they name (``stability/report/fetch.py``, ``conf/study/adding.yaml``,
-  a relative Markdown link) exists; paths under generated folders (``reports/``, ``multirun/``,
-  ``benchmarks/results/``), placeholders (``<sweep_id>``) and ``COMMIT:path`` (a file of an
-  older commit) are not checked;
+- every repository path they name (``stability/report/evidence/fetch.py``,
+  ``conf/study/adding.yaml``, a relative Markdown link) exists; paths under generated folders
+  (``reports/``, ``multirun/``, ``benchmarks/results/``), placeholders (``<sweep_id>``) and
+  ``COMMIT:path`` (a file of an older commit) are not checked;
 - every dotted name under ``stability.``, ``benchmarks.`` or ``hydra_plugins.`` resolves to a
   module file, and the name after the module (if any) is defined in it;
 - every command they show, in a ```` ```bash ```` block or on a ``$ `` line of a
@@ -556,7 +556,7 @@ def test_the_readme_answer_is_the_reports_terminal_answer() -> None:
 
     import torch
 
-    from stability.report import answer_table
+    from stability.report.present import answer_table
 
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text.split("## The answer, as the report prints it", 1)[1]

@@ -95,7 +95,7 @@ def test_our_worker_the_reports_model_flavor_and_the_integrations_package_load_n
             "from stability.core.optim import OptimConfig\n"
             "OptimConfig()\n"  # validating the default builds no optimizer: no torch._dynamo
             "print('torch._dynamo' in sys.modules)\n"
-            "from stability.report.publish import _pytorch_flavor\n"
+            "from stability.report.publish.publish import _pytorch_flavor\n"
             f"print(_pytorch_flavor().__name__, {watch})\n"
             "import stability.integrations.lightning\n"
             "print('lightning' in sys.modules)\n"

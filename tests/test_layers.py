@@ -147,7 +147,7 @@ def test_only_the_presenter_imports_a_report_section(graph: grimp.ImportGraph) -
 def test_a_report_section_reads_nothing_from_mlflow(graph: grimp.ImportGraph) -> None:
     contract = next(c for c in CONTRACTS["contracts"]
                     if c["type"] == "forbidden" and c["source_modules"] == [
-                        "stability.report.sections"])
+                        "stability.report.present.sections"])
     assert _forbidden_hits(graph, contract) == []
 
 

@@ -12,7 +12,8 @@ equivalent to the best"), so both are measured the same way for every config of 
   whatever else runs: in the default study, clipping at max_norm 10 measured 1.21x clip off
   though it does the same work. CPU time counts the work the step does (runs use one intra-op
   thread, ``train.threads: 1``), so the report weighs cost by it where it exists
-  (``report.select.train_seconds``). Not recorded on CUDA, where the device's time is the cost.
+  (``report.decide.select.train_seconds``). Not recorded on CUDA, where the device's time is the
+  cost.
 - ``peak_memory_mb``: on CUDA, ``torch.cuda.max_memory_allocated`` (reset at the start of the
   run): the tensors the run allocated. On CPU there is no allocator statistic, so it is the
   process's peak resident set during the run: Linux's ``VmHWM`` after resetting it through

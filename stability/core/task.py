@@ -18,8 +18,8 @@ backend is ``ours``, our loop, and the task provides the five methods below; the
 registered in the integrations layer, ``stability/integrations/backends.py``,
 docs/integrations.md).
 
-The test split is sealed: ``sealed_test`` is called from ``stability/report/evaluate.py`` alone,
-for the winner selected on validation (``tests/core/test_data.py`` scans the code for other
+The test split is sealed: ``sealed_test`` is called from ``stability/report/sealed/evaluate.py``
+alone, for the winner selected on validation (``tests/core/test_data.py`` scans the code for other
 callers).
 """
 
@@ -131,7 +131,7 @@ def build_task(cfg: TaskConfig, sections: Mapping[str, Any],
     """
     # The class is called with plain values, never through Hydra's recursive ``instantiate``:
     # that resolves ``${...}`` (``oc.create`` makes a ``_target_``) and builds any nested
-    # ``_target_``, and a recorded config is data (report/trust.py). A copy, so the task
+    # ``_target_``, and a recorded config is data (report/evidence/trust.py). A copy, so the task
     # cannot change the run's frozen config.
     kwargs = copy.deepcopy(cfg.spec(sections))
     factory = locate(kwargs.pop("_target_"))

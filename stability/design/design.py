@@ -17,7 +17,8 @@ from stability.design.factors import FIRST_CLASS, Params, first_class, kind, sor
 
 # Params that differ between a study's configs without being settings: where and how runs were
 # tracked, run on, monitored or faulted, and the seed (the blocks, never a factor). The one list
-# of the sweep and the report (``report.grid`` sets a run aside on any other unswept param).
+# of the sweep and the report (``report.evidence.grid`` sets a run aside on any other unswept
+# param).
 NEVER = ("seed", "hydra.", "tracking.", "telemetry.", "output_dir", "device", "world_size",
          "train.num_workers", "train.threads", "fault.", "monitor.")
 

@@ -2,7 +2,7 @@
 
 A task's ``trainer = "<name>"`` names its backend; a task without that attribute is ``ours``
 (``core.task.trainer_name``). ``of(cfg)`` is the one lookup: the upper layers (``sweep.job``,
-``report.evaluate``, ``check.subject``) use what it returns, a ``Backend``, and nothing else,
+``report.sealed.evaluate``, ``check.subject``) use what it returns, a ``Backend``, and nothing else,
 whichever backend it is:
 
 - ``preflight`` / ``train``: the sweep's fit of one point (same ``RunConfig`` in, same run

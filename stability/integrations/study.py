@@ -186,7 +186,7 @@ class Trainer:
 
     def model_builder(self, cfg: RunConfig, task: Task) -> Callable[[], nn.Module]:
         """What makes a fresh model of the task (the report sizes it on the ``meta`` device,
-        then loads the checkpoint's weights: ``report/rebuild.py``)."""
+        then loads the checkpoint's weights: ``report/sealed/rebuild.py``)."""
         return lambda: self.half.rebuild(task, cfg)
 
     def evaluate(self, cfg: RunConfig, task: Task, model: nn.Module, dataset: Any,

@@ -81,7 +81,7 @@ class ReportConfig:
             measured run-to-run spread before one candidate level counts as cheaper
             (``stats.cost``; default ``stats.cost.FLOOR``, 10%; 0: the spread alone).
         memory_budget_mb: the most a config may use (its runs' median ``peak_memory_mb``);
-            configs over it are set aside before the decision (``report.memory``). None: no
+            configs over it are set aside before the decision (``report.decide.memory``). None: no
             budget.
         register: register the winning checkpoint in the Model Registry.
         model_name: registered model name; None: ``<experiment>-winner``, one registered

@@ -19,16 +19,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from stability.report import describe, publish, stages
-from stability.report.evaluate import WinnerTestResult, evaluate_winner, load_winner
-from stability.report.html import to_html
+from stability.report import stages
+from stability.report.decide.table import ConfigRow
+from stability.report.evidence.trust import allowed_tasks
 from stability.report.options import ReportConfig
-from stability.report.render import Header, render, write_sections, write_summary
-from stability.report.sections.answer import answer_markdown, first_screen
+from stability.report.present.html import to_html
+from stability.report.present.render import Header, render, write_sections, write_summary
+from stability.report.present.sections.answer import answer_markdown, first_screen
+from stability.report.present.study import Registered, Study
+from stability.report.publish import describe, publish
+from stability.report.sealed.evaluate import WinnerTestResult, evaluate_winner, load_winner
 from stability.report.stages import NothingToReport
-from stability.report.study import Registered, Study
-from stability.report.table import ConfigRow
-from stability.report.trust import allowed_tasks
 from stability.tracking.contract import Artifact
 from stability.tracking.uri import (
     check_reachable,

@@ -19,40 +19,26 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from stability.design.margin import Margin
-from stability.report import (
-    adoption,
-    advice,
-    check_runs,
-    compare,
-    decided,
-    evaluate,
-    factors,
-    fetch,
-    health,
-    layer_norms,
-    lr,
-    memory,
-    select,
-    spending,
-    steps_csv,
-    val_curves,
-)
+from stability.report.decide import compare, decided, factors, memory, select, spending
+from stability.report.decide.steady import Steadied, prefer_stable
+from stability.report.decide.table import ConfigTable, StabilityVerdict, VersusWinner
+from stability.report.decide.winner import decide as decide_winner
+from stability.report.evidence import adoption, fetch, steps_csv
+from stability.report.evidence.trust import allowed_tasks
+from stability.report.examine import advice, check_runs, health, layer_norms, lr, val_curves
+from stability.report.examine.plotted import Plotted, plotted
 from stability.report.options import ReportConfig, ReportError
-from stability.report.plotted import Plotted, plotted
-from stability.report.steady import Steadied, prefer_stable
-from stability.report.table import ConfigTable, StabilityVerdict, VersusWinner
-from stability.report.trust import allowed_tasks
-from stability.report.winner import decide as decide_winner
+from stability.report.sealed import evaluate
 
 if TYPE_CHECKING:
-    from stability.report.advice import Recommendation
-    from stability.report.decided import Spent
-    from stability.report.factors import FactorAnalysis
-    from stability.report.layer_norms import LayerNorms
-    from stability.report.lr import LrCurve
-    from stability.report.spending import Sequential, Spending
-    from stability.report.val_curves import ValCurves
-    from stability.report.winner import Decision
+    from stability.report.decide.decided import Spent
+    from stability.report.decide.factors import FactorAnalysis
+    from stability.report.decide.spending import Sequential, Spending
+    from stability.report.decide.winner import Decision
+    from stability.report.examine.advice import Recommendation
+    from stability.report.examine.layer_norms import LayerNorms
+    from stability.report.examine.lr import LrCurve
+    from stability.report.examine.val_curves import ValCurves
 
 
 class NothingToReport(ReportError):

@@ -1,6 +1,6 @@
 """One factor's choice on arrays: its joint levels, their MCB bounds and the rule's pick.
 
-``level_choice`` is the rule the report's decision (``report.winner.decide``) applies to each
+``level_choice`` is the rule the report's decision (``report.decide.winner.decide``) applies to each
 factor (or group of interacting factors): multiple comparisons with the best
 (``stats.best.mcb``), the candidates (``stats.best.candidates``), the equally cheap among them
 (``stats.cost.equally_cheap``), then the simplest (``stats.best.choose``). It lives here, below

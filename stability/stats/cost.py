@@ -1,7 +1,7 @@
 """Which levels cost the same: a cost difference counts only beyond the run-to-run spread.
 
-A level's cost is its runs' training seconds (``report.select.train_seconds``: median step time
-x optimizer steps, measured on the study's device). Wall-clock seconds on a shared machine are
+A level's cost is its runs' training seconds (``report.decide.select.train_seconds``: median step
+time x optimizer steps, measured on the study's device). Wall-clock seconds on a shared machine are
 noisy: the same config measured 1.01-1.21x of itself across seeds in the default study, and
 levels that do the same work (clipping at max_norm 1, 5 and 10) measured 1.01 / 1.02 / 1.21x
 of clip off. A fixed tolerance (the earlier 10%) was never measured and let that noise decide.

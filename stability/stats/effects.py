@@ -193,7 +193,7 @@ class StudyVerdicts:
 
     Contrasts are ordered factor by factor, each level against level 0; interactions pair
     factors ``i < j`` in order, then levels ``a`` of ``i`` and ``b`` of ``j`` (both > 0): the
-    order ``report.factors.analyse`` uses.
+    order ``report.decide.factors.analyse`` uses.
     """
 
     mean: np.ndarray

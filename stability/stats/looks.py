@@ -11,7 +11,7 @@ same decisions off the same runs:
   gives the same states. The next round is what the next look lacks: a pure function of the
   recorded runs, whatever the order they came in or how often the study was resumed.
 - A run that did not finish (diverged, failed, killed) counts, as in the report
-  (``report.factors``), at the worst finished loss, here among the runs the look reads
+  (``report.decide.factors``), at the worst finished loss, here among the runs the look reads
   (seed index ``< n_k``, so that the value too is fixed once the look could be taken), and a
   contrast that reads one is never called equivalent.
 - The equivalence margin is fixed at the first look: an absolute loss difference, or a share

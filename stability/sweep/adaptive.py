@@ -16,7 +16,7 @@ losses, replays the same looks and plans the same runs.
 Seeds: config ``c`` gets seeds ``base, base + 1, ...`` with ``base`` the grid's smallest seed;
 the grid's other seed values are not used. ``design`` is the adapter between sweep points
 and the arrays the statistics read: ``stability.design.Design`` of the points' configs, the
-same design the report replays from their runs (``report.factors.design``).
+same design the report replays from their runs (``report.decide.factors.design``).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def configs(points: Sequence[SweepPoint]) -> dict[str, SweepPoint]:
 def design_of(points: Sequence[SweepPoint]) -> Design:
     """The design of the grid's points (seeds ignored): ``Design.of`` their configs' params
     (``core.identity.flatten``), the grid's override keys as the swept keys. The report builds
-    the same ``Design`` from these configs' runs (``report.factors.design_of``)."""
+    the same ``Design`` from these configs' runs (``report.decide.factors.design_of``)."""
     by_fp = configs(points)
     return Design.of({fp: flatten(p.cfg) for fp, p in by_fp.items()}, swept_keys(points))
 

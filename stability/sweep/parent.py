@@ -302,7 +302,7 @@ class Recorded:
 
 def recorded_of(runs: Sequence[Any]) -> dict[tuple[str, int], Recorded]:
     """``(fingerprint, seed) -> Recorded`` of FINISHED training runs; a point logged more than
-    once keeps its newest run (as the report does, ``report.fetch.fetch_runs``)."""
+    once keeps its newest run (as the report does, ``report.evidence.fetch.fetch_runs``)."""
     out: dict[tuple[str, int], Recorded] = {}
     for r in sorted(runs, key=lambda r: r.info.start_time or 0):
         key = point_of(r)

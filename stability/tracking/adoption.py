@@ -3,7 +3,7 @@
 A FINISHED run is a claim anyone with write access to the experiment can make: a run planted
 for a point a sweep has not run yet would be skipped as done, and its made-up loss could win
 the report. A resumed sweep skips a point (``sweep/parent.py``), and the report counts a run
-(``report/adoption.py``), only if the run's own artifacts back it:
+(``report/evidence/adoption.py``), only if the run's own artifacts back it:
 
 - ``config.yaml`` is plain data that may be built (``trusted.trusted_config``: no
   interpolation, an allow-listed task, PyTorch's own optimizer) and hashes to the run's

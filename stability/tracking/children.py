@@ -6,7 +6,7 @@ planned. The tags cannot tell such a run from the sweep's own, so the sweep reco
 parent run (``Artifact.SWEEP_RUNS``, rewritten whole as it grows) the ``(fingerprint, seed)``
 points it planned, before launching them, and the run ids its jobs created, read from each
 job's own journal in the sweep's folder after each round and at its end. The report decides
-from those runs (``report/membership.py``).
+from those runs (``report/evidence/membership.py``).
 
 The parent also logs the param ``RECORD_PARAM`` when it is created: a param is written once
 (MLflow refuses to change one and has no call that deletes one), so a record deleted or

@@ -121,8 +121,8 @@ EPOCH_METRICS = {"train_loss": "train_loss", "val_loss": "val_loss", "val_acc": 
                  "epoch_clip_fraction": "clip_fraction", "max_grad_norm": "max_grad_norm",
                  "epoch_skip_count": "skip_count"}
 # Summary metrics (step 0) beyond the selection criterion: the validation loss before training
-# (the LR sensitivity's reference, report/lr.py) and, with telemetry.update_ratio, the median
-# and maximum over the steps taken of ||delta theta|| / ||theta|| (core/layers.py).
+# (the LR sensitivity's reference, report/examine/lr.py) and, with telemetry.update_ratio, the
+# median and maximum over the steps taken of ||delta theta|| / ||theta|| (core/layers.py).
 LOSS_INIT = "loss_init"
 UPDATE_RATIO_METRICS = ("update_ratio_p50", "update_ratio_max")
 RUN_METRICS = (LOSS_INIT, *UPDATE_RATIO_METRICS)

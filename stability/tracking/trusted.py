@@ -1,7 +1,7 @@
 """What may be built from a recorded config: an allow-listed task, a config matching its tag.
 
-The report rebuilds its winner through it (``report/trust.py`` names the same functions), and
-a sweep checks a FINISHED run with it before adopting it (``tracking/adoption.py``).
+The report rebuilds its winner through it (``report/evidence/trust.py`` names the same functions),
+and a sweep checks a FINISHED run with it before adopting it (``tracking/adoption.py``).
 
 A run's ``config.yaml`` is data anyone with write access to the experiment could have written.
 Rebuilding the winner calls the class ``task._target_`` names, so before anything is imported
@@ -16,7 +16,7 @@ run's ``stability.fingerprint`` tag; and no size in ``data``, ``model`` or the t
 options may exceed a documented cap (``MAX_RECORDED_SIZE``, ``MAX_DATA_ELEMENTS``).
 ``core.task.build_task`` then calls the class with the plain values: no recursive
 ``instantiate`` of recorded content. The model is built on the ``meta`` device and compared
-with the checkpoint before any memory is allocated (``report/evaluate.py``).
+with the checkpoint before any memory is allocated (``report/sealed/evaluate.py``).
 """
 
 from __future__ import annotations

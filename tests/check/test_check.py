@@ -242,7 +242,7 @@ def _runs(**task):
 
 
 def test_the_report_cites_the_newest_failed_check_of_the_same_task_only():
-    from stability.report.check_runs import CheckRun, cited
+    from stability.report.examine.check_runs import CheckRun, cited
 
     task = {"task._target_": "stability.tasks.sign_sum.SignSumTask", "task.seq_len": "20"}
     old_fail = CheckRun(run_id="a1", task=task, failed=(("skip.is_skip", 1.0),), start_time=1)
@@ -255,7 +255,7 @@ def test_the_report_cites_the_newest_failed_check_of_the_same_task_only():
         "- `stability check` failed on this task (accumulation.short_window: 0.5; "
         "clip.unscaled: not measured): check run `b2`. The study measured a trainer whose "
         "mechanics fail that probe (docs/check.md)."]
-    from stability.report.check_runs import WINDOW_MS
+    from stability.report.examine.check_runs import WINDOW_MS
     # a pass soon after a failure does not hide it
     still = CheckRun(run_id="d4", task=task, failed=(), start_time=4)
     assert cited(_runs(**task), [old_fail, new_fail, still])[0].endswith(
@@ -270,7 +270,7 @@ def test_the_report_cites_the_newest_failed_check_of_the_same_task_only():
 def test_values_from_a_check_run_are_inert_in_the_report(tmp_path):
     from types import SimpleNamespace
 
-    from stability.report.check_runs import cited, read
+    from stability.report.examine.check_runs import cited, read
 
     hostile = "x`](javascript:alert(1))![img](http://e/x.png)\nline"
     run = SimpleNamespace(
@@ -289,7 +289,7 @@ def test_values_from_a_check_run_are_inert_in_the_report(tmp_path):
 def test_a_tracked_check_is_a_check_run_the_report_cites(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from stability.report.check_runs import fetch, lines
+    from stability.report.examine.check_runs import fetch, lines
     from stability.tracking.contract import Artifact, Kind, Tag
 
     uri = sqlite_store(tmp_path / "mlflow.db")

@@ -1,10 +1,11 @@
 """``design.Design``: built from a sweep's grid or from its runs, it is the same design.
 
 The adaptive sweep seeds on the design of its grid's points (``sweep.adaptive.design_of``);
-the report replays its looks on the design of the runs it fetched (``report.factors.design_of``).
-Both go through ``Design.of``; these tests build the runs from the very points (their params as
-``tracking.record.run_params`` logs them, typed as ``report.fetch`` reads them) and ask for
-equal ``Design`` objects, including for grids that vary a param that is never a factor.
+the report replays its looks on the design of the runs it fetched
+(``report.decide.factors.design_of``). Both go through ``Design.of``; these tests build the runs
+from the very points (their params as ``tracking.record.run_params`` logs them, typed as
+``report.evidence.fetch`` reads them) and ask for equal ``Design`` objects, including for grids that
+vary a param that is never a factor.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import pytest
 
 from stability.core.config import ConfigError
 from stability.design.design import NEVER, Design, Factor
-from stability.report.factors import design_of
-from stability.report.fetch import SWEPT, TYPED_PARAMS
+from stability.report.decide.factors import design_of
+from stability.report.evidence.fetch import SWEPT, TYPED_PARAMS
 from stability.sweep import adaptive
 from stability.tracking.record import run_params
 from tests.sweep.test_sweep import TINY, in_process_sweeper
@@ -105,7 +106,7 @@ def test_a_run_without_params_is_no_level_of_a_plain_factor() -> None:
 def test_the_heatmap_takes_rows_columns_and_panels_from_the_design(tmp_path, monkeypatch) -> None:
     """Clipping rows x accumulation columns, a panel per level of every other factor: a plain
     swept factor (here ``optim.weight_decay``) gets its panels with no figure code."""
-    from stability.report import plots
+    from stability.report.present import plots
 
     params, rows = {}, []
     for i, (clip, acc, prec, wd) in enumerate(itertools.product(

@@ -17,7 +17,7 @@ import pandas as pd
 from scipy import stats
 
 from stability.design.margin import Margin
-from stability.report import winner
+from stability.report.decide import winner
 from stability.stats import cost as costs
 
 CLIPS, ACCUMS, PRECISIONS, SEEDS = (None, 1.0, 5.0, 10.0), (1, 2, 4, 8), ("fp32", "bf16", "fp16"), 5

@@ -219,7 +219,7 @@ def test_a_lightning_fit_is_a_tracked_run_the_report_reads(tmp_path: Path) -> No
     from mlflow.tracking import MlflowClient
 
     from stability.core.config import TrackingConfig
-    from stability.report.fetch import fetch_runs, find_sweep
+    from stability.report.evidence.fetch import fetch_runs, find_sweep
     from stability.tracking.contract import Kind, Tag
     from stability.tracking.run import RunRecord, TrackedRun
 

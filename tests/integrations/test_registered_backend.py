@@ -96,8 +96,8 @@ def test_a_registered_backend_is_swept_reported_and_checked(mirror: Mirror,
 
     from stability.check.result import Status
     from stability.check.run import CheckConfig, run_check
-    from stability.report.evaluate import evaluate_winner, load_winner
-    from stability.report.fetch import fetch_runs, find_sweep
+    from stability.report.evidence.fetch import fetch_runs, find_sweep
+    from stability.report.sealed.evaluate import evaluate_winner, load_winner
 
     uri = sqlite_store(tmp_path / "mlflow.db")
     raw = _raw(tmp_path / "run", TARGET, *TINY, f"tracking.uri={uri}",

@@ -109,7 +109,7 @@ def test_a_trainer_task_leaves_our_run_folder_and_mlflow_run(tmp_path: Path, tar
     # The report rebuilds the winner through the task from its checkpoint: the trainer's own
     # evaluation of the rebuilt model gives the validation loss it was selected on.
     from stability.integrations import backends
-    from stability.report.evaluate import rebuild_model
+    from stability.report.sealed.evaluate import rebuild_model
 
     state = torch.load(out / "checkpoints" / "best.pt", weights_only=True)
     model = rebuild_model(cfg, state)
@@ -187,7 +187,7 @@ def test_fp16_of_an_hf_task_on_cpu_exits_2_with_one_line(
 
 
 def test_the_verdict_names_a_scheduler_stepped_on_skipped_steps() -> None:
-    from stability.report.health import judge_config
+    from stability.report.examine.health import judge_config
     from stability.report.options import Thresholds
 
     def steps(sched: list[int]) -> pd.DataFrame:

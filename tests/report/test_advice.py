@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stability.report.advice import against, nearest_swept, recommend
+from stability.report.examine.advice import against, nearest_swept, recommend
 from stability.report.options import ClipAdviceConfig
-from stability.report.sections.max_norm_advice import draw_max_norm_advice, max_norm_advice
+from stability.report.present.sections.max_norm_advice import draw_max_norm_advice, max_norm_advice
 
 
 def steps(norms: np.ndarray, skipped: int = 0) -> pd.DataFrame:

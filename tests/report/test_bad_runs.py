@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from stability.core.identity import fingerprint
 from stability.report import ReportConfig, build_report
-from stability.report.fetch import TYPED_PARAMS, UNREADABLE, _row
+from stability.report.evidence.fetch import TYPED_PARAMS, UNREADABLE, _row
 from stability.tracking.contract import Tag
 from tests.helpers.report_fixtures import Spec, make_sweep, run_config
 from tests.helpers.stores import sqlite_store

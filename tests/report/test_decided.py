@@ -1,4 +1,4 @@
-"""The report of a decide study (``report.decided``): the answer is the study's last look.
+"""The report of a decide study (``report.decide.decided``): the answer is the study's last look.
 
 A decide study simulated through ``stats.shown`` (the strategy's code) is written as the
 report's runs table; the report's replay finds the look it stopped at, and ``winner.decide``
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from stability.design.margin import Margin
-from stability.report import decided, factors, spending, winner
-from stability.report.select import aggregate
+from stability.report.decide import decided, factors, spending, winner
+from stability.report.decide.select import aggregate
 from stability.stats import best as mcb
 from stability.stats import sequential as sq
 from stability.stats import shown
@@ -93,7 +93,7 @@ def test_the_recorded_plan_is_data() -> None:
 
 
 def test_a_decide_sweeps_verdicts_are_withheld_and_say_why() -> None:
-    from stability.report.sections import decision_text
+    from stability.report.present.sections import decision_text
 
     seq = spending.Sequential(decide=True)
     runs = runs_table(NOISE["loss"] + planted(**README)[..., 0:1].repeat(5, -1))

@@ -12,11 +12,11 @@ import pytest
 
 from stability.design import factors as vocabulary
 from stability.design.margin import Margin
-from stability.report import factors, winner
-from stability.report.compare import Criteria, versus_winner
+from stability.report.decide import factors, winner
+from stability.report.decide.compare import Criteria, versus_winner
+from stability.report.decide.select import aggregate
 from stability.report.options import ReportError, to_report_config
-from stability.report.sections import decision_text as decision
-from stability.report.select import aggregate
+from stability.report.present.sections import decision_text as decision
 from stability.stats import cost as costs
 from stability.stats import effects as fx
 from stability.stats.paired import paired_power
@@ -223,7 +223,7 @@ def test_the_reports_margin_is_five_percent_of_the_lowest_config_mean():
     """``stages.weigh`` (what the report runs): 5% of the lowest of the 48 config means, which
     the decision and every simulation use, not of the median or the first config."""
     from stability.report import stages
-    from stability.report.fetch import Sweep
+    from stability.report.evidence.fetch import Sweep
     from stability.report.options import ReportConfig
     from tests.helpers.synthetic import planted, runs_table, studies
 

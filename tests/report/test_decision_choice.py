@@ -1,6 +1,6 @@
 """The choice when nothing is shown within the margin, its cost rule and the seeds it prints,
-by simulation through the code the report runs (``report.winner.level_choice`` at the report's
-own margin, ``design.Margin.lowest``; ``tests/helpers/synthetic.decide_batch``).
+by simulation through the code the report runs (``report.decide.winner.level_choice`` at the
+report's own margin, ``design.Margin.lowest``; ``tests/helpers/synthetic.decide_batch``).
 
 ``far``: the chosen level is truly more than the margin (5% of the true lowest config mean)
 worse than its factor's best; ``regret``: how much worse. Each rate is asserted through its
@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from stability.report import winner
+from stability.report.decide import winner
 from stability.stats import best as mcb
 from stability.stats import cost as costs
 from tests.helpers.synthetic import (

@@ -1,8 +1,8 @@
 """The decision's error rates, by simulation through the code the report runs.
 
 Studies of the default grid's shape (tests/helpers/synthetic.py) go through
-``report.winner.level_choice`` (what ``winner.decide`` calls for each factor) at the margin the
-report computes in each study (5% of its lowest config mean, ``design.Margin.lowest``; a level's
+``report.decide.winner.level_choice`` (what ``winner.decide`` calls for each factor) at the margin
+the report computes in each study (5% of its lowest config mean, ``design.Margin.lowest``; a level's
 truth is judged against 5% of the true lowest config mean), and
 ``compare.selected`` (what every winner-vs-X p-value goes through); ``test_the_report_path_*``
 shows ``winner.decide`` and ``compare.comparisons`` on the runs table reach the same choices and
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from stability.design import factors as vocabulary
-from stability.report import compare, factors, winner
-from stability.report.select import aggregate, per_seed, put_first
+from stability.report.decide import compare, factors, winner
+from stability.report.decide.select import aggregate, per_seed, put_first
 from stability.stats import best as mcb
 from stability.stats import effects as fx
 from stability.stats.paired import paired

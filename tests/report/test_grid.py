@@ -1,4 +1,4 @@
-"""The sweep's own grid (``stability.report.grid``): a setting that cannot matter for a run
+"""The sweep's own grid (``stability.report.evidence.grid``): a setting that cannot matter for a run
 never makes it a stranger to its grid.
 
 The sweep drops ``clip.max_norm`` from a clip-off point's overrides (it cannot matter there:
@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from stability.core.config import to_run_config
 from stability.core.identity import canonical, flatten, irrelevant
-from stability.report import grid
+from stability.report.evidence import grid
 from tests.helpers.stores import sqlite_store
 
 SWEPT = ("clip.enabled", "precision", "seed")
@@ -64,7 +64,7 @@ def test_a_real_sweep_whose_clip_off_runs_carry_another_max_norm_counts_every_ru
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The real ``stability sweep`` of ``clip.enabled=false,true clip.max_norm=0.25`` (its
     clip-off runs record max_norm 1.0): the report reads all of them."""
-    from stability.report.fetch import fetch_runs, find_sweep
+    from stability.report.evidence.fetch import fetch_runs, find_sweep
     from tests.helpers.in_process import in_process
 
     uri = sqlite_store(tmp_path / "mlflow.db")

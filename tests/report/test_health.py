@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stability.report.health import (
+from stability.report.examine.health import (
     Verdict,
     judge,
     judge_config,

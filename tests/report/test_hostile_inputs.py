@@ -31,10 +31,10 @@ from hypothesis import strategies as st
 
 from stability.core.config import ConfigError, to_run_config, to_yaml_dict
 from stability.core.identity import config_label, fingerprint
-from stability.report.fetch import TYPED_PARAMS, UNREADABLE, _row
-from stability.report.html import inline, note_markdown, to_html
-from stability.report.inert import inert
-from stability.report.trust import BUILTIN_TASKS, Untrusted, trusted_config
+from stability.report.evidence.fetch import TYPED_PARAMS, UNREADABLE, _row
+from stability.report.evidence.inert import inert
+from stability.report.evidence.trust import BUILTIN_TASKS, Untrusted, trusted_config
+from stability.report.present.html import inline, note_markdown, to_html
 from stability.tracking.contract import Tag
 from tests.report.test_bad_runs import a_run
 from tests.report.test_trust import ALLOWED_TAGS, Page, assert_inert

@@ -32,7 +32,7 @@ from mlflow.entities import Param
 
 from stability.core.identity import fingerprint
 from stability.report.options import ReportError
-from stability.report.rebuild import MAX_CHECKPOINT_MEMBERS
+from stability.report.sealed.rebuild import MAX_CHECKPOINT_MEMBERS
 from stability.tracking import children, origins
 from stability.tracking.contract import Artifact, Tag
 from tests.helpers.in_process import in_process

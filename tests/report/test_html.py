@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import re
 
-from stability.report.html import inline, to_html
+from stability.report.present.html import inline, to_html
 
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==")

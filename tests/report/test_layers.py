@@ -21,9 +21,9 @@ from torch import nn
 from stability.core.layers import LayerNormRecorder
 from stability.core.steplog import StepLog
 from stability.report import ReportConfig, build_report
-from stability.report.layer_norms import FirstNonFinite, Panel, first_non_finite, read_table
-from stability.report.plotted import Series
-from stability.report.sections.layer_norms import heatmap
+from stability.report.examine.layer_norms import FirstNonFinite, Panel, first_non_finite, read_table
+from stability.report.examine.plotted import Series
+from stability.report.present.sections.layer_norms import heatmap
 from stability.tasks.sign_sum import SequenceClassifier
 from tests.helpers.report_fixtures import FIRST_BAD, Spec, make_sweep, run_config
 

@@ -1,4 +1,4 @@
-"""The LR axis of the report (report/lr.py): synthetic studies whose answer is known."""
+"""The LR axis of the report (report/examine/lr.py): synthetic studies whose answer is known."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 from matplotlib.collections import PathCollection, PolyCollection
 
-from stability.report import factors, health, lr, select
+from stability.report.decide import factors, select
+from stability.report.examine import health, lr
 from stability.report.options import Thresholds
-from stability.report.sections import lr_sensitivity as lr_plot
+from stability.report.present.sections import lr_sensitivity as lr_plot
 from tests.helpers.stores import sqlite_store
 
 LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)

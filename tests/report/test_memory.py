@@ -1,12 +1,12 @@
-"""A memory budget the decision respects, and what accumulation saved (``report.memory``)."""
+"""A memory budget the decision respects, and what accumulation saved (``report.decide.memory``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from stability.report import factors, memory, winner
+from stability.report.decide import factors, memory, winner
+from stability.report.decide.select import aggregate
 from stability.report.options import ReportError, to_report_config
-from stability.report.select import aggregate
 from tests.report.test_decision import study
 
 

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from stability.core.identity import config_label
-from stability.report.fetch import val_acc_at_best
-from stability.report.select import aggregate
+from stability.report.decide.select import aggregate
+from stability.report.evidence.fetch import val_acc_at_best
 from tests.helpers.in_process import call, in_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def test_only_torch_exports_note_on_rnn_flat_weights_is_silenced():
     not the user's business; any other tensor attribute assigned during export still is."""
     import re
 
-    from stability.report.publish import RNN_FLAT_WEIGHTS
+    from stability.report.publish.publish import RNN_FLAT_WEIGHTS
 
     note = ("The tensor attributes self.module.gru._flat_weights[0], self.module.gru."
             "_flat_weights[1] were assigned during export. Such attributes must be registered")

@@ -19,8 +19,8 @@ from mlflow.tracking import MlflowClient
 
 from stability.core.identity import fingerprint
 from stability.report import ReportConfig, build_report
-from stability.report.fetch import find_sweep
-from stability.report.select import DECISION_RULE, RANKING_RULE, SELECTION_RULE
+from stability.report.decide.select import DECISION_RULE, RANKING_RULE, SELECTION_RULE
+from stability.report.evidence.fetch import find_sweep
 from tests.helpers.report_fixtures import Spec, log_run, make_sweep, run_config
 from tests.helpers.stores import sqlite_store
 

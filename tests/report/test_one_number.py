@@ -16,7 +16,7 @@ import re
 import pytest
 
 from stability.report import ReportConfig, build_report
-from stability.report.answer_table import HEADER
+from stability.report.present.answer_table import HEADER
 from tests.helpers.report_fixtures import Spec, make_sweep
 from tests.helpers.stores import sqlite_store
 

@@ -70,7 +70,7 @@ def test_a_killed_run_tagged_finished_is_killed_not_the_winner(tmp_path: Path) -
     result, text = report(uri, "p4", tmp_path / "out")
     assert result.winner == fingerprint(run_config(WINNER, 0, tmp_path))
     assert "0 sequences" not in text
-    from stability.report.fetch import outcome_of
+    from stability.report.evidence.fetch import outcome_of
     assert outcome_of("finished", "KILLED") == "killed"
     assert outcome_of("diverged", "FAILED") == "diverged"
     assert outcome_of("finished", "FAILED") == "failed"

@@ -57,7 +57,7 @@ def test_a_name_shared_by_two_studies_warns_that_the_signature_changed(two_studi
     uri, root, _ = two_studies
     shared = ReportConfig(tracking_uri=uri, experiment="sign-short", device="cpu", plots=False,
                           output_dir=str(root / "shared"), model_name="sign-long-winner")
-    with caplog.at_level("WARNING", logger="stability.report.publish"):
+    with caplog.at_level("WARNING", logger="stability.report.publish.publish"):
         outcome = build_report(shared)
     assert outcome.model_version == "2"  # the override still wins over <experiment>-winner
     warnings = [r.getMessage() for r in caplog.records if "input signature" in r.getMessage()]

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from stability.report import format as fm
-from stability.report import sections
-from stability.report.plots import Figure
-from stability.report.render import write_sections
-from stability.report.sections import SECTIONS, Part
+from stability.report.present import sections
+from stability.report.present.plots import Figure
+from stability.report.present.render import write_sections
+from stability.report.present.sections import SECTIONS, Part
 
 NOT_SECTIONS = {"section", "decision_text"}  # the protocol; the decision in words (two sections)
 
@@ -20,7 +20,7 @@ NOT_SECTIONS = {"section", "decision_text"}  # the protocol; the decision in wor
 def test_every_section_module_is_registered_once_under_its_own_name() -> None:
     modules = {m.name for m in pkgutil.iter_modules(sections.__path__)} - NOT_SECTIONS
     registered = {s.analyse.__module__.rsplit(".", 1)[-1] for s in SECTIONS
-                  if s.analyse.__module__.startswith("stability.report.sections.")}
+                  if s.analyse.__module__.startswith("stability.report.present.sections.")}
     registered |= {getattr(s.markdown, "__module__", "").rsplit(".", 1)[-1] for s in SECTIONS}
     registered |= {getattr(s.figures, "__module__", "").rsplit(".", 1)[-1] for s in SECTIONS}
     assert modules <= registered

@@ -8,9 +8,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from stability.report.compare import Criteria, comparisons, versus_winner
-from stability.report.options import ReportError, Thresholds, to_report_config
-from stability.report.select import (
+from stability.report.decide.compare import Criteria, comparisons, versus_winner
+from stability.report.decide.select import (
     SELECTION_RULE,
     aggregate,
     baseline,
@@ -18,6 +17,7 @@ from stability.report.select import (
     missing_costs,
     representative_seed,
 )
+from stability.report.options import ReportError, Thresholds, to_report_config
 from stability.stats.paired import min_detectable, seeds_needed
 
 
@@ -246,10 +246,10 @@ def test_finished_runs_without_a_cost_metric_are_named_not_silently_timed_by_wal
 def test_the_config_table_is_assembled_once_from_the_stages_parts_with_the_schemas_columns():
     from dataclasses import replace
 
-    from stability.report import health
-    from stability.report.compare import versus
-    from stability.report.select import put_first
-    from stability.report.table import COLUMNS, SUMMARY_COLUMNS, ConfigTable
+    from stability.report.decide.compare import versus
+    from stability.report.decide.select import put_first
+    from stability.report.decide.table import COLUMNS, SUMMARY_COLUMNS, ConfigTable
+    from stability.report.examine import health
 
     runs = runs_table([
         ("low", "fp16", True, 1.0, 2, {0: 0.30, 1: 0.31, 2: 0.29}),

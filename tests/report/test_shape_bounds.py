@@ -20,7 +20,11 @@ import pytest
 
 from stability.core.identity import fingerprint
 from stability.core.steplog import CSV_COLUMNS
-from stability.report.rebuild import MAX_CHECKPOINT_MEMBERS, CheckpointMismatch, check_archive
+from stability.report.sealed.rebuild import (
+    MAX_CHECKPOINT_MEMBERS,
+    CheckpointMismatch,
+    check_archive,
+)
 from stability.tracking.adoption import MAX_STEPS_BYTES, MAX_STEPS_COLUMNS
 from tests.helpers.processes import PROJECT
 from tests.helpers.report_fixtures import run_config

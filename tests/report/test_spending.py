@@ -10,11 +10,11 @@ import pytest
 
 from stability.design import factors as vocabulary
 from stability.design.margin import Margin
-from stability.report import factors, spending
-from stability.report.compare import versus_winner
-from stability.report.sections import decision_text as decision
-from stability.report.sections import spending as spending_section
-from stability.report.select import aggregate
+from stability.report.decide import factors, spending
+from stability.report.decide.compare import versus_winner
+from stability.report.decide.select import aggregate
+from stability.report.present.sections import decision_text as decision
+from stability.report.present.sections import spending as spending_section
 from stability.stats import sequential as sq
 from stability.tracking.contract import Tag
 from tests.stats.test_sequential import LEVELS, MARGIN, PLAN, planted, studies

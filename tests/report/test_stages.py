@@ -9,17 +9,17 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from stability.report import health
-from stability.report.compare import versus
-from stability.report.layer_norms import LayerNorms
+from stability.report.decide.compare import versus
+from stability.report.decide.select import aggregate, put_first
+from stability.report.decide.table import COLUMNS, ConfigTable
+from stability.report.examine import health
+from stability.report.examine.layer_norms import LayerNorms
+from stability.report.examine.plotted import Series
+from stability.report.examine.val_curves import ValCurves
 from stability.report.options import Thresholds
-from stability.report.plotted import Series
-from stability.report.render import write_sections
-from stability.report.sections import layer_norms as layer_norms_section
-from stability.report.sections import val_curves as val_curves_section
-from stability.report.select import aggregate, put_first
-from stability.report.table import COLUMNS, ConfigTable
-from stability.report.val_curves import ValCurves
+from stability.report.present.render import write_sections
+from stability.report.present.sections import layer_norms as layer_norms_section
+from stability.report.present.sections import val_curves as val_curves_section
 from tests.report.test_select import runs_table
 
 

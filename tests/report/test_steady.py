@@ -8,11 +8,12 @@ import numpy as np
 import pandas as pd
 
 from stability.design import factors as vocabulary
-from stability.report import answer_table, factors, winner
-from stability.report.reasons import first_levels, why
-from stability.report.select import aggregate
-from stability.report.steady import prefer_stable, sentence
-from stability.report.table import StabilityVerdict
+from stability.report.decide import factors, winner
+from stability.report.decide.select import aggregate
+from stability.report.decide.steady import prefer_stable, sentence
+from stability.report.decide.table import StabilityVerdict
+from stability.report.present import answer_table
+from stability.report.present.reasons import first_levels, why
 
 STABLE = StabilityVerdict("stable", "")
 SPIKY = StabilityVerdict("marginal", "up to 5 loss spike(s) (1/5 seeds)")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from stability.report import ReportConfig, build_report
-from stability.report.render import FORMULA_STARTS, _cell
+from stability.report.present.render import FORMULA_STARTS, _cell
 from tests.helpers.report_fixtures import Spec, make_sweep
 from tests.helpers.stores import sqlite_store
 from tests.report.test_planted import BASELINE, WINNER

@@ -22,9 +22,9 @@ from stability.core.config import ConfigError, to_run_config
 from stability.core.identity import fingerprint, flatten
 from stability.core.loop import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME
 from stability.report import ReportConfig, build_report
-from stability.report.html import inline, note_markdown, safe_href, to_html
+from stability.report.evidence.trust import BUILTIN_TASKS, Untrusted, allowed_tasks, trusted_config
 from stability.report.options import ReportError
-from stability.report.trust import BUILTIN_TASKS, Untrusted, allowed_tasks, trusted_config
+from stability.report.present.html import inline, note_markdown, safe_href, to_html
 from stability.tracking.contract import Tag
 from tests.helpers.report_fixtures import Spec, make_sweep, run_config
 from tests.helpers.stores import sqlite_store
@@ -162,9 +162,9 @@ def test_a_recorded_size_is_capped_and_the_model_is_sized_on_meta_first() -> Non
     check and the report would have built them. Now a size over the cap refuses the seed with
     one line, and a model whose checkpoint does not fit is refused before anything real is
     allocated (built on ``meta`` only)."""
-    from stability.report.evaluate import rebuild_model
-    from stability.report.rebuild import CheckpointMismatch, fitted
-    from stability.report.trust import MAX_DATA_ELEMENTS, MAX_RECORDED_SIZE
+    from stability.report.evidence.trust import MAX_DATA_ELEMENTS, MAX_RECORDED_SIZE
+    from stability.report.sealed.evaluate import rebuild_model
+    from stability.report.sealed.rebuild import CheckpointMismatch, fitted
     from stability.tasks.sign_sum import ModelConfig, SequenceClassifier
 
     for section, key, value in (("data", "num_samples", 2_000_000_000),
@@ -353,7 +353,7 @@ BREAKOUT = "fp32` [x](/etc/passwd) ![i](http://evil/x.png) `"
 
 
 def test_inert_text_cannot_close_a_code_span_or_make_a_link_or_an_image() -> None:
-    from stability.report.inert import inert
+    from stability.report.evidence.inert import inert
     for rendered in (inline(f"`{inert(BREAKOUT)}`"), inline(inert(BREAKOUT))):
         assert "<a " not in rendered and "<img" not in rendered, rendered
     note = note_markdown(f"winner `{inert(BREAKOUT)}`")

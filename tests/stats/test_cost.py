@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stability.report import winner
+from stability.report.decide import winner
 from stability.stats import cost as costs
 from tests.helpers.synthetic import default_study
 

@@ -4,7 +4,8 @@ Synthetic studies have the default grid's shape (clip off/1/5/10 x accum 1/2/4/8
 fp16 x 5 seeds = 240 runs) and its measured noise (``NOISE``, from the default study of
 2026-12-01: see docs/report.md). Each test runs ``SIMS`` studies through
 ``effects.study_verdicts``, the vectorised form of the rule; ``test_the_report_runs_the_same_rule``
-shows ``report.factors.analyse`` (what report.md says) reaches identical numbers on one study.
+shows ``report.decide.factors.analyse`` (what report.md says) reaches identical numbers on one
+study.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import pandas as pd
 import pytest
 
 from stability.design import factors as vocabulary
-from stability.report import factors
-from stability.report.compare import versus_winner
-from stability.report.select import aggregate
+from stability.report.decide import factors
+from stability.report.decide.compare import versus_winner
+from stability.report.decide.select import aggregate
 from stability.stats import effects as fx
 from stability.stats.paired import paired_power
 from tests.helpers.synthetic import rate_ci

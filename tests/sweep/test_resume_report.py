@@ -2,7 +2,7 @@
 
 A re-run of a sweep gets a new sweep id and skips the points already FINISHED; those runs keep
 the earlier sweep's id, and the report of the latest sweep must still read them
-(``Artifact.ADOPTED_RUNS`` on its parent run, ``report.fetch.adopted_runs``).
+(``Artifact.ADOPTED_RUNS`` on its parent run, ``report.evidence.fetch.adopted_runs``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def test_the_report_of_a_resumed_sweep_covers_the_runs_it_skipped(tmp_path: Path
 
     from stability import cli
     from stability.report import ReportConfig, build_report
-    from stability.report.fetch import fetch_runs, find_sweep
+    from stability.report.evidence.fetch import fetch_runs, find_sweep
 
     uri = sqlite_store(tmp_path / "mlflow.db")
 

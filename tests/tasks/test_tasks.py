@@ -210,7 +210,9 @@ def test_the_loss_a_task_names_reaches_the_figures_loss_axis(
     import matplotlib.figure
     import pandas as pd
 
-    from stability.report import fetch, plots, plotted
+    from stability.report.evidence import fetch
+    from stability.report.examine import plotted
+    from stability.report.present import plots
     from stability.tracking.contract import Tag
     from stability.tracking.run import run_record
 
@@ -232,7 +234,7 @@ def test_the_loss_a_task_names_reaches_the_figures_loss_axis(
 def test_runs_recorded_before_the_loss_tag_read_as_a_neutral_loss() -> None:
     import pandas as pd
 
-    from stability.report.fetch import loss_name
+    from stability.report.evidence.fetch import loss_name
 
     assert loss_name(pd.DataFrame([{"run_id": "a", "loss_name": ""}])) == "loss"
     assert loss_name(pd.DataFrame([{"run_id": "a"}])) == "loss"

@@ -359,7 +359,7 @@ def test_a_locked_sqlite_database_is_retried_until_it_is_released(tmp_path: Path
 def test_a_run_tracked_without_a_run_config_is_one_the_report_reads(tmp_path: Path) -> None:
     """Any loop: plain params, tags and a folder make a run the report fetches and labels."""
     from stability.core.config import TrackingConfig
-    from stability.report.fetch import fetch_runs, find_sweep, loss_name
+    from stability.report.evidence.fetch import fetch_runs, find_sweep, loss_name
     from stability.tracking.contract import Kind, Rebuild, Tag, missing_records
     from stability.tracking.run import RunRecord, TrackedRun
 
