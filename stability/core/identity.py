@@ -17,6 +17,12 @@ from stability.core.config import OptimConfig, RunConfig, ScheduleConfig, TaskCo
 from stability.core.precision import Precision
 from stability.core.task import hashes_target
 
+# The params a first-class factor's level is read from, spelled once: a config's label below
+# names them, and the study's factor vocabulary (``design.factors``) reads its levels from them.
+CLIP_ENABLED, CLIP_METHOD, MAX_NORM, CLIP_VALUE = (
+    "clip.enabled", "clip.method", "clip.max_norm", "clip.clip_value")
+ACCUM_STEPS, PRECISION_NAME = "train.accum_steps", "precision.name"
+
 
 def flatten(run: RunConfig) -> dict[str, Any]:
     """The run's config as dotted keys (``clip.max_norm``), for MLflow params and tables."""
@@ -85,14 +91,14 @@ def irrelevant(flat: Mapping[str, Any]) -> set[str]:
             ``clip.method`` absent: norm); a precision name no loop knows keeps its knobs.
     """
     keys: set[str] = set()
-    if not flat.get("clip.enabled", False):
-        keys |= {"clip.method", "clip.max_norm", "clip.clip_value"}
-    elif flat.get("clip.method", "norm") == "norm":
-        keys.add("clip.clip_value")
+    if not flat.get(CLIP_ENABLED, False):
+        keys |= {CLIP_METHOD, MAX_NORM, CLIP_VALUE}
+    elif flat.get(CLIP_METHOD, "norm") == "norm":
+        keys.add(CLIP_VALUE)
     else:
-        keys.add("clip.max_norm")
+        keys.add(MAX_NORM)
     try:
-        scaled = Precision(flat.get("precision.name")).scaled
+        scaled = Precision(flat.get(PRECISION_NAME)).scaled
     except ValueError:
         scaled = True
     if not scaled:
@@ -123,12 +129,12 @@ def config_label(flat: Mapping[str, Any]) -> str:
     One function for the MLflow run name (``flatten`` of a ``RunConfig``) and the report's
     labels (a row of typed params): the two always read the same.
     """
-    if "clip.enabled" not in flat:  # a run that does not record it (clipping not swept)
+    if CLIP_ENABLED not in flat:  # a run that does not record it (clipping not swept)
         clip = "clip=?"
-    elif not flat.get("clip.enabled", False):
+    elif not flat.get(CLIP_ENABLED, False):
         clip = "noclip"
-    elif flat.get("clip.method", "norm") == "value":
-        clip = f"clipv={flat['clip.clip_value']:g}"
+    elif flat.get(CLIP_METHOD, "norm") == "value":
+        clip = f"clipv={flat[CLIP_VALUE]:g}"
     else:
-        clip = f"clip={flat['clip.max_norm']:g}"
-    return f"{flat.get('precision.name', '?')} {clip} acc={flat.get('train.accum_steps', '?')}"
+        clip = f"clip={flat[MAX_NORM]:g}"
+    return f"{flat.get(PRECISION_NAME, '?')} {clip} acc={flat.get(ACCUM_STEPS, '?')}"

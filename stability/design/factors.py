@@ -15,14 +15,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# The params a first-class factor's level is read from: spelled once, in ``core.identity``,
+# whose config label names them too (the run's MLflow name is made below this layer).
+from stability.core.identity import (
+    ACCUM_STEPS,
+    CLIP_ENABLED,
+    CLIP_METHOD,
+    CLIP_VALUE,
+    MAX_NORM,
+    PRECISION_NAME,
+)
 from stability.core.precision import SIMPLEST_FIRST
 
 CLIP, ACCUM, PRECISION = "clipping", "accumulation", "precision"
-
-# The params a first-class factor's level is read from (a config's label names them too).
-CLIP_ENABLED, CLIP_METHOD, MAX_NORM, CLIP_VALUE = (
-    "clip.enabled", "clip.method", "clip.max_norm", "clip.clip_value")
-ACCUM_STEPS, PRECISION_NAME = "train.accum_steps", "precision.name"
 
 Params = Mapping[str, Any]  # one config's params as dotted keys (``core.identity.flatten``)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stability.core.identity import config_label
 from stability.design import factors as fv
 
 
@@ -69,3 +70,18 @@ def test_the_selection_rules_tie_break_reads_the_registry() -> None:
     assert set(fv.label_keys()) == {"precision.name", "clip.enabled", "clip.method",
                                     "clip.max_norm", "clip.clip_value", "train.accum_steps"}
     assert fv.kind(fv.PRECISION).known == ("fp32", "bf16", "fp16")
+
+
+def test_the_config_label_names_the_label_keys_and_nothing_else() -> None:
+    """The label (``core.identity.config_label``, the run's MLflow name) and the vocabulary read
+    the same keys, spelled once: each label key can change a label, another param cannot."""
+    norm = {fv.CLIP_ENABLED: True, fv.CLIP_METHOD: "norm", fv.MAX_NORM: 1.0, fv.CLIP_VALUE: 0.5,
+            fv.PRECISION_NAME: "fp16", fv.ACCUM_STEPS: 4, "train.lr": 0.01}
+    bases = [norm, {**norm, fv.CLIP_METHOD: "value"}]
+    other = {fv.CLIP_ENABLED: False, fv.CLIP_METHOD: "value", fv.MAX_NORM: 2.0,
+             fv.CLIP_VALUE: 1.0, fv.PRECISION_NAME: "bf16", fv.ACCUM_STEPS: 8}
+    assert set(other) == set(fv.label_keys())
+    for key, value in other.items():
+        assert any(config_label(b) != config_label({**b, key: value}) for b in bases), key
+    assert all(config_label(b) == config_label({**b, "train.lr": 0.1}) for b in bases)
+    assert config_label(norm) == "fp16 clip=1 acc=4"
