@@ -34,15 +34,24 @@ def _layers() -> list[set[str]]:
     return [{m.strip() for m in row.split("|")} for row in _contract("layers")["layers"]]
 
 
+def _stage_layers() -> list[set[str]]:
+    """The report's stages, top to bottom: the ``layers`` contract with ``containers``."""
+    (stages,) = [c for c in CONTRACTS["contracts"] if c["type"] == "layers" and "containers" in c]
+    return [{f"{box}.{m.strip()}" for box in stages["containers"] for m in row.split("|")}
+            for row in stages["layers"]]
+
+
 @pytest.fixture(scope="module")
 def graph() -> grimp.ImportGraph:
     return grimp.build_graph("stability", include_external_packages=True,
                              exclude_type_checking_imports=True, cache_dir=None)
 
 
-def _upward(graph: grimp.ImportGraph) -> list[tuple[str, str]]:
-    """Every direct import from a module to one in a layer above it (or a sibling in a row)."""
-    layers = _layers()
+def _upward(graph: grimp.ImportGraph, layers: list[set[str]] | None = None
+            ) -> list[tuple[str, str]]:
+    """Every direct import from a module to one in a layer above it (or a sibling in a row);
+    the package's layers unless ``layers`` are given."""
+    layers = _layers() if layers is None else layers
 
     def row(module: str) -> tuple[int, str] | None:
         for i, names in enumerate(layers):
@@ -112,6 +121,12 @@ def test_no_module_imports_a_layer_above_it(graph: grimp.ImportGraph) -> None:
     assert _upward(graph) == []
 
 
+def test_a_report_stage_imports_only_the_stages_before_it(graph: grimp.ImportGraph) -> None:
+    """fetch (evidence) -> weigh, decide -> examine -> sealed test -> present -> publish."""
+    assert len(_stage_layers()) > 5
+    assert _upward(graph, _stage_layers()) == []
+
+
 def test_no_import_cycle(graph: grimp.ImportGraph) -> None:
     assert _cycles(graph) == []
 
@@ -163,6 +178,10 @@ def test_the_checks_catch_a_planted_upward_import_and_cycle() -> None:
     g = grimp.build_graph("stability", exclude_type_checking_imports=True, cache_dir=None)
     g.add_import(importer="stability.core.step", imported="stability.report.pipeline")
     assert ("stability.core.step", "stability.report.pipeline") in _upward(g)
+    g.add_import(importer="stability.report.evidence.fetch",
+                 imported="stability.report.decide.select")
+    assert ("stability.report.evidence.fetch", "stability.report.decide.select") in _upward(
+        g, _stage_layers())
     g.add_import(importer="stability.stats.paired", imported="stability.stats.effects")
     assert ["stability.stats.effects", "stability.stats.paired"] in _cycles(g)
     g.add_import(importer="stability.tracking.run", imported="stability.integrations.step_recorder")
