@@ -34,7 +34,8 @@ LEGEND = ("`verdict (Holm)` is the factor table's (two-sided t-test against the 
           "over every main effect); the `[95% t CI]` beside it is per contrast, unadjusted, so it "
           "can exclude 0 while the Holm verdict stays undecided. `time × reference`: training "
           "time over the reference level's (geometric mean over runs), `≈` where it cannot be told "
-          "from the chosen level's (inside the run-to-run spread). `why`: the rule's step that "
+          "from the chosen level's (not shown beyond the run-to-run spread and the cost floor, "
+          "report.cost_tolerance). `why`: the rule's step that "
           "decided the chosen level (validation, cost, simplicity, stability), or what kept a "
           "level out.")
 
