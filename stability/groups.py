@@ -158,8 +158,12 @@ def misspelled_key(config: str, argv: Sequence[str], conf: Path = CONF) -> str |
     skip = {i + 1 for i, a in enumerate(argv) if a in CONFIG_DIR}
     plain = [a for i, a in enumerate(argv) if i not in skip and not a.startswith("-")
              and "=" in a and not a.startswith(("+", "~"))]
-    choices = [a for a in plain if a.split("=", 1)[0] in options
-               and not HYDRA_GRAMMAR & set(a.split("=", 1)[1]) and "," not in a]
+    # a group chosen or added (``task=adding``, ``+study=gpu_lm``: a preset brings its own keys)
+    groups = [a for i, a in enumerate(argv) if i not in skip and "=" in a
+              and a.removeprefix("+").split("=", 1)[0] in options]
+    choices = [a for a in groups if not HYDRA_GRAMMAR & set(a.split("=", 1)[1]) and "," not in a]
+    if len(choices) < len(groups):
+        return None  # a swept group (task=a,b): each choice has its own keys, Hydra checks them
     looked_up = [a.split("=", 1)[0] for a in plain if a.split("=", 1)[0] not in options
                  and not a.startswith("hydra") and not set("/@") & set(a.split("=", 1)[0])]
     if not looked_up:

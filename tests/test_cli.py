@@ -83,6 +83,18 @@ def test_a_misspelled_key_is_one_line_with_did_you_mean(
     assert list(tmp_path.iterdir()) == []  # before Hydra: no outputs/, no store
 
 
+def test_a_presets_own_keys_are_keys_and_a_misspelled_one_is_named() -> None:
+    """A group added on the command line (``+study=gpu_lm``) brings its task's keys: they are no
+    misspelling (the shrunk GPU study in tests/tasks/test_tasks.py), a near miss of one is."""
+    from stability.groups import misspelled_key
+
+    assert misspelled_key("config", ["-m", "+study=gpu_lm", "model.d_model=16",
+                                     "precision=fp32,bf16"]) is None
+    line = misspelled_key("config", ["-m", "+study=gpu_lm", "model.d_modl=16"])
+    assert line is not None and "did you mean model.d_model?" in line
+    assert misspelled_key("config", ["-m", "task=adding,sign_sum", "model.hidden=3"]) is None
+
+
 def test_a_report_in_a_folder_without_a_store_names_it_and_writes_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
