@@ -111,7 +111,7 @@ def test_the_report_draws_the_representative_runs_and_names_the_first_non_finite
     names = [n for n, _ in SequenceClassifier(run_config(fp16, 0, tmp_path).model)
              .named_parameters()]
     assert MARK.findall(md) == [("1", names[FIRST_BAD], "1")]
-    assert "Without `layer_norms.csv`: baseline = best fp32: fp32 noclip acc=1." in md
+    assert "Without `layer_norms.csv`: baseline = lowest-mean fp32: fp32 noclip acc=1." in md
     assert "## Problems" not in md
     c = MlflowClient(mlflow_server.uri)
     assert Artifact.LAYER_NORMS_FIGURE in {

@@ -98,7 +98,8 @@ def test_one_name_for_the_chosen_config_and_one_for_the_lowest_mean(md: str) -> 
     assert "## Test evaluation (chosen config only)" in md
     assert "Stability: The chosen config is " in md
     assert "lowest mean (rank 1) = lowest mean best_val_loss" in md
-    assert "chosen vs lowest-mean bf16 / lowest mean" in md  # "How sure": bf16 clip=5 acc=2
+    # "How sure": the chosen config against bf16 clip=5 acc=2, rank 1, by its one name
+    assert "| chosen vs lowest mean | " in md and "`bf16 clip=5 acc=2` (rank 1)" in md
 
 
 def test_one_format_per_column(md: str) -> None:
