@@ -119,10 +119,11 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             "configs": float(len(findings.configs)), "training_runs": float(len(fetched.runs)),
             "report_elapsed_s": time.perf_counter() - t0}
         publish.finish_report_run(c, report_run, folder, metrics, list(presented.own_files))
-        describe.describe_report_run(c, sweep, report_run, study.winner.label,
+        chosen = study.findings.configs.winner
+        describe.describe_report_run(c, sweep, report_run, chosen.label,
                                      "\n".join(first_screen(study)))
-        publish.annotate_parent(c, sweep, report_run, study.winner, answer_markdown(study),
-                                study.model_uri)
+        publish.annotate_parent(c, sweep, report_run, chosen, answer_markdown(study),
+                                study.registered.uri)
     except BaseException as err:
         publish.fail_report_run(c, report_run, err)
         raise
@@ -144,15 +145,16 @@ def _present(study: Study, staging: Path, report_run: str, commit: str,
     """Draw the sections and write summary.csv, report.md and report.html into ``staging``."""
     cfg = study.options
     written = write_sections(study, staging / "plots" if cfg.plots else None)
-    header = Header(report_run, study.model_version, time.perf_counter() - t0,
+    header = Header(report_run, study.registered.version, time.perf_counter() - t0,
                     datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit)
-    write_summary(study.configs, staging / Artifact.SUMMARY_CSV)
+    write_summary(study.findings.configs, staging / Artifact.SUMMARY_CSV)
     notes = [*study.fetched.set_aside, *study.findings.notes, *study.registered.notes,
              *written.notes, *study.evidence.notes]
     markdown = render(study, written, header, notes)
     (staging / Artifact.REPORT_MD).write_text(markdown)
     (staging / Artifact.REPORT_HTML).write_text(
-        to_html(markdown, staging, f"Training-stability report: sweep {study.sweep.sweep_id}"))
+        to_html(markdown, staging,
+                f"Training-stability report: sweep {study.fetched.sweep.sweep_id}"))
     own_files = (Artifact.SUMMARY_CSV, Artifact.REPORT_MD, Artifact.REPORT_HTML,
                  *(f"plots/{f.file}" for f in written.figures))
     return _Presented(own_files, "\n".join(first_screen(study, plain=True)))

@@ -32,7 +32,7 @@ from stability.report.sealed import evaluate
 
 if TYPE_CHECKING:
     from stability.report.decide.decided import Spent
-    from stability.report.decide.factors import FactorAnalysis
+    from stability.report.decide.factors import Designed, FactorAnalysis
     from stability.report.decide.spending import Sequential, Spending
     from stability.report.decide.winner import Decision
     from stability.report.examine.advice import Recommendation
@@ -97,7 +97,11 @@ class Evidence:
     """What the validation numbers say, before anything is chosen from them.
 
     Attributes:
-        margin: the equivalence margin in loss units (scaled by the lowest config mean).
+        rule: ``report.margin`` as parsed, once (``Margin.parse``): the margin's words.
+        margin: the equivalence margin in loss units (``rule`` of the lowest config mean).
+        design: the study's design and its runs placed in it (``factors.design``), made once:
+            the analysis, the replays, the decision, the stability step, the LR curves and
+            the heatmap all read it.
         analysis: the factor effects from every run.
         spending: an adaptive sweep's replayed rounds; None for a fixed grid.
         sequential: an adaptive sweep's replayed verdicts; None for a fixed grid.
@@ -106,7 +110,9 @@ class Evidence:
             any other sweep.
     """
 
+    rule: Margin
     margin: float
+    design: Designed
     analysis: FactorAnalysis | None
     spending: Spending | None
     sequential: Sequential | None
@@ -114,18 +120,26 @@ class Evidence:
     decided: Spent | None = None
 
 
-def weigh(c: Any, fetched: Fetched, cfg: ReportConfig) -> Evidence:
-    """The factor analysis and, for an adaptive sweep, the replay of the looks it took."""
+def weigh(c: Any, fetched: Fetched, cfg: ReportConfig, rule: Margin | None = None) -> Evidence:
+    """The factor analysis and, for an adaptive sweep, the replay of the looks it took.
+
+    ``rule``: ``report.margin`` already parsed (``settle_loadable`` weighs again with it);
+    None: parsed here.
+    """
     runs, configs = fetched.runs, fetched.configs
-    margin = Margin.parse(cfg.margin).lowest(configs["loss_mean"])
-    analysis = factors.analyse(runs, configs, margin, cfg.alpha, cfg.confidence, cfg.power)
+    rule = rule if rule is not None else Margin.parse(cfg.margin)
+    margin = rule.lowest(configs["loss_mean"])
+    designed = factors.design(runs, configs)
+    analysis = factors.analyse(runs, configs, margin, cfg.alpha, cfg.confidence, cfg.power,
+                               designed=designed)
     notes: list[str] = []
-    spent, sequential = spending.replayed(c, fetched.sweep.parent_run_id, runs, configs, notes)
-    looks = decided.of_sweep(c, fetched.sweep.parent_run_id, runs, configs, notes)
+    parent = fetched.sweep.parent_run_id
+    spent, sequential = spending.replayed(c, parent, runs, configs, notes, designed)
+    looks = decided.of_sweep(c, parent, runs, configs, notes, designed)
     if looks is not None:  # seeds added where a choice was open: no fixed-design verdict holds
         sequential = spending.Sequential(decide=True)
-    return Evidence(margin=margin, analysis=analysis, spending=spent, sequential=sequential,
-                    notes=tuple(notes), decided=looks)
+    return Evidence(rule=rule, margin=margin, design=designed, analysis=analysis,
+                    spending=spent, sequential=sequential, notes=tuple(notes), decided=looks)
 
 
 @dataclass(frozen=True, eq=False)
@@ -160,7 +174,7 @@ def decide(fetched: Fetched, evidence: Evidence, cfg: ReportConfig) -> Decided:
     runs, margin = fetched.runs, evidence.margin
     decision = decide_winner(runs, fetched.configs, evidence.analysis, margin, cfg.alpha,
                              cfg.cost_tolerance, power=cfg.power,
-                             spent=evidence.decided)
+                             spent=evidence.decided, designed=evidence.design)
     return _against(fetched, decision, margin, cfg)
 
 
@@ -211,7 +225,8 @@ def steady(fetched: Fetched, evidence: Evidence, decided: Decided, stepped: Step
     runs = fetched.runs
     found = health.verdicts(runs, fetched.configs, dict(stepped.steps), cfg.verdict)
     verdicts = dict(zip(fetched.configs["fingerprint"].astype(str), found, strict=True))
-    decision, steadied = prefer_stable(runs, fetched.configs, decided.decision, verdicts)
+    decision, steadied = prefer_stable(runs, fetched.configs, decided.decision, verdicts,
+                                       designed=evidence.design)
     if steadied is None or not steadied.swapped:
         return replace(decided, verdicts=verdicts, steadied=steadied)
     return _against(fetched, decision, evidence.margin, cfg, verdicts, steadied)
@@ -249,7 +264,7 @@ def settle_loadable(c: Any, cfg: ReportConfig, fetched: Fetched, evidence: Evide
             raise NothingToReport(f"nothing to recommend: {line}")
         fetched = replace(fetched, runs=runs, configs=select.aggregate(runs, cfg.confidence),
                           set_aside=(*fetched.set_aside, line))
-        evidence = weigh(c, fetched, cfg)
+        evidence = weigh(c, fetched, cfg, evidence.rule)
         decided = decide(fetched, evidence, cfg)
     return fetched, evidence, decided
 
@@ -326,7 +341,7 @@ def examine(c: Any, cfg: ReportConfig, fetched: Fetched, evidence: Evidence, dec
              if decided.verdicts else health.verdicts(runs, decided.configs, steps, cfg.verdict))
     table = ConfigTable.assemble(decided.configs, decided.versus, found)
     frame = table.frame()  # for the analyses that read a DataFrame (made once, at assembly)
-    curves = lr.curves(runs, frame)
+    curves = lr.curves(runs, frame, designed=evidence.design)
     references = {f.name: f.reference for f in evidence.analysis.factors if f.name != lr.LR} \
         if evidence.analysis is not None else {}
     recs = advice.recommend(runs, frame, steps, cfg.advice, table.winner)

@@ -209,7 +209,8 @@ def test_alpha_is_split_over_the_choices_decided_together():
     runs = study({"fp16-5.0": 0.003}, {"fp32": 0.01, "fp16": 0.06}, noise=0.003)
     dec = _decide(runs, 0.005)
     assert len(dec.choices) == 2
-    table, fs = factors.design(runs, aggregate(runs))
+    d = factors.design(runs, aggregate(runs))
+    table, fs = d.table, d.factors
     cube = factors.Cube.of(table, fs)
     for axis, c in enumerate(dec.choices):
         y = winner.joint(cube.loss, [axis], len(fs))

@@ -44,8 +44,13 @@ def test_the_frame_is_made_once_at_assembly_and_equals_the_rows() -> None:
     assert table.frame().loc[0, "label"] == table.winner.label
 
 
+def _study(**findings: object) -> SimpleNamespace:
+    """A stand-in for the ``Study`` with only the ``Findings`` fields a figure section reads."""
+    return SimpleNamespace(findings=SimpleNamespace(**findings))
+
+
 def test_histories_a_stage_could_not_read_fail_that_figure_alone(tmp_path: Path) -> None:
-    study = SimpleNamespace(val_curves=ValCurves("loss", error=RuntimeError("store down")))
+    study = _study(val_curves=ValCurves("loss", error=RuntimeError("store down")))
     written = write_sections(study, tmp_path, [val_curves_section.SECTION])
     assert written.notes == ("figure 'validation curves' could not be drawn: RuntimeError: "
                              "store down",)
@@ -53,10 +58,10 @@ def test_histories_a_stage_could_not_read_fail_that_figure_alone(tmp_path: Path)
 
 
 def test_no_figures_no_stage_work_and_no_layer_table_one_remark(tmp_path: Path) -> None:
-    none = SimpleNamespace(val_curves=None, layer_norms=None)  # report.plots=false
+    none = _study(val_curves=None, layer_norms=None)  # report.plots=false
     sections = [val_curves_section.SECTION, layer_norms_section.SECTION]
     assert write_sections(none, tmp_path, sections) == write_sections(none, None, sections)
-    missing = SimpleNamespace(layer_norms=LayerNorms((), 2, ("winner: fp32", "baseline: bf16")))
+    missing = _study(layer_norms=LayerNorms((), 2, ("winner: fp32", "baseline: bf16")))
     written = write_sections(missing, tmp_path, [layer_norms_section.SECTION])
     assert written.figures == () and len(written.remarks) == 1
     assert written.remarks[0].startswith("Per-layer gradient norms: none of the 2 representative "
@@ -67,6 +72,6 @@ def test_val_curves_draw_what_the_stage_read(tmp_path: Path) -> None:
     curve = pd.Series([0.5, 0.4, 0.35], index=[0, 1, 2], dtype=float)
     vc = ValCurves("loss", curves=((Series("chosen", "fp32 noclip acc=1", "tab:red"),
                                     {0: curve, 1: curve + 0.01}),))
-    written = write_sections(SimpleNamespace(val_curves=vc), tmp_path, [val_curves_section.SECTION])
+    written = write_sections(_study(val_curves=vc), tmp_path, [val_curves_section.SECTION])
     assert [f.file for f in written.figures] == ["val_loss_curves.png"]
     assert (tmp_path / "val_loss_curves.png").exists()

@@ -67,9 +67,10 @@ def plan_of(tags: Mapping[str, str]) -> tuple[sq.Plan, Margin, float, int] | Non
 
 
 def analyse(runs: pd.DataFrame, configs: pd.DataFrame, plan: sq.Plan, margin: Margin,
-            tolerance: float, base_seed: int) -> Spent:
+            tolerance: float, base_seed: int, *, designed: fa.Designed | None = None) -> Spent:
     """Replay the study's looks on its runs: the share its answer spends, and the words."""
-    table, factors = fa.design(runs, configs)
+    d = designed if designed is not None else fa.design(runs, configs)
+    table, factors = d.table, d.factors
     shape = tuple(len(f.levels) for f in factors) + (plan.max_seeds,)
     loss, ran, secs = np.full(shape, np.nan), np.zeros(shape, bool), np.full(shape, np.nan)
     wall = pd.to_numeric(runs.get("wall_time_s", pd.Series(math.nan, index=runs.index)),
@@ -105,7 +106,7 @@ def analyse(runs: pd.DataFrame, configs: pd.DataFrame, plan: sq.Plan, margin: Ma
 
 
 def of_sweep(c: object, parent_run_id: str | None, runs: pd.DataFrame, configs: pd.DataFrame,
-             notes: list[str]) -> Spent | None:
+             notes: list[str], designed: fa.Designed | None = None) -> Spent | None:
     """A decide sweep's ``Spent`` (None for any other sweep). A decide plan that cannot be read
     or replayed adds a line to ``notes`` and spends nothing: no claim is shown."""
     if not parent_run_id:
@@ -114,7 +115,7 @@ def of_sweep(c: object, parent_run_id: str | None, runs: pd.DataFrame, configs: 
     try:
         tags = c.get_run(parent_run_id).data.tags  # type: ignore[attr-defined]
         found = plan_of(tags)
-        return analyse(runs, configs, *found) if found else None
+        return analyse(runs, configs, *found, designed=designed) if found else None
     except Exception as err:  # data a teammate's sweep wrote: the report stands without it
         if tags.get(Tag.STRATEGY) != STRATEGY:
             return None  # not a decide sweep (an unreadable parent: spending says so)

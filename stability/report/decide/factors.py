@@ -87,14 +87,29 @@ def design_of(runs: pd.DataFrame, configs: pd.Series | None = None) -> Design:
     return Design.of({fp: first.loc[fp].to_dict() for fp in ids}, runs.attrs.get(SWEPT))
 
 
-def design(runs: pd.DataFrame, configs: pd.DataFrame) -> tuple[pd.DataFrame, list[Factor]]:
+@dataclass(frozen=True, eq=False)
+class Designed:
+    """A study's design and its runs placed in it (``design``), made once per report.
+
+    Attributes:
+        of: the ``Design`` of the configs (``design_of``).
+        table: one row per run with its factor levels (strings), seed, loss and training
+            seconds.
+        factors: the design's factors; factors with a single level are not factors.
+    """
+
+    of: Design
+    table: pd.DataFrame
+    factors: list[Factor]
+
+
+def design(runs: pd.DataFrame, configs: pd.DataFrame) -> Designed:
     """One row per run with its factor levels (strings), seed, loss and training seconds.
 
     The factors are ``design_of``'s for ``configs``' fingerprints: clipping, accumulation and
     precision (``stability.design.factors``), and the params that vary and that the sweep swept.
-
-    Returns:
-        ``(table, factors)``; factors with a single level are not factors and are left out.
+    The design depends on the set of ``configs``' fingerprints, not on their order (``Design.of``
+    sorts them), so one ``Designed`` serves every step of a report.
     """
     d = design_of(runs, configs["fingerprint"])
     loss = effective_loss(runs)
@@ -108,7 +123,7 @@ def design(runs: pd.DataFrame, configs: pd.DataFrame) -> tuple[pd.DataFrame, lis
     })
     for f in d.factors:
         table[f.name] = table["fingerprint"].map({fp: d.level(fp, f.name) for fp in d.configs})
-    return table, list(d.factors)
+    return Designed(of=d, table=table, factors=list(d.factors))
 
 
 @dataclass(frozen=True)
@@ -203,7 +218,8 @@ def _decide(effects: list[Effect], alpha: float, power: float, margin: float,
 
 
 def analyse(runs: pd.DataFrame, configs: pd.DataFrame, margin: float, alpha: float = 0.05,
-            confidence: float = 0.95, power: float = 0.8) -> FactorAnalysis:
+            confidence: float = 0.95, power: float = 0.8, *,
+            designed: Designed | None = None) -> FactorAnalysis:
     """Main effects, two-way interactions and simple effects of every swept factor.
 
     Args:
@@ -213,8 +229,10 @@ def analyse(runs: pd.DataFrame, configs: pd.DataFrame, margin: float, alpha: flo
         alpha: family-wise error of each family (main effects; interactions).
         confidence: level of the intervals.
         power: power at which undecided contrasts quote the seeds that would decide them.
+        designed: ``design(runs, configs)``, made once by the report (None: made here).
     """
-    table, factors = design(runs, configs)
+    d = designed if designed is not None else design(runs, configs)
+    table, factors = d.table, d.factors
     cube = Cube.of(table, factors)
     seconds = table[[f.name for f in factors] + ["seconds"]] if factors else None
     main: list[Effect] = []

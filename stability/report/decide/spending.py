@@ -152,9 +152,10 @@ def plan_of(tags: Mapping[str, str]) -> tuple[sq.Plan, Margin, int] | None:
 
 
 def analyse(runs: pd.DataFrame, configs: pd.DataFrame, plan: sq.Plan, margin: Margin | float,
-            base_seed: int) -> Spending:
+            base_seed: int, *, designed: fa.Designed | None = None) -> Spending:
     """Replay the sweep's looks on its runs and count what each round spent."""
-    table, factors = fa.design(runs, configs)
+    d = designed if designed is not None else fa.design(runs, configs)
+    table, factors = d.table, d.factors
     shape = tuple(len(f.levels) for f in factors)
     width = plan.max_seeds
     loss, ran, secs = np.full(shape + (width,), np.nan), np.zeros(shape + (width,), bool), \
@@ -243,7 +244,8 @@ def of_sweep(c: object, parent_run_id: str | None, runs: pd.DataFrame, configs: 
 
 
 def replayed(c: object, parent_run_id: str | None, runs: pd.DataFrame, configs: pd.DataFrame,
-             notes: list[str]) -> tuple[Spending | None, Sequential | None]:
+             notes: list[str], designed: fa.Designed | None = None
+             ) -> tuple[Spending | None, Sequential | None]:
     """``of_sweep``, and the verdicts the factor table and the answer must give.
 
     Returns:
@@ -259,7 +261,7 @@ def replayed(c: object, parent_run_id: str | None, runs: pd.DataFrame, configs: 
         tags = c.get_run(parent_run_id).data.tags  # type: ignore[attr-defined]
         adaptive = tags.get(Tag.STRATEGY) == "adaptive"
         found = plan_of(tags)
-        sp = analyse(runs, configs, *found) if found else None
+        sp = analyse(runs, configs, *found, designed=designed) if found else None
     except Exception as err:  # data a teammate's sweep wrote: the report stands without it
         notes.append(f"how the study spent its runs: not replayed ({type(err).__name__}: "
                      f"{err})" + ("; the factor verdicts are withheld" if adaptive else ""))

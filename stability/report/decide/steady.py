@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from stability.report.decide import winner as rule
-from stability.report.decide.factors import design
+from stability.report.decide.factors import Designed, design
 from stability.report.decide.table import StabilityVerdict
 from stability.stats import best as mcb
 
@@ -70,7 +70,7 @@ def _passes(choices: tuple[rule.Choice, ...], delta: float) -> bool:
 
 
 def prefer_stable(runs: pd.DataFrame, configs: pd.DataFrame, decision: rule.Decision,
-                  verdicts: Mapping[str, StabilityVerdict]
+                  verdicts: Mapping[str, StabilityVerdict], *, designed: Designed | None = None
                   ) -> tuple[rule.Decision, Steadied | None]:
     """The decision with a stable twin in place of a marginal or unstable choice, if one passes.
 
@@ -79,6 +79,7 @@ def prefer_stable(runs: pd.DataFrame, configs: pd.DataFrame, decision: rule.Deci
         configs: ``select.aggregate(runs)`` (every config, ranked).
         decision: the rule's decision on validation, cost and simplicity.
         verdicts: each config's stability verdict, by fingerprint.
+        designed: ``design(runs, configs)``, made once by the report (None: made here).
 
     Returns:
         ``(decision, steadied)``: ``steadied`` is None when the choice is stable (or not judged,
@@ -97,7 +98,8 @@ def prefer_stable(runs: pd.DataFrame, configs: pd.DataFrame, decision: rule.Deci
                       and verdicts[str(f)].stability == STABLE for f in configs["fingerprint"]]]
     if stable.empty:
         return decision, first
-    table, factors = design(runs, configs)
+    d = designed if designed is not None else design(runs, configs)
+    table, factors = d.table, d.factors
     delta = decision.margin if math.isfinite(decision.margin) else -math.inf
     # the rule's order over the stable configs, each group's levels narrowed to its candidates
     narrowed = [_candidates_only(c, delta) for c in decision.choices]

@@ -27,7 +27,7 @@ import pandas as pd
 from stability.design.design import Factor
 from stability.design.factors import simplicity
 from stability.report.decide.decided import Spent
-from stability.report.decide.factors import Cube, FactorAnalysis, design
+from stability.report.decide.factors import Cube, Designed, FactorAnalysis, design
 from stability.stats import best as mcb
 from stability.stats import cost as costs
 from stability.stats.choice import joint, level_choice
@@ -113,7 +113,8 @@ def groups(an: FactorAnalysis | None, factors: list[Factor]) -> list[list[int]]:
 
 def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
            margin: float, alpha: float = 0.05, cost_tolerance: float = costs.FLOOR, *,
-           power: float = mcb.POWER, spent: Spent | None = None) -> Decision:
+           power: float = mcb.POWER, spent: Spent | None = None,
+           designed: Designed | None = None) -> Decision:
     """The winner of the study, factor by factor.
 
     Args:
@@ -127,13 +128,15 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
         spent: a decide study's last look (``report.decide.decided``): the decision spends its share
             of alpha only, the bounds over the levels not shown worse, as the study's looks
             did; ``alpha`` stays the guarantee over all looks.
+        designed: ``design(runs, configs)``, made once by the report (None: made here).
     """
     level = alpha  # the guarantee printed: 1 - alpha (a decide study's, over all its looks)
     unknown = spent is not None and not spent.alpha > 0  # looks not replayed: nothing shown
     if spent is not None and not unknown:
         alpha = spent.alpha
     constrained = spent is not None
-    table, factors = design(runs, configs)
+    d = designed if designed is not None else design(runs, configs)
+    table, factors = d.table, d.factors
     if not factors:  # one config: nothing to decide
         fp = _finished(configs)
         return Decision(choices=(), fingerprint=fp[0] if fp else None, margin=margin, alpha=level,

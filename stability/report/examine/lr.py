@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from stability.design.factors import CLIP, level_name
-from stability.report.decide.factors import design
+from stability.report.decide.factors import Designed, design
 from stability.tracking.contract import LOSS_INIT, Outcome
 
 LR = "train.lr"
@@ -81,14 +81,17 @@ def _final_loss(runs: pd.DataFrame) -> pd.Series:
     return last.where(runs["outcome"] == Outcome.FINISHED)
 
 
-def curves(runs: pd.DataFrame, configs: pd.DataFrame) -> list[LrCurve]:
+def curves(runs: pd.DataFrame, configs: pd.DataFrame, *,
+           designed: Designed | None = None) -> list[LrCurve]:
     """One ``LrCurve`` per setting of the other factors; empty unless ``train.lr`` was swept.
 
     Args:
         runs: one row per training run (``fetch.fetch_runs``), with ``loss_init``.
         configs: ``select.aggregate(runs)``, with ``stability`` (``health.judge``) if judged.
+        designed: ``design(runs, configs)``, made once by the report (None: made here).
     """
-    table, factors = design(runs, configs)
+    d = designed if designed is not None else design(runs, configs)
+    table, factors = d.table, d.factors
     if LR not in {f.name for f in factors}:
         return []
     others = [f.name for f in factors if f.name != LR]

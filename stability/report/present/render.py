@@ -97,12 +97,12 @@ def _flat(text: str) -> str:
 
 def render(study: Study, written: Written, header: Header, notes: Sequence[str]) -> str:
     """The whole report.md; ``notes`` are its Problems (every one made inert: they hold data)."""
-    s, runs = study.sweep, study.runs
+    s, runs = study.fetched.sweep, study.fetched.runs
     seeds = sorted(runs["seed"].unique())
     parts = [
         f"# Training-stability report: sweep `{s.sweep_id}`", "",
         f"Experiment `{s.experiment}` at `{study.tracking_uri}`; {len(runs)} training runs, "
-        f"{len(study.configs)} configs, seeds {', '.join(map(str, seeds))}. Generated "
+        f"{len(study.findings.configs)} configs, seeds {', '.join(map(str, seeds))}. Generated "
         f"{header.generated_at} (git `{header.git_commit[:12] or 'unknown'}`) in "
         f"{header.elapsed_s:.1f} s; MLflow report run `{header.report_run_id}`"
         + (f", registered model version {header.model_version}." if header.model_version

@@ -56,13 +56,13 @@ def _table(configs: ConfigTable, loss_name: str, power: float) -> str:
 
 def markdown(st: Study) -> str:
     """The ranked table and what its columns mean."""
-    w = st.winner
+    w = st.findings.configs.winner
     return lines(
         "## All configs, ranked", "",
         f"Ordered by mean best validation loss (`rank`: 1 = lowest, the descriptive order); the "
         f"decision's choice `{w.label}` ranks {w.rank} and is marked {CHOSEN}: it is chosen "
         "factor by factor (see the answer), not by its rank.", "",
-        _table(st.configs, st.loss_name, st.options.power), "",
+        _table(st.findings.configs, st.fetched.loss_name, st.options.power), "",
         "Unfinished seeds (counted in `seeds finished`) are +inf in `best val loss`; `val acc` "
         "is at each seed's best epoch, over finished seeds; `p vs chosen` is the paired t-test, "
         "Bonferroni over the "

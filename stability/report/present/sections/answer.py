@@ -20,10 +20,10 @@ from stability.stats.best import SD_CONFIDENCE
 
 
 def _margin_words(st: Study) -> str:
-    spec = st.options.margin
-    share = (f"{spec} of the lowest config mean, report.margin" if isinstance(spec, str)
+    rule = st.evidence.rule
+    share = (f"{rule.spec} of the lowest config mean, report.margin" if rule.relative
              else "report.margin, in loss units")
-    return f"margin {size(st.margin, 'nonfinite')} ({share})"
+    return f"margin {size(st.evidence.margin, 'nonfinite')} ({share})"
 
 
 def first_screen(st: Study, plain: bool = False) -> list[str]:
@@ -32,28 +32,29 @@ def first_screen(st: Study, plain: bool = False) -> list[str]:
     The same lines open report.md, the HTML and the sweep's MLflow note (``plain=False``:
     Markdown) and end ``stability report`` in the terminal (``plain=True``: aligned text).
     """
-    w, t, dec, an = st.winner, st.test, st.decision, st.analysis
+    w, t, dec, an = st.findings.configs.winner, st.test, st.decided.decision, st.evidence.analysis
     tested = [s for s in t.seeds if math.isfinite(s.test_loss)]
-    how = (f"chosen factor by factor from all {len(st.runs)} runs (best validation loss, seeds "
-           f"as blocks, {_margin_words(st)})" if dec is not None and dec.choices
+    how = (f"chosen factor by factor from all {len(st.fetched.runs)} runs (best validation "
+           f"loss, seeds as blocks, {_margin_words(st)})" if dec is not None and dec.choices
            else "the study's only finished config" if dec is not None
            else "the lowest mean best validation loss")
     name = f"`{w.label}`" if plain else f"**Train with `{w.label}`**"
     out = [f"{'Train with ' if plain else ''}{name} (config fingerprint `{w.fingerprint}`), "
            f"{how}.", ""]
+    seq, steadied = st.evidence.sequential, st.decided.steadied
     if dec is not None and an is not None and dec.choices:
-        out += [answer_table.text(dec, an, st.sequential, st.steadied) if plain
-                else answer_table.markdown(dec, an, st.sequential, st.steadied), "",
+        out += [answer_table.text(dec, an, seq, steadied) if plain
+                else answer_table.markdown(dec, an, seq, steadied), "",
                 *([] if plain else [answer_table.LEGEND, ""]),
-                *([] if plain else decision_text.adaptive_line(st.sequential)),
+                *([] if plain else decision_text.adaptive_line(seq)),
                 decision_text.guarantee(dec), *_seeds_line(st)]
     out.append(
         f"Sealed test (split of {t.test_size} sequences, opened once, for this config only): "
         f"loss {pm(t.loss.mean, t.loss.std)}, accuracy "
         f"{pm(t.acc.mean, t.acc.std, ACC_DIGITS)} over "
         f"{len(tested)} seeds (mean ± std).")
-    out.append(f"Stability: {summary_sentence(st.configs)}")
-    swap = steady.sentence(st.steadied, signed(st.steadied.diff) if st.steadied else "")
+    out.append(f"Stability: {summary_sentence(st.findings.configs)}")
+    swap = steady.sentence(steadied, signed(steadied.diff) if steadied else "")
     if swap:
         out.append(swap)
     if dec is not None and dec.note:
@@ -63,7 +64,7 @@ def first_screen(st: Study, plain: bool = False) -> list[str]:
 
 def _seeds_line(st: Study) -> list[str]:
     """How many seeds would show each open choice within the margin, at the report's power."""
-    dec = st.decision
+    dec = st.decided.decision
     parts = []
     for c in dec.choices if dec is not None else ():
         if c.basis == winner.CHOSEN_WITHIN or math.isnan(c.seeds_needed):
@@ -82,7 +83,7 @@ def _seeds_line(st: Study) -> list[str]:
 
 def _answer(st: Study) -> list[str]:
     """The first screen, then everything behind it."""
-    w, level, an = st.winner, f"{st.options.confidence:.0%}", st.analysis
+    w, level, an = st.findings.configs.winner, f"{st.options.confidence:.0%}", st.evidence.analysis
     out = [*first_screen(st), *_lowest_line(st), "", "Behind the decision:", ""]
     out.append(
         f"- Validation (the rule's first criterion; then cost, simplicity and stability: "
@@ -92,24 +93,24 @@ def _answer(st: Study) -> list[str]:
         f"seeds; validation accuracy at the best epoch {pm(w.acc_mean, w.acc_std, ACC_DIGITS)}.")
     if an is not None and an.main:
         out += ["", "What each setting does, from all "
-                f"{len(st.runs)} runs (seeds as blocks; effects on best validation loss, "
+                f"{len(st.fetched.runs)} runs (seeds as blocks; effects on best validation loss, "
                 f"margin {size(an.margin, 'nonfinite')}):", "",
-                *decision_text.adaptive_line(st.sequential),
-                *decision_text.factor_sentences(an, st.sequential), ""]
-    if st.lr_curves:
+                *decision_text.adaptive_line(st.evidence.sequential),
+                *decision_text.factor_sentences(an, st.evidence.sequential), ""]
+    if st.findings.lr_curves:
         out += ["How far the learning rate can go (LR sensitivity, Wortsman et al. 2023; "
                 "stable LR range from the stability verdicts; section \"Learning rate\"):", "",
-                *[f"- {t}" for t in st.lr_sentences or
+                *[f"- {t}" for t in st.findings.lr_sentences or
                   ["no other factor was swept beside the learning rate."]], ""]
     out += _warnings(st)
-    frame = st.configs.frame()
+    frame = st.findings.configs.frame()
     out += [f"- {line}" for line in (memory.accumulation_memory(frame),
                                      memory.precision_memory(frame)) if line]
     return out
 
 
 def _warnings(st: Study) -> list[str]:
-    w, out = st.winner, []
+    w, out = st.findings.configs.winner, []
     if math.isinf(w.loss_mean):
         out.append("- **Warning: every config lost at least one seed**; the config was chosen by "
                    "the tie-breaks (fewest unfinished seeds, then simplest).")
@@ -122,22 +123,23 @@ def _warnings(st: Study) -> list[str]:
 
 def _lowest_line(st: Study) -> list[str]:
     """The config with the lowest validation mean, beside the decision: descriptive only."""
-    lowest, w = st.configs.lowest, st.winner
+    lowest, w = st.findings.configs.lowest, st.findings.configs.winner
     if lowest.fingerprint == w.fingerprint:
         return ["", "Lowest validation mean: the chosen config itself."]
     return ["", f"Lowest validation mean: `{lowest.label}` ({fmt(lowest.loss_mean)} vs "
             f"{fmt(w.loss_mean)} for the chosen config). Descriptive, not a test: the lowest of "
-            f"{len(st.configs)} means is biased low by its own selection, and a test of it "
-            "against the choice, adjusted for that selection, has no power at these seeds; the "
+            f"{len(st.findings.configs)} means is biased low by its own selection, and a test of "
+            "it against the choice, adjusted for that selection, has no power at these seeds; the "
             "table's MCB bounds are the adjusted statement about every level."]
 
 
 def _load_line(st: Study) -> list[str]:
     """The answer's last line: how to load the chosen config's registered model."""
-    if not st.model_uri:
+    reg = st.registered
+    if not reg.uri:
         return []
-    return [f"- Load the chosen config's model: `mlflow.pyfunc.load_model(\"{st.model_uri}\")` "
-            f"(registered model version {st.model_version})."]
+    return [f"- Load the chosen config's model: `mlflow.pyfunc.load_model(\"{reg.uri}\")` "
+            f"(registered model version {reg.version})."]
 
 
 def answer_markdown(st: Study) -> str:

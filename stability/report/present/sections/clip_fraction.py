@@ -6,4 +6,5 @@ from stability.report.present import plots
 from stability.report.present.sections.section import Part, drawn
 
 SECTION = Part("clip fraction", lambda st: st,
-               figures=lambda st, folder: drawn(plots.clip_fraction(st.configs.frame(), folder)))
+               figures=lambda st, folder: drawn(plots.clip_fraction(st.findings.configs.frame(),
+                                                                    folder)))

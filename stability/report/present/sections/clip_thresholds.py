@@ -31,7 +31,7 @@ def _row(r: Recommendation) -> list[str]:
 
 def markdown(st: Study) -> str:
     """The thresholds, or nothing when no clip-off run has norms."""
-    recs = [r for r in st.advice if r.steps]
+    recs = [r for r in st.findings.advice if r.steps]
     if not recs:
         return ""
     share = f"{recs[0].target_share:.0%}"

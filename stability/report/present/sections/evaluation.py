@@ -29,7 +29,8 @@ def markdown(st: Study) -> str:
                      pm(t.acc.mean, t.acc.std, ACC_DIGITS), "", "as in the answer"])
     return lines(
         "## Test evaluation (chosen config only)", "",
-        table(["seed", "run", f"test loss ({st.loss_name})", "test acc", "MLflow", "note"], rows),
+        table(["seed", "run", f"test loss ({st.fetched.loss_name})", "test acc", "MLflow",
+               "note"], rows),
         "", f"Evaluated on `{t.device}` under each run's own precision from its "
         "`checkpoints/best.pt` artifact (the best-validation epoch).", "")
 

@@ -15,14 +15,15 @@ def markdown(st: Study) -> str:
 
 
 def _body(st: Study) -> list[str]:
-    an = st.analysis
+    an = st.evidence.analysis
     if an is None or not an.main:
         if an is not None and an.factors:
             return ["No level of a swept factor pairs with its reference on the same seeds (no "
                     "two configs differ in that factor alone): no factor effects.", ""]
         return ["The study swept no factor with two or more levels: no factor effects.", ""]
-    parts = [*decision_text.adaptive_line(st.sequential),
-             table(decision_text.FACTOR_HEADER, decision_text.factor_table(an, st.sequential)), "",
+    seq = st.evidence.sequential
+    parts = [*decision_text.adaptive_line(seq),
+             table(decision_text.FACTOR_HEADER, decision_text.factor_table(an, seq)), "",
              _method(an)]
     if an.dropped_cells:
         parts += ["", f"{an.dropped_cells} cell(s) of a contrast lacked a seed on one side: only "

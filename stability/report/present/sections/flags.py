@@ -8,7 +8,7 @@ from stability.report.present.study import Study
 
 def markdown(st: Study) -> str:
     """One line per flagged config."""
-    return lines("## Flags", "", [f"- `{r.label}`: {r.flag}" for r in st.configs if r.flag]
+    return lines("## Flags", "", [f"- `{r.label}`: {r.flag}" for r in st.findings.configs if r.flag]
                  or ["- none: every config has every seed, all finished."], "")
 
 

@@ -13,11 +13,12 @@ from stability.report.present.study import Study
 
 def figures(st: Study, folder: Path) -> Sequence[Drawn]:
     """One curve per plotted config that has a ``steps.csv``; the swept max_norms as lines."""
-    p = st.plotted
-    swept = list(dict.fromkeys(r.max_norm for r in st.configs if not math.isnan(r.max_norm)))
+    p, steps = st.findings.plotted, st.findings.steps
+    swept = list(dict.fromkeys(r.max_norm for r in st.findings.configs
+                               if not math.isnan(r.max_norm)))
     ids = p.rep_ids
-    return drawn(plots.grad_norm([(p.series[fp], st.steps[ids[fp]]) for _, fp in p.roles
-                                  if ids.get(fp) in st.steps],
+    return drawn(plots.grad_norm([(p.series[fp], steps[ids[fp]]) for _, fp in p.roles
+                                  if ids.get(fp) in steps],
                                  folder, swept))
 
 

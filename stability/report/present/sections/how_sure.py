@@ -14,8 +14,8 @@ def _table(st: Study) -> str:
     rows = [[c.question, c.reference, c.other, str(c.result.n), signed(c.result.mean_diff),
              signed_ci(c.result.low, c.result.high), pval(c.result.p_t), pval(c.p_adj),
              pval(c.result.p_wilcoxon), size(c.power.mdd), seeds(c.power.seeds_for_effect),
-             str(c.other_unfinished)] for c in st.comparisons]
-    power = st.comparisons[0].power if st.comparisons else None
+             str(c.other_unfinished)] for c in st.decided.comparisons]
+    power = st.decided.comparisons[0].power if st.decided.comparisons else None
     effect = size(power.effect) if power else "—"
     level = f"{power.power:.0%}" if power else ""
     return table(["question", "reference", "other", "paired seeds", "mean diff (other − ref)",
@@ -35,7 +35,7 @@ def _effect_words(st: Study) -> str:
 
 def _power_words(st: Study, seeds: int) -> str:
     """What the selection-adjusted test needs to say anything at these seeds."""
-    pairs = len(st.configs) * (len(st.configs) - 1) // 2
+    pairs = len(st.findings.configs) * (len(st.findings.configs) - 1) // 2
     if pairs < 1 or seeds < 2:
         return ""
     need = stats.t.ppf(1 - st.options.alpha / (2 * pairs), seeds - 1)
@@ -47,7 +47,7 @@ def _power_words(st: Study, seeds: int) -> str:
 
 def markdown(st: Study) -> str:
     """The comparison table and what it can and cannot say."""
-    n = len(st.runs["seed"].unique())
+    n = len(st.fetched.runs["seed"].unique())
     return lines(
         "## How sure (paired by seed, descriptive)", "", _table(st), "",
         _power_words(st, n) +

@@ -150,5 +150,5 @@ def figures(ln: LayerNorms, folder: Path) -> Sequence[Drawn]:
     return [Figure(fig.file, fig.title, caption)]
 
 
-# ``st.layer_norms`` is None when the report draws no figures (``report.plots=false``).
-SECTION = Part("per-layer norms", lambda st: st.layer_norms, figures=figures)
+# ``st.findings.layer_norms`` is None when the report draws no figures (``report.plots=false``).
+SECTION = Part("per-layer norms", lambda st: st.findings.layer_norms, figures=figures)

@@ -10,7 +10,7 @@ from stability.report.present.study import Study
 
 def analyse(st: Study) -> tuple[lr.LrCurve, ...] | None:
     """The curves when ``train.lr`` was swept; None otherwise."""
-    return st.lr_curves or None
+    return st.findings.lr_curves or None
 
 
 def markdown(curves: tuple[lr.LrCurve, ...]) -> str:

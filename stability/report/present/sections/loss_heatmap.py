@@ -6,10 +6,10 @@ accumulation, a panel per level of every other factor.
 
 from __future__ import annotations
 
-from stability.report.decide.factors import design_of
 from stability.report.present import plots
 from stability.report.present.sections.section import Part, drawn
 
 SECTION = Part("heatmap", lambda st: st,
                figures=lambda st, folder: drawn(plots.heatmap(
-                   st.configs.frame(), folder, design_of(st.runs), st.loss_name)))
+                   st.findings.configs.frame(), folder, st.evidence.design.of,
+                   st.fetched.loss_name)))

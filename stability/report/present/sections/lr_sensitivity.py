@@ -67,5 +67,5 @@ def draw(found: Sequence[LrCurve], loss_name: str = DEFAULT_LOSS_NAME) -> plt.Fi
 
 
 SECTION = Part("LR sensitivity", lambda st: st,
-               figures=lambda st, folder: drawn(lr_sensitivity(st.lr_curves, folder,
-                                                               st.loss_name)))
+               figures=lambda st, folder: drawn(lr_sensitivity(st.findings.lr_curves, folder,
+                                                               st.fetched.loss_name)))

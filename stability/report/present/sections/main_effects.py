@@ -76,17 +76,18 @@ def main_effects(an: FactorAnalysis, folder: Path, loss_name: str = DEFAULT_LOSS
 
 
 def _analyse(st: Study) -> Study | None:
-    return st if st.analysis is not None else None
+    return st if st.evidence.analysis is not None else None
 
 
 def _figures(st: Study, folder: Path) -> Sequence[Drawn]:
-    assert st.analysis is not None  # _analyse leaves a study without one out
-    return drawn(main_effects(st.analysis, folder, st.loss_name, chosen_levels(st)))
+    an = st.evidence.analysis
+    assert an is not None  # _analyse leaves a study without one out
+    return drawn(main_effects(an, folder, st.fetched.loss_name, chosen_levels(st)))
 
 
 def chosen_levels(st: Study) -> dict[str, str]:
     """Each decided factor's chosen level (one per factor, joint groups split)."""
-    dec = st.decision
+    dec = st.decided.decision
     return {f: lv for c in (dec.choices if dec is not None else ())
             for f, lv in zip(c.factors, c.levels[c.chosen], strict=True)}
 

@@ -78,4 +78,4 @@ def draw_max_norm_advice(recs: Sequence) -> plt.Figure:
 
 
 SECTION = Part("max_norm advice", lambda st: st,
-               figures=lambda st, folder: drawn(max_norm_advice(st.advice, folder)))
+               figures=lambda st, folder: drawn(max_norm_advice(st.findings.advice, folder)))

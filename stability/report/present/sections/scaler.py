@@ -12,10 +12,10 @@ from stability.report.present.study import Study
 
 def figures(st: Study, folder: Path) -> Sequence[Drawn]:
     """One curve per fp16 config shown whose representative run has a ``steps.csv``."""
-    p = st.plotted
+    p = st.findings.plotted
     ids = p.rep_ids
-    return drawn(plots.scaler_scale([(p.series[fp], st.steps[ids[fp]]) for fp in p.scaler
-                                     if ids.get(fp) in st.steps], folder))
+    return drawn(plots.scaler_scale([(p.series[fp], st.findings.steps[ids[fp]]) for fp in p.scaler
+                                     if ids.get(fp) in st.findings.steps], folder))
 
 
 SECTION = Part("fp16 scaler", lambda st: st, figures=figures)

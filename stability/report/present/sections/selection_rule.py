@@ -12,23 +12,23 @@ from stability.report.present.study import Study
 
 def _here(st: Study) -> list[str]:
     """One line per decided group: the chosen level and the step that decided it."""
-    dec = st.decision
+    dec = st.decided.decision
     if dec is None or not dec.choices:
         return []
-    firsts = first_levels(dec, st.steadied)
+    firsts = first_levels(dec, st.decided.steadied)
     out = []
     for c, first in zip(dec.choices, firsts, strict=True):
         level = ", ".join(level_name(f, lv) for f, lv in zip(c.factors, c.levels[c.chosen],
                                                              strict=True))
         heading = " × ".join(title(f) for f in c.factors)
-        out.append(f"- {heading} → {level}: {why(dec, c, c.chosen, first, st.steadied)}.")
+        out.append(f"- {heading} → {level}: {why(dec, c, c.chosen, first, st.decided.steadied)}.")
     return ["What decided each choice of this study (the answer table's `why` column):", "",
             *out, ""]
 
 
 def markdown(st: Study) -> str:
     """The rule, word for word as the decision applies it, then the ranking's."""
-    w, lowest = st.winner, st.configs.lowest
+    w, lowest = st.findings.configs.winner, st.findings.configs.lowest
     rank = ("it also has the lowest mean" if w.rank == 1 else
             f"it ranks {w.rank} by its mean; the lowest mean is `{lowest.label}` (rank 1)")
     return lines("## Selection rule", "", DECISION_RULE + ".", "", *_here(st),

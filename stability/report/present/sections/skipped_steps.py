@@ -18,7 +18,7 @@ NONE_SKIPPED = "Skipped steps: no config skipped an optimizer step, so there is 
 
 def figures(st: Study, folder: Path) -> Sequence[Drawn]:
     """The skipped-steps bars of the configs that skipped, or the line saying none did."""
-    fig = plots.skipped_steps(st.configs.frame(), folder)
+    fig = plots.skipped_steps(st.findings.configs.frame(), folder)
     return (fig,) if fig is not None else (NONE_SKIPPED,)
 
 

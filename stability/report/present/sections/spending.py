@@ -78,8 +78,8 @@ def section(sp: Spending) -> list[str]:
     return lines + [""]
 
 
-SECTION = Part("how the study spent its runs", lambda st: st.spending,
+SECTION = Part("how the study spent its runs", lambda st: st.evidence.spending,
                markdown=lambda sp: lines("## How the study spent its runs", "", section(sp)))
 # Its figure comes last among the figures, after the per-layer norms: a second registry entry.
-FIGURE = Part("adaptive seeds", lambda st: st.spending,
+FIGURE = Part("adaptive seeds", lambda st: st.evidence.spending,
               figures=lambda sp, folder: drawn(figure(sp, folder)))

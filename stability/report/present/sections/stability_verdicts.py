@@ -11,7 +11,7 @@ def markdown(st: Study) -> str:
     failed ``stability check`` of the same task, if the experiment holds one
     (``Findings.check_lines``)."""
     named = [f"- `{r.label}`: **{r.stability}**: {r.stability_reason}"
-             for r in st.configs if r.stability != "stable"]
+             for r in st.findings.configs if r.stability != "stable"]
     return lines("## Stability verdicts", "", named or ["- every config is stable."],
                  st.findings.check_lines, "",
                  "Judged per seed from `steps.csv` and the run's outcome, worst seed wins; "

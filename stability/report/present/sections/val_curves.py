@@ -20,5 +20,5 @@ def figures(vc: ValCurves, folder: Path) -> Sequence[Drawn]:
     return drawn(plots.val_loss_curves(list(vc.curves), folder, vc.loss_name))
 
 
-# ``st.val_curves`` is None when the report draws no figures (``report.plots=false``).
-SECTION = Part("validation curves", lambda st: st.val_curves, figures=figures)
+# ``st.findings.val_curves`` is None when the report draws no figures (``report.plots=false``).
+SECTION = Part("validation curves", lambda st: st.findings.val_curves, figures=figures)
