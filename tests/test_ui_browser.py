@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from stability.core.config import TrackingConfig, to_run_config
 from stability.sweep.job import train_tracked
-from stability.sweep.parent import open_sweep_run
+from stability.sweep.parent import SweepSetup, open_sweep_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
 
@@ -42,8 +42,9 @@ def test_sweep_runs_appear_in_the_mlflow_ui(mlflow_server, tmp_path: Path) -> No
     assert Path(CHROMIUM).exists(), "install Chromium: apt-get install chromium (make setup-dev)"
     uri, exp = mlflow_server.uri, f"ui-{uuid.uuid4().hex[:8]}"
     sweep_id = f"ui-{uuid.uuid4().hex[:6]}"
-    parent, _ = open_sweep_run(TrackingConfig(uri=uri, experiment=exp), sweep_id, grid_size=2,
-                               unique=2, arguments=["seed=0,1"], params={"seed": "0,1"},
+    setup = SweepSetup(sweep_id=sweep_id, grid_size=2, arguments=("seed=0,1",),
+                       grid={"seed": "0,1"})
+    parent, _ = open_sweep_run(TrackingConfig(uri=uri, experiment=exp), setup, unique=2,
                                resume=True)
     names = []
     for seed in (0, 1):

@@ -1,9 +1,9 @@
 """Handing a sweep's jobs to the launcher: streamed through the worker pool, or in batches.
 
 Either way the status display (``display.Display``) is updated as results arrive, a failed
-job is logged and counted (never raised), and ``started`` collects the positions of jobs that
-ran, for the parent run's ``runs_launched``. Streamed, a job's start is its pool start mark;
-in batches, every job of a batch starts with it.
+job is logged and counted (never raised), and ``Watch.started`` collects the positions of jobs
+that ran, for the parent run's ``runs_launched``. Streamed, a job's start is its pool start
+mark; in batches, every job of a batch starts with it.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.core.utils import JobReturn, JobStatus
@@ -41,8 +42,23 @@ def _log_failure(result: JobReturn) -> None:
                   result._return_value)
 
 
+@dataclass(frozen=True)
+class Watch:
+    """What a launch updates as a round's jobs start and end (positions in launch order).
+
+    Attributes:
+        display: the status area, told each job's start and end.
+        started: receives the position of every job that ran.
+        ended: receives each job's ``JobReturn`` by position, as it ends.
+    """
+
+    display: Display
+    started: set[int]
+    ended: dict[int, JobReturn]
+
+
 def stream(launcher: Launcher, jobs: list[list[str]], offset: int, state_dir: Path,
-           display: Display, started: set[int], ended: dict[int, JobReturn]) -> None:
+           watch: Watch) -> None:
     """Every job through ``launcher.stream`` (``pool.PoolLauncher``); the display per job.
 
     Args:
@@ -50,17 +66,15 @@ def stream(launcher: Launcher, jobs: list[list[str]], offset: int, state_dir: Pa
         jobs: each job's overrides, in launch order.
         offset: Hydra job number of the first job.
         state_dir: the sweep's pool state folder (stop file, start marks).
-        display: updated as each job ends (its ``poll`` reads the start marks).
-        started: receives the position of every job that ran.
-        ended: receives each job's ``JobReturn`` by position, as it ends.
+        watch: updated as each job ends (the display's ``poll`` reads the start marks).
     """
     for i, result in launcher.stream(jobs, offset, state_dir):  # type: ignore[attr-defined]
         if result is None:  # the sweep was stopped before this job started
             continue
-        started.add(i)
+        watch.started.add(i)
         _log_failure(result)
-        ended[i] = result
-        display.end(i, value(result))
+        watch.ended[i] = result
+        watch.display.end(i, value(result))
 
 
 def poll_marks(display: Display, state_dir: Path, offset: int, n: int) -> None:
@@ -77,28 +91,35 @@ def poll_marks(display: Display, state_dir: Path, offset: int, n: int) -> None:
 
 
 def batches(launcher: Launcher, jobs: list[list[str]], costs: list[float], offset: int,
-            size: int, display: Display, started: set[int], stop: StopRequest,
-            ended: dict[int, JobReturn]) -> None:
+            size: int, stop: StopRequest, watch: Watch) -> None:
     """Batch after batch of ``size`` (0: one batch), for launchers that return at a list's end.
 
     A batch's results all arrive at its end, so each job's duration is taken as the batch's
     wall time scaled by its expected cost against the batch's longest (``costs``).
-    Other args are those of ``stream``, plus ``stop`` (no new batch once requested).
+
+    Args:
+        launcher: any Hydra launcher (``launch`` returns a batch's results at its end).
+        jobs: each job's overrides, in launch order.
+        costs: each job's expected cost (``schedule.order``), in the same order.
+        offset: Hydra job number of the first job.
+        size: jobs per batch (0: one batch).
+        stop: the sweep's stop request: no new batch once requested.
+        watch: a batch's jobs start with it and end at its end.
     """
     first = 0
     for batch in chunks(jobs, size):
         positions = range(first, first + len(batch))
-        started.update(positions)  # before: it may be killed
+        watch.started.update(positions)  # before: it may be killed
         t0 = time.time()
         for i in positions:
-            display.start(i, t0)
+            watch.display.start(i, t0)
         results = launcher.launch(batch, initial_job_idx=offset + first)
         wall = time.time() - t0
         longest = max(costs[i] for i in positions)
         for i, r in zip(positions, results, strict=False):
             _log_failure(r)
-            ended[i] = r
-            display.end(i, value(r), duration=wall * costs[i] / longest)
+            watch.ended[i] = r
+            watch.display.end(i, value(r), duration=wall * costs[i] / longest)
         first += len(batch)
         if stop.requested:
             break

@@ -232,23 +232,40 @@ class SweepRun:
         return counts
 
 
-def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, unique: int,
-                   arguments: Sequence[str], params: Mapping[str, Any],
-                   resume: bool, sweep_dir: Path | None = None, tasks: Sequence[str] = ()
+@dataclass(frozen=True)
+class SweepSetup:
+    """What a sweep is, as its parent run records it (the same for every round).
+
+    Attributes:
+        sweep_id: this sweep's id.
+        grid_size: grid points before de-duplication.
+        arguments: the sweep's command-line overrides (recorded on the parent run).
+        grid: every grid and command-line override ``{key: "v1,v2"}`` (recorded as
+            ``grid.<key>`` params).
+        sweep_dir: the sweep's folder (``hydra.sweep.dir``): its pending runs are synced
+            and only its folders are acted on (None: none, nothing synced).
+    """
+
+    sweep_id: str
+    grid_size: int
+    arguments: Sequence[str] = ()
+    grid: Mapping[str, str] = field(default_factory=dict)
+    sweep_dir: Path | None = None
+
+
+def open_sweep_run(tracking: TrackingConfig, setup: SweepSetup, unique: int, resume: bool,
+                   tasks: Sequence[str] = ()
                    ) -> tuple[SweepRun, Mapping[tuple[str, int], Recorded]]:
     """Check the store, create experiment and parent run; read what is already done.
 
     Args:
         tracking: the sweep's tracking settings (the same for every point).
-        sweep_id: this sweep's id.
-        grid_size: points before de-duplication.
+        setup: the sweep's id, grid and folder (recorded on the parent run); the folder's
+            pending runs are synced first (so a run that finished while the server was away
+            counts as done), and RUNNING runs of the experiment without heartbeat are ended
+            as KILLED.
         unique: points after de-duplication.
-        arguments: the sweep's command-line overrides (recorded on the parent run).
-        params: the configured grid ``{key: "v1,v2"}`` (recorded as ``grid.<key>`` params).
         resume: read the ``(fingerprint, seed)`` already FINISHED (else report none).
-        sweep_dir: the sweep's folder: its pending runs are synced first (so a run that
-            finished while the server was away counts as done), and RUNNING runs of the
-            experiment without heartbeat are ended as KILLED.
         tasks: the sweep's own task import paths: a FINISHED run's config may name one of
             them or a built-in task (``Adoptable``).
 
@@ -265,6 +282,7 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
     configure_http(tracking.request_timeout_s)
     check_reachable(uri)
     exp_id = ensure_experiment(uri, tracking.experiment)
+    sweep_dir, sweep_id = setup.sweep_dir, setup.sweep_id
     synced = len(sync_paths([sweep_dir], uri)) if sweep_dir else 0
     roots = [sweep_dir] if sweep_dir else []
     stale = end_stale_runs(uri, tracking.experiment, tracking.stale_after_s, roots=roots)
@@ -274,14 +292,14 @@ def open_sweep_run(tracking: TrackingConfig, sweep_id: str, grid_size: int, uniq
     c = client(uri)
     from mlflow.entities import Param  # after client(): it imports MLflow (lean)
 
-    tags = {Tag.KIND: Kind.SWEEP, Tag.SWEEP_ID: sweep_id, Tag.GRID_SIZE: str(grid_size),
-            Tag.GRID_UNIQUE: str(unique), Tag.OVERRIDES: redact_uri(" ".join(arguments)),
+    tags = {Tag.KIND: Kind.SWEEP, Tag.SWEEP_ID: sweep_id, Tag.GRID_SIZE: str(setup.grid_size),
+            Tag.GRID_UNIQUE: str(unique), Tag.OVERRIDES: redact_uri(" ".join(setup.arguments)),
             Tag.GIT_COMMIT: git_commit(), Tag.OUTCOME: Outcome.RUNNING,
             Tag.PROCESS: process_tag(), Tag.HEARTBEAT: str(now_ms())}
     tags = {k: str(v) for k, v in tags.items()}
     run = c.create_run(exp_id, tags=tags, run_name=f"sweep {sweep_id}")
     grid = [Param("grid." + re.sub(r"[^\w\-. :/]", "_", k), str(v)[:MAX_PARAM_CHARS])
-            for k, v in params.items()]  # MLflow's allowed key characters
+            for k, v in setup.grid.items()]  # MLflow's allowed key characters
     # written once, with the parent: the report then requires the record (children.promised)
     record = Param(children.RECORD_PARAM, Artifact.SWEEP_RUNS)
     c.log_batch(run.info.run_id, params=[record, *grid[:99]], synchronous=True)

@@ -66,6 +66,23 @@ class Launching:
     stream: TextIO | None = None
 
 
+@dataclass(frozen=True)
+class RoundPlan:
+    """One round's jobs: the points to launch and where each one's job goes.
+
+    Attributes:
+        todo: the points to run, not yet ordered.
+        skipped: points of this round not launched because they already FINISHED.
+        resume: the folder of each point that resumes from a checkpoint.
+        offset: Hydra job number of the round's first job.
+    """
+
+    todo: Sequence[SweepPoint]
+    skipped: int
+    resume: Mapping[Key, Path]
+    offset: int
+
+
 @dataclass
 class RoundOutcome:
     """What one round did."""
@@ -79,21 +96,18 @@ class RoundOutcome:
     progress: Progress | None = None
 
 
-def run_round(how: Launching, todo: Sequence[SweepPoint], skipped: int, session: Session,
-              resume: Mapping[Key, Path], offset: int, stop: StopRequest,
+def run_round(how: Launching, plan: RoundPlan, session: Session, stop: StopRequest,
               out: RoundOutcome) -> None:
-    """Launch ``todo`` and fill ``out`` as jobs end (so a stopped round still counts).
+    """Launch ``plan.todo`` and fill ``out`` as jobs end (so a stopped round still counts).
 
     Args:
         how: the launcher and the status area's settings.
-        todo: the points to run, not yet ordered.
-        skipped: points of this round not launched because they already FINISHED.
+        plan: the round's points, the skipped count, resumed folders and first job number.
         session: the sweep's tracking (job overrides).
-        resume: the folder of each point that resumes from a checkpoint.
-        offset: Hydra job number of the round's first job.
         stop: the sweep's stop request (no new batch once requested).
         out: receives the outcome.
     """
+    todo, resume, offset = plan.todo, plan.resume, plan.offset
     # Longest first: a pool that takes the next job as a core frees ends soonest that way;
     # without measured costs, one job of each kind first, so the ETA measures every kind.
     observed = session.run.costs if session.run else None
@@ -104,21 +118,22 @@ def run_round(how: Launching, todo: Sequence[SweepPoint], skipped: int, session:
     if how.job_dirs:
         out.job_dirs = {p.key: how.sweep_dir / str(offset + i) for i, p in enumerate(points)}
     out.job_dirs |= {p.key: resume[p.key] for p in points if p.key in resume}
-    progress = out.progress = Progress.of(points, costs, how.workers or len(points), skipped)
+    progress = out.progress = Progress.of(points, costs, how.workers or len(points),
+                                          plan.skipped)
     display = Display(progress, how.title, how.progress, how.progress_every_s,
                       poll=(lambda: launch.poll_marks(display, how.state_dir, offset,
                                                       len(points)))
                       if how.streams else None, stream=how.stream)
     jobs = [session.job_overrides(p, resume) for p in points]
     ended: dict[int, JobReturn] = {}
+    watch = launch.Watch(display=display, started=out.launched, ended=ended)
     try:
         with display:
             if how.streams:
-                launch.stream(how.launcher, jobs, offset, how.state_dir, display, out.launched,
-                              ended)
+                launch.stream(how.launcher, jobs, offset, how.state_dir, watch)
             else:
-                launch.batches(how.launcher, jobs, costs, offset, how.batch_size, display,
-                               out.launched, stop, ended)
+                launch.batches(how.launcher, jobs, costs, offset, how.batch_size, stop=stop,
+                               watch=watch)
     finally:
         for i, p in enumerate(points):
             if i in ended:

@@ -22,6 +22,7 @@ from stability.sweep.grid import SweepPoint, override_key
 from stability.sweep.parent import (
     Recorded,
     SweepRun,
+    SweepSetup,
     open_sweep_run,
     override,
     recorded_of,
@@ -102,7 +103,7 @@ class Session:
                    else []))
 
     def close(self, status: str, summary: Mapping[str, int], job_dirs: Mapping[Key, Path],
-              sweep_dir: Path, say: Callable[[str], None],
+              sweep_dir: Path | None, say: Callable[[str], None],
               scheduler_killed: Set[Key] = frozenset()) -> dict[str, int]:
         """Sync, close orphaned runs and end the parent run; returns extra summary counts.
 
@@ -112,7 +113,7 @@ class Session:
             return {}
         run = self.run
         try:
-            synced = len(sync_paths([sweep_dir], run.uri))
+            synced = len(sync_paths([sweep_dir], run.uri)) if sweep_dir else 0
             say(f"synced {synced} pending runs of this sweep")
             orphans = run.close_orphans(job_dirs, killed=status == "KILLED",
                                         scheduler_killed=scheduler_killed)
@@ -125,19 +126,13 @@ class Session:
             return {}
 
 
-def open_session(points: Sequence[SweepPoint], grid_size: int, sweep_id: str,
-                 arguments: Sequence[str], grid: Mapping[str, str], resume: bool,
-                 sweep_dir: Path) -> Session:
+def open_session(points: Sequence[SweepPoint], setup: SweepSetup, resume: bool) -> Session:
     """Check the store and open the sweep's parent run (see the module docstring).
 
     Args:
         points: the first round's points (their tracking settings must agree).
-        grid_size: grid points before de-duplication.
-        sweep_id: this sweep's id.
-        arguments: the sweep's command-line overrides.
-        grid: every grid and command-line override, recorded on the parent run.
+        setup: the sweep's id, grid and folder (its pending runs are synced first).
         resume: skip points already FINISHED in the experiment.
-        sweep_dir: the sweep's folder (its pending runs are synced first).
 
     Raises:
         SweepError: settings that vary within the sweep or bad credentials (exit 2); a store
@@ -162,8 +157,8 @@ def open_session(points: Sequence[SweepPoint], grid_size: int, sweep_id: str,
     except (AuthError, ConfigError) as err:
         raise SweepError(str(err), 2) from None
     try:
-        run, done = open_sweep_run(tracking, sweep_id, grid_size, len(points), arguments, grid,
-                                   resume, sweep_dir, [p.cfg.task.target for p in points])
+        run, done = open_sweep_run(tracking, setup, len(points), resume,
+                                   [p.cfg.task.target for p in points])
     except (TrackingError, ConfigError, ForeignArtifacts) as err:
         raise SweepError(str(err), 1) from None
     except Exception as err:  # e.g. MlflowException: a store that refuses the sweep

@@ -44,9 +44,9 @@ from stability.sweep.compose import CachedComposer
 from stability.sweep.display import check_mode
 from stability.sweep.errors import SweepError
 from stability.sweep.grid import Axis, SweepPoint, axes_lines, dedupe, grid_axes, make_point
-from stability.sweep.parent import next_job_index
+from stability.sweep.parent import SweepSetup, next_job_index
 from stability.sweep.progress import format_duration
-from stability.sweep.rounds import Launching, RoundOutcome, run_round
+from stability.sweep.rounds import Launching, RoundOutcome, RoundPlan, run_round
 from stability.sweep.session import Session, open_session
 from stability.sweep.strategy_base import SKIPPED, PointResult, Strategy, settings_of
 from stability.sweep.strategy_registry import DEFAULT, load_strategy, names
@@ -83,6 +83,7 @@ class StabilitySweeper(BasicSweeper):
         stream: where the status area writes (None: stdout).
     """
 
+    # Hydra instantiates it from the sweeper config's keys: one keyword each, no record.
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None,
                  resume: bool = True, dry_run: bool = False, progress: str = "auto",
                  progress_every_s: float = 60.0, verbose: bool = False,
@@ -229,8 +230,9 @@ class StabilitySweeper(BasicSweeper):
         sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         sweep_dir = Path(self.config.hydra.sweep.dir)
         scrub_hydra_files(sweep_dir)
-        session = open_session(batch, grid_size, sweep_id, arguments, self.grid, self.resume,
-                               sweep_dir)
+        setup = SweepSetup(sweep_id=sweep_id, grid_size=grid_size, arguments=tuple(arguments),
+                           grid=self.grid, sweep_dir=sweep_dir)
+        session = open_session(batch, setup, self.resume)
         session.tag(strategy.tags())
         state_dir = sweep_dir / f".pool-{sweep_id}"  # stop file, jobs' start marks (pool)
         how = Launching(launcher=self.launcher, streams=self._streams(),
@@ -260,8 +262,9 @@ class StabilitySweeper(BasicSweeper):
                         self.say(f"round {len(rounds) + 1}: {len(todo)} more points to run")
                     rounds.append(RoundOutcome())
                     session.record(planned=[p.key for p in batch])
-                    run_round(how, todo, len(batch) - len(todo), session, resume, offset, stop,
-                              rounds[-1])
+                    plan = RoundPlan(todo=todo, skipped=len(batch) - len(todo), resume=resume,
+                                     offset=offset)
+                    run_round(how, plan, session, stop, rounds[-1])
                     session.record(folders=list(rounds[-1].job_dirs.values()))
                     if stop.requested:
                         raise stop.exception()
@@ -274,8 +277,8 @@ class StabilitySweeper(BasicSweeper):
             raise
         finally:
             shutil.rmtree(state_dir, ignore_errors=True)
-            self._summary(session, status, grid_size, len(seen) or len(points), skipped,
-                          rounds, sweep_dir, time.time() - started)
+            self._summary(session, setup, status, unique=len(seen) or len(points),
+                          skipped=skipped, rounds=rounds, elapsed=time.time() - started)
         return [r.returns for r in rounds]
 
     def strategy_settings(self, make_strategy: type[Strategy]) -> Any:
@@ -340,18 +343,28 @@ class StabilitySweeper(BasicSweeper):
         OmegaConf.save(self.config, state_dir.parent / "multirun.yaml")
         state_dir.mkdir(parents=True)
 
-    def _summary(self, session: Session, status: str, grid_size: int, unique: int, skipped: int,
-                 rounds: Sequence[RoundOutcome], sweep_dir: Path, elapsed: float) -> None:
-        """Close the sweep's tracking and say its one-line outcome."""
+    def _summary(self, session: Session, setup: SweepSetup, status: str, unique: int,
+                 skipped: int, rounds: Sequence[RoundOutcome], elapsed: float) -> None:
+        """Close the sweep's tracking and say its one-line outcome.
+
+        Args:
+            session: the sweep's tracking, closed here.
+            setup: the sweep's grid size and folder (synced, its orphaned runs closed).
+            status: how the sweep ended (FINISHED, FAILED or KILLED).
+            unique: points the sweep planned, after de-duplication.
+            skipped: points not launched because they already FINISHED.
+            rounds: what each round did.
+            elapsed: seconds since the first round started.
+        """
         job_dirs: dict[Any, Path] = {}
         for r in rounds:
             job_dirs |= r.job_dirs
-        summary = {"runs_grid": grid_size, "runs_unique": unique,
+        summary = {"runs_grid": setup.grid_size, "runs_unique": unique,
                    "runs_launched": sum(len(r.launched) for r in rounds),
                    "runs_skipped_done": skipped,
                    "runs_not_finished": sum(r.failed for r in rounds)}
         killed = set().union(*(r.scheduler_killed for r in rounds))
-        summary |= session.close(status, summary, job_dirs, sweep_dir, self.say, killed)
+        summary |= session.close(status, summary, job_dirs, setup.sweep_dir, self.say, killed)
         self.say(f"{status.lower()} after {format_duration(elapsed)}: "
                  + ", ".join(f"{k.removeprefix('runs_')}={int(v)}" for k, v in summary.items()))
         if session.run is not None:

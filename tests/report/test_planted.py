@@ -221,7 +221,7 @@ def test_a_yaml_alias_bomb_is_refused_before_any_walk(tmp_path: Path) -> None:
     (``trusted._interpolations`` walked it as a tree) and a resumed sweep (``Adoptable``).
     Now a recorded config with an anchor or alias is refused when it is read."""
     from stability.core.config import TrackingConfig
-    from stability.sweep.parent import open_sweep_run
+    from stability.sweep.parent import SweepSetup, open_sweep_run
     from stability.tracking.trusted import Untrusted, read_recorded
 
     bomb = tmp_path / "bomb" / "config.yaml"
@@ -241,8 +241,8 @@ def test_a_yaml_alias_bomb_is_refused_before_any_walk(tmp_path: Path) -> None:
     assert (f"run {rid} is unreadable, counted as not finished: unreadable run: its config.yaml "
             "is refused: config.yaml holds a YAML anchor or alias") in text
     fp = c.get_run(rid).data.tags[Tag.FINGERPRINT]
-    run, done = open_sweep_run(TrackingConfig(uri=uri, experiment="p6"), "again", 1, 1, [], {},
-                               True, tmp_path / "sweep")
+    setup = SweepSetup(sweep_id="again", grid_size=1, sweep_dir=tmp_path / "sweep")
+    run, done = open_sweep_run(TrackingConfig(uri=uri, experiment="p6"), setup, 1, True)
     assert (fp, 0) not in done  # refused, not walked: the point runs again
     run.close("FINISHED", {})
     assert time.monotonic() - t0 < 60

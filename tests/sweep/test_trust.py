@@ -111,11 +111,11 @@ def _killed_point(folder: Path) -> Any:
 
 def _sweep(tmp: Path, exp: str) -> Any:
     from stability.core.config import TrackingConfig
-    from stability.sweep.parent import open_sweep_run
+    from stability.sweep.parent import SweepSetup, open_sweep_run
 
-    run, _ = open_sweep_run(TrackingConfig(uri=sqlite_store(tmp / "mlflow.db"),
-                                           experiment=exp), "s31", 1, 1, [], {}, True,
-                            tmp / "sweep")
+    run, _ = open_sweep_run(TrackingConfig(uri=sqlite_store(tmp / "mlflow.db"), experiment=exp),
+                            SweepSetup(sweep_id="s31", grid_size=1, sweep_dir=tmp / "sweep"), 1,
+                            True)
     return run
 
 
@@ -298,7 +298,7 @@ def test_a_planted_finished_run_is_not_adopted_and_the_point_runs_again(
     FINISHED run is, and of a point with both, the newest run that is backed stands."""
     from stability.core.config import TrackingConfig
     from stability.core.identity import fingerprint
-    from stability.sweep.parent import open_sweep_run
+    from stability.sweep.parent import SweepSetup, open_sweep_run
     from stability.tracking.uri import client, ensure_experiment
 
     uri = sqlite_store(tmp_path / "mlflow.db")
@@ -320,8 +320,9 @@ def test_a_planted_finished_run_is_not_adopted_and_the_point_runs_again(
         0: _planted(c, exp_id, fp, 0, {"best_val_loss": 0.0001}),  # newer than the real seed 0
     }
     with caplog.at_level("WARNING"):
-        run, done = open_sweep_run(TrackingConfig(uri=uri, experiment="g31"), "g31", 5, 5, [],
-                                   {}, True, tmp_path / "sweep", [cfg.task.target])
+        setup = SweepSetup(sweep_id="g31", grid_size=5, sweep_dir=tmp_path / "sweep")
+        run, done = open_sweep_run(TrackingConfig(uri=uri, experiment="g31"), setup, 5, True,
+                                   [cfg.task.target])
         assert [(fp, s) in done for s in range(5)] == [True, False, False, False, False]
     own = c.search_runs([exp_id], f"tags.`stability.seed` = '0' and tags.`stability.outcome` "
                         f"= 'finished' and attributes.run_id != '{planted[0]}'")[0]
