@@ -61,7 +61,7 @@ MUTANTS = [
      "return np.where(p_equiv_holm < alpha, EQUIVALENT,",
      "return np.where(p_equiv_holm < 2 * alpha, EQUIVALENT,"),
     ("alpha not split over the choices", "stability/report/decide/winner.py",
-     "delta, alpha / len(parts),", "delta, alpha,"),
+     "alpha=alpha / len(parts),", "alpha=alpha,"),
     ("decide: full alpha at every look (no spending)", "stability/stats/shown.py",
      "share = float(plan.spend[k])", "share = float(plan.alpha)"),
 ]

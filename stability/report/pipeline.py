@@ -60,6 +60,21 @@ class ReportOutcome:
 
 
 @dataclass(frozen=True)
+class _ReportRun:
+    """The report run being written and its places.
+
+    Attributes:
+        run_id: the report run (it logs and registers the winner's model).
+        folder: the report folder; its ledger names the versions its reports registered.
+        scratch: the report's scratch folder for downloads.
+    """
+
+    run_id: str
+    folder: Path
+    scratch: Path
+
+
+@dataclass(frozen=True)
 class _Presented:
     """What ``_present`` wrote into the staging folder."""
 
@@ -106,8 +121,8 @@ def build_report(cfg: ReportConfig) -> ReportOutcome:
             findings = stages.examine(c, cfg, fetched, evidence, decided, cache, stepped)
             publish.tag_findings(c, report_run, findings.configs.winner, list(findings.advice))
             test = _sealed_test(c, cfg, fetched, decided, cache / "winner")
-            registered = (_register(c, uri, cfg, fetched, findings.configs.winner, test,
-                                    report_run, cache / "model", folder)
+            here = _ReportRun(run_id=report_run, folder=folder, scratch=cache)
+            registered = (_register(c, uri, cfg, fetched, findings.configs.winner, test, here)
                           if cfg.register else Registered())
             study = Study(options=cfg, tracking_uri=redact_uri(uri), fetched=fetched,
                           evidence=evidence, decided=decided, findings=findings, test=test,
@@ -161,9 +176,19 @@ def _present(study: Study, staging: Path, report_run: str, commit: str,
 
 
 def _register(c: Any, uri: str, cfg: ReportConfig, fetched: stages.Fetched, winner: ConfigRow,
-              test: WinnerTestResult, report_run: str, workdir: Path,
-              folder: Path) -> Registered:
-    """Register the winner's best seed (chosen on validation); a failure is one of its notes."""
+              test: WinnerTestResult, here: _ReportRun) -> Registered:
+    """Register the winner's best seed (chosen on validation); a failure is one of its notes.
+
+    Args:
+        c: the MLflow client.
+        uri: the tracking URI it talks to.
+        cfg: the report's settings (``registered_model``, ``task``).
+        fetched: the sweep's runs.
+        winner: the winner's row of the config table.
+        test: the winner's sealed test (its numbers become version tags).
+        here: the report run that registers it, its folder and its scratch folder (the
+            checkpoint is downloaded under ``scratch / "model"``).
+    """
     runs = fetched.runs
     notes: list[str] = []
     mine = runs[(runs["fingerprint"] == winner.fingerprint) & (runs["outcome"] == "finished")]
@@ -171,11 +196,11 @@ def _register(c: Any, uri: str, cfg: ReportConfig, fetched: stages.Fetched, winn
         return Registered(notes=("no finished run of the winner: nothing registered",))
     best = mine.sort_values(["best_val_loss", "seed"]).iloc[0]  # chosen on validation
     try:
-        loadable = load_winner(c, str(best["run_id"]), workdir, winner.fingerprint,
-                               allowed_tasks(cfg.task))
+        loadable = load_winner(c, str(best["run_id"]), here.scratch / "model",
+                               winner.fingerprint, allowed_tasks(cfg.task))
         candidate = publish.Candidate(sweep=fetched.sweep, winner=winner, run=best, test=test,
-                                      loadable=loadable, report_run_id=report_run,
-                                      folder=folder)
+                                      loadable=loadable, report_run_id=here.run_id,
+                                      folder=here.folder)
         version, created = publish.register_winner(c, uri, cfg.registered_model, candidate,
                                                    notes)
     except Exception as err:  # the report stands without a registry entry

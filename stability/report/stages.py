@@ -22,6 +22,7 @@ from stability.design.margin import Margin
 from stability.report.decide import compare, decided, factors, memory, select, spending
 from stability.report.decide.steady import Steadied, prefer_stable
 from stability.report.decide.table import ConfigTable, StabilityVerdict, VersusWinner
+from stability.report.decide.winner import Settings
 from stability.report.decide.winner import decide as decide_winner
 from stability.report.evidence import adoption, fetch, steps_csv
 from stability.report.evidence.trust import allowed_tasks
@@ -172,8 +173,9 @@ class Decided:
 def decide(fetched: Fetched, evidence: Evidence, cfg: ReportConfig) -> Decided:
     """Choose the winner on validation and compare it with the rest, paired by seed."""
     runs, margin = fetched.runs, evidence.margin
-    decision = decide_winner(runs, fetched.configs, evidence.analysis, margin, cfg.alpha,
-                             cfg.cost_tolerance, power=cfg.power,
+    settings = Settings(margin=margin, alpha=cfg.alpha, cost_tolerance=cfg.cost_tolerance,
+                        power=cfg.power)
+    decision = decide_winner(runs, fetched.configs, evidence.analysis, settings,
                              spent=evidence.decided, designed=evidence.design)
     return _against(fetched, decision, margin, cfg)
 

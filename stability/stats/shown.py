@@ -58,7 +58,7 @@ import numpy as np
 
 from stability.stats import best as mcb
 from stability.stats import cost as costs
-from stability.stats.choice import joint, level_choice
+from stability.stats.choice import Terms, joint, level_choice
 from stability.stats.sequential import Plan
 
 MarginOf = Callable[[np.ndarray], np.ndarray]  # lowest config mean(s) -> margin(s), loss units
@@ -103,22 +103,36 @@ class Look:
         return self.settled.all(axis=-1)
 
 
-def look(y: np.ndarray, ran: np.ndarray, plan: Plan, k: int, margin_of: MarginOf,
-         simple: Sequence[np.ndarray], seconds: np.ndarray | None = None,
-         tolerance: float = costs.FLOOR) -> Look:
+@dataclass(frozen=True)
+class Setup:
+    """A decide study's fixed terms: what every one of its looks decides with.
+
+    Attributes:
+        plan: the rounds and the error spending.
+        margin_of: the margin in loss units given the lowest config mean (vectorised).
+        simple: per factor, each level's simplicity rank (0 simplest).
+        tolerance: a share a cost difference must exceed (``report.cost_tolerance``).
+    """
+
+    plan: Plan
+    margin_of: MarginOf
+    simple: Sequence[np.ndarray]
+    tolerance: float = costs.FLOOR
+
+
+def look(y: np.ndarray, ran: np.ndarray, k: int, setup: Setup,
+         seconds: np.ndarray | None = None) -> Look:
     """Look ``k`` (0-based) on what is recorded.
 
     Args:
         y: best validation loss per run ``[batch..., levels..., seed]`` (NaN: not finished or
             not run); at least ``n_k`` seeds wide.
         ran: like ``y``: which runs are recorded (finished or not).
-        plan: the rounds and the error spending.
         k: the look.
-        margin_of: the margin in loss units given the lowest config mean (vectorised).
-        simple: per factor, each level's simplicity rank (0 simplest).
+        setup: the study's plan, margin, simplicity ranks and cost floor.
         seconds: training seconds per run, broadcastable to ``y`` (None: cost decides nothing).
-        tolerance: a share a cost difference must exceed (``report.cost_tolerance``).
     """
+    plan, simple, tolerance = setup.plan, setup.simple, setup.tolerance
     nf = len(simple)
     n = plan.looks[k]
     y, ran = np.asarray(y, dtype=float), np.asarray(ran, dtype=bool)
@@ -132,13 +146,13 @@ def look(y: np.ndarray, ran: np.ndarray, plan: Plan, k: int, margin_of: MarginOf
     worst = np.where(np.isfinite(worst), worst, np.nan)  # no finished run: nothing to floor at
     y = np.where(ran, np.where(finished, y, worst), np.nan)  # unfinished: the worst finished
     secs = np.where(ran, secs, np.nan)
-    margin = _margin(y, ran, finished, lead, nf, margin_of)
+    margin = _margin(y, ran, finished, lead, nf, setup.margin_of)
     delta = np.where(np.isfinite(margin), margin, -np.inf)  # no margin: nothing is within
     share = float(plan.spend[k])
+    terms = Terms(delta=delta, alpha=share / nf, tolerance=tolerance, constrained=True)
     status, upper, gap, picks, settled = [], [], [], [], []
     for f in range(nf):
-        b, _, pick = level_choice(y, nf, [f], delta, share / nf, secs, np.asarray(simple[f]),
-                                  tolerance, constrained=True)
+        b, _, pick = level_choice(y, nf, [f], terms, secs, np.asarray(simple[f]))
         at = pick[..., None]
         shown = np.take_along_axis(b.status, at, -1)[..., 0] == mcb.WITHIN
         live = np.isin(b.status, (mcb.WITHIN, mcb.NEAR, mcb.OPEN))  # not shown worse
@@ -210,11 +224,11 @@ def simulate(y: np.ndarray, plan: Plan, margin_of: MarginOf, simple: Sequence[np
     batch = y.shape[: y.ndim - 1 - nf]
     asked = np.zeros(y.shape, dtype=bool)
     asked[..., : plan.looks[0]] = True
+    setup = Setup(plan=plan, margin_of=margin_of, simple=simple, tolerance=tolerance)
     looks: list[Look] = []
     stopped = np.zeros(batch, dtype=int)
     for k in range(len(plan.looks)):
-        got = look(np.where(asked, y, np.nan), asked, plan, k, margin_of, simple, seconds,
-                   tolerance)
+        got = look(np.where(asked, y, np.nan), asked, k, setup, seconds)
         looks.append(got)
         live = stopped == 0
         ends = live & (got.done | (k + 1 == len(plan.looks)))
@@ -290,7 +304,8 @@ def replay(loss: np.ndarray, ran: np.ndarray, plan: Plan, margin_of: MarginOf,
         loss: best validation loss per run ``[levels..., seed index]`` (NaN: not recorded or
             not finished); seeds beyond ``plan.max_seeds`` are never read.
         ran: like ``loss``: which runs were recorded.
-        plan, margin_of, simple, seconds, tolerance: as ``look``.
+        plan, margin_of, simple, tolerance: as ``Setup``.
+        seconds: as ``look``.
     """
     levels = tuple(loss.shape[:-1])
     width = max(plan.max_seeds, loss.shape[-1])
@@ -299,6 +314,7 @@ def replay(loss: np.ndarray, ran: np.ndarray, plan: Plan, margin_of: MarginOf,
     ran = np.pad(np.asarray(ran, dtype=bool), pad, constant_values=False)
     if seconds is not None:
         seconds = np.pad(np.asarray(seconds, dtype=float), pad, constant_values=np.nan)
+    setup = Setup(plan=plan, margin_of=margin_of, simple=simple, tolerance=tolerance)
     need = np.ones(levels, dtype=bool)
     seed = np.arange(width)
     looks: list[Look] = []
@@ -307,7 +323,7 @@ def replay(loss: np.ndarray, ran: np.ndarray, plan: Plan, margin_of: MarginOf,
         window = need[..., None] & (seed >= start) & (seed < n)
         if not ran[window].all():
             return Replay(looks=looks, missing=window & ~ran)
-        got = look(loss, ran, plan, k, margin_of, simple, seconds, tolerance)
+        got = look(loss, ran, k, setup, seconds)
         looks.append(got)
         need = got.next
         if not need.any():

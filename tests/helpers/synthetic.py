@@ -19,6 +19,7 @@ from scipy import stats
 from stability.design.margin import Margin
 from stability.report.decide import winner
 from stability.stats import cost as costs
+from stability.stats.choice import Terms
 
 CLIPS, ACCUMS, PRECISIONS, SEEDS = (None, 1.0, 5.0, 10.0), (1, 2, 4, 8), ("fp32", "bf16", "fp16"), 5
 SHAPE = (len(CLIPS), len(ACCUMS), len(PRECISIONS), SEEDS)
@@ -177,5 +178,6 @@ def decide_batch(y: np.ndarray, delta: float | np.ndarray | None = None, alpha: 
     delta = report_margin(y) if delta is None else delta
     if seconds is None:
         seconds = run_seconds(np.random.default_rng(0), 1, seeds=1)
-    return [winner.level_choice(y, 3, [axis], delta, alpha / 3, seconds,
-                                np.array(SIMPLE[axis]), tolerance) for axis in range(3)]
+    terms = Terms(delta=delta, alpha=alpha / 3, tolerance=tolerance)
+    return [winner.level_choice(y, 3, [axis], terms, seconds, np.array(SIMPLE[axis]))
+            for axis in range(3)]

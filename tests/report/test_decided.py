@@ -54,7 +54,8 @@ def test_the_report_decides_at_the_share_of_the_look_the_study_stopped_at() -> N
         assert f"decide study: {int(asked.sum())} runs" in spent.note
         margin = Margin.parse("5%").of(float(configs.iloc[0]["loss_mean"]))
         assert margin == pytest.approx(float(st.final.margin[i]))
-        dec = winner.decide(runs, configs, None, margin, 0.05, 0.0, spent=spent)
+        settings = winner.Settings(margin=margin, alpha=0.05, cost_tolerance=0.0)
+        dec = winner.decide(runs, configs, None, settings, spent=spent)
         assert dec.alpha == 0.05 and dec.study == spent.note
         for f, c in enumerate(dec.choices):
             np.testing.assert_allclose(c.upper, st.final.upper[f][i])
@@ -88,7 +89,8 @@ def test_the_recorded_plan_is_data() -> None:
     assert spent is not None and spent.alpha == 0.0 and "could not be replayed" in spent.note
     assert notes and notes[0].startswith("the decide study's looks: not replayed")
     an = factors.analyse(runs, aggregate(runs), 0.004)
-    dec = winner.decide(runs, aggregate(runs), an, 0.004, 0.05, 0.0, spent=spent)
+    settings = winner.Settings(margin=0.004, alpha=0.05, cost_tolerance=0.0)
+    dec = winner.decide(runs, aggregate(runs), an, settings, spent=spent)
     assert not any(c.status[c.chosen] == mcb.WITHIN for c in dec.choices)
 
 

@@ -67,8 +67,8 @@ def test_every_factor_sentence_opens_its_verdict_with_one_of_four_words():
 def _decide(runs: pd.DataFrame, margin: float, tolerance: float = costs.FLOOR
             ) -> winner.Decision:
     configs = aggregate(runs)
-    return winner.decide(runs, configs, factors.analyse(runs, configs, margin), margin,
-                         cost_tolerance=tolerance)
+    return winner.decide(runs, configs, factors.analyse(runs, configs, margin),
+                         winner.Settings(margin=margin, cost_tolerance=tolerance))
 
 
 def _chosen(dec: winner.Decision, factor: str) -> str:

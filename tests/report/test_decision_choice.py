@@ -18,6 +18,7 @@ import pytest
 from stability.report.decide import winner
 from stability.stats import best as mcb
 from stability.stats import cost as costs
+from stability.stats.choice import Terms
 from tests.helpers.synthetic import (
     MARGIN,
     NOISE,
@@ -164,8 +165,8 @@ def test_the_printed_seeds_show_the_choice_within_the_margin_with_the_stated_pow
         for n in sorted(set(sized.values())):
             ks = np.array([k for k, m in sized.items() if m == n])
             fresh = _draw(rng, len(ks), effect, noise, seeds=n)
-            b2, _, _ = winner.level_choice(fresh, 3, [axis], report_margin(fresh), 0.05 / 3,
-                                           COSTS, np.array(SIMPLE[axis]))
+            terms = Terms(delta=report_margin(fresh), alpha=0.05 / 3)
+            b2, _, _ = winner.level_choice(fresh, 3, [axis], terms, COSTS, np.array(SIMPLE[axis]))
             hits += int(np.sum(b2.status[np.arange(len(ks)), pick[ks]] == mcb.WITHIN))
         rate, low, high = rate_ci(hits, len(sized))
         print(f"{noise}, factor {axis}: {len(need)} open of 500, {len(sized)} sized (median "

@@ -132,7 +132,7 @@ def test_the_report_path_reaches_the_same_choices_with_unfinished_missing_and_ex
         configs = aggregate(runs)
         an = factors.analyse(runs, configs, MARGIN)
         assert len(an.main) == 8  # the sixth seed drops nothing
-        dec = winner.decide(runs, configs, an, MARGIN)
+        dec = winner.decide(runs, configs, an, winner.Settings(margin=MARGIN))
         assert dec.fingerprint is not None
         row = configs.set_index("fingerprint").loc[dec.fingerprint]
         assert row["seeds_diverged"] + row["seeds_failed"] == 0
@@ -158,7 +158,8 @@ def test_the_report_path_adjusts_every_winner_comparison_the_same_way():
     runs = runs_table(y)
     configs = aggregate(runs)
     an = factors.analyse(runs, configs, MARGIN)
-    configs = put_first(configs, winner.decide(runs, configs, an, MARGIN).fingerprint)
+    dec = winner.decide(runs, configs, an, winner.Settings(margin=MARGIN))
+    configs = put_first(configs, dec.fingerprint)
     configs = compare.versus_winner(runs, configs, compare.Criteria(margin=MARGIN))
     found = compare.comparisons(runs, configs, compare.Criteria(margin=MARGIN))
     assert found and any(c.question.endswith("lowest mean") for c in found) \

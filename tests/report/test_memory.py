@@ -26,7 +26,8 @@ def test_configs_over_the_budget_are_set_aside_before_the_decision_and_named():
     assert set(kept["precision.name"]) == {"fp32"} and len(kept_configs) == 2
     assert lines[0].startswith("memory budget 500 MB (report.memory_budget_mb): 2 of 4 configs "
                                "set aside") and "(900 MB)" in lines[0]
-    dec = winner.decide(kept, kept_configs, factors.analyse(kept, kept_configs, 0.005), 0.005)
+    dec = winner.decide(kept, kept_configs, factors.analyse(kept, kept_configs, 0.005),
+                        winner.Settings(margin=0.005))
     assert dec.fingerprint in set(kept_configs["fingerprint"])
     assert memory.within_budget(runs, configs, None) == (runs, configs, [])
 

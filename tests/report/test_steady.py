@@ -41,7 +41,7 @@ def study(effects: dict[str, float], seeds: int = 5) -> pd.DataFrame:
 def decided(runs: pd.DataFrame, margin: float = 0.005):
     configs = aggregate(runs)
     an = factors.analyse(runs, configs, margin)
-    return configs, an, winner.decide(runs, configs, an, margin)
+    return configs, an, winner.decide(runs, configs, an, winner.Settings(margin=margin))
 
 
 def test_a_marginal_choice_gives_way_to_its_stable_twin_and_the_answer_names_both() -> None:

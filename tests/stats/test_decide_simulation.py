@@ -31,7 +31,7 @@ import pytest
 from stability.stats import best as mcb
 from stability.stats import sequential as sq
 from stability.stats import shown
-from stability.stats.choice import level_choice
+from stability.stats.choice import Terms, level_choice
 from tests.helpers.synthetic import (
     MARGIN,
     NOISE,
@@ -167,7 +167,8 @@ def fixed(sc: Scenario, seeds: int) -> Outcome:
     margin = np.asarray(sc.margin_of(low), dtype=float)
     picks, within = [], []
     for f in range(nf):
-        b, _, pick = level_choice(y, nf, [f], margin, ALPHA / nf, secs, sc.simple[f])
+        b, _, pick = level_choice(y, nf, [f], Terms(delta=margin, alpha=ALPHA / nf), secs,
+                                  sc.simple[f])
         picks.append(pick)
         within.append(np.take_along_axis(b.status, pick[:, None], -1)[:, 0] == mcb.WITHIN)
     runs = np.full(len(y), math.prod(y.shape[1:]))

@@ -11,7 +11,7 @@ from scipy import stats
 from stability.stats import best as mcb
 from stability.stats import sequential as sq
 from stability.stats import shown
-from stability.stats.choice import level_choice
+from stability.stats.choice import Terms, level_choice
 
 PLAN = sq.Plan(n0=3, step=3, max_seeds=9)
 SIMPLE = (np.array([0, 1, 1]), np.array([0, 1]))
@@ -19,6 +19,9 @@ SIMPLE = (np.array([0, 1, 1]), np.array([0, 1]))
 
 def margin_of(low: np.ndarray) -> np.ndarray:
     return 0.05 * np.abs(low)
+
+
+SETUP = shown.Setup(plan=PLAN, margin_of=margin_of, simple=SIMPLE)
 
 
 def study(rng: np.random.Generator, n: int = 1, clip=(0.0, 0.004, -0.004),
@@ -36,14 +39,14 @@ def test_a_look_is_the_reports_rule_at_its_share_of_alpha() -> None:
     y = study(np.random.default_rng(1), 50)
     ran = np.zeros(y.shape, dtype=bool)
     ran[..., :3] = True
-    lk = shown.look(np.where(ran, y, np.nan), ran, PLAN, 0, margin_of, SIMPLE)
+    lk = shown.look(np.where(ran, y, np.nan), ran, 0, SETUP)
     first = y[..., :3]
     margin = margin_of(first.mean(axis=-1).reshape(50, -1).min(axis=-1))
     np.testing.assert_allclose(lk.margin, margin)
     assert lk.alpha == pytest.approx(0.05 / 3)
     for f in range(2):
-        b, _, pick = level_choice(first, 2, [f], margin, 0.05 / 3 / 2, np.full(first.shape, 1.0),
-                                  SIMPLE[f], constrained=True)
+        terms = Terms(delta=margin, alpha=0.05 / 3 / 2, constrained=True)
+        b, _, pick = level_choice(first, 2, [f], terms, np.full(first.shape, 1.0), SIMPLE[f])
         np.testing.assert_array_equal(lk.pick[:, f], pick)
         np.testing.assert_allclose(lk.upper[f], b.upper)
         np.testing.assert_array_equal(lk.status[f], b.status)
@@ -103,14 +106,14 @@ def test_unfinished_runs_count_at_the_worst_read_loss_and_block_the_margin() -> 
     loss = np.where(ran, y, np.nan)
     best = np.unravel_index(np.argmin(loss[..., :3].mean(-1)), (3, 2))
     loss[best + (1,)] = np.nan  # the best config's seed 1 did not finish
-    lk = shown.look(loss, ran, PLAN, 0, margin_of, SIMPLE)
+    lk = shown.look(loss, ran, 0, SETUP)
     means = np.nanmean(np.where(ran, y, np.nan)[..., :3], axis=-1)
     means[best] = np.inf
     assert float(lk.margin) == pytest.approx(0.05 * means.min())
     filled = np.where(ran, y, np.nan)[..., :3].copy()
     filled[best + (1,)] = np.nanmax(loss[..., :3])
-    b, _, _ = level_choice(filled, 2, [0], float(lk.margin), PLAN.spend[0] / 2,
-                           np.full(filled.shape, np.nan), SIMPLE[0], constrained=True)
+    terms = Terms(delta=float(lk.margin), alpha=PLAN.spend[0] / 2, constrained=True)
+    b, _, _ = level_choice(filled, 2, [0], terms, np.full(filled.shape, np.nan), SIMPLE[0])
     np.testing.assert_allclose(lk.upper[0], b.upper)
 
 

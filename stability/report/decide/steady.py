@@ -103,8 +103,9 @@ def prefer_stable(runs: pd.DataFrame, configs: pd.DataFrame, decision: rule.Deci
     delta = decision.margin if math.isfinite(decision.margin) else -math.inf
     # the rule's order over the stable configs, each group's levels narrowed to its candidates
     narrowed = [_candidates_only(c, delta) for c in decision.choices]
-    other = rule._settle(table, stable, narrowed, factors, decision.margin, decision.alpha,
-                         decision.cost_tolerance)
+    settings = rule.Settings(margin=decision.margin, alpha=decision.alpha,
+                             cost_tolerance=decision.cost_tolerance)
+    other = rule._settle(table, stable, narrowed, factors, settings)
     if other.fingerprint is None:
         return decision, first
     choices = tuple(c if o.chosen == c.chosen else rule._moved(c, o.chosen)

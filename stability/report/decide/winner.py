@@ -30,12 +30,30 @@ from stability.report.decide.decided import Spent
 from stability.report.decide.factors import Cube, Designed, FactorAnalysis, design
 from stability.stats import best as mcb
 from stability.stats import cost as costs
-from stability.stats.choice import joint, level_choice
+from stability.stats.choice import Terms, joint, level_choice
 
 # What a choice rests on: shown within the margin / within it one comparison at a time / the
 # lowest estimate / the next level in the rule's order (the first choice has an unfinished seed).
 CHOSEN_WITHIN, CHOSEN_NEAR, CHOSEN_LOWEST = mcb.WITHIN_BASIS, mcb.NEAR_BASIS, mcb.LOWEST_BASIS
 CHOSEN_NEXT = "next"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The decision's settings (``report.margin`` in loss units, ``report.alpha``,
+    ``report.cost_tolerance``, ``report.power``).
+
+    Attributes:
+        margin: the margin of "within the best" (loss units).
+        alpha: the error the whole decision may spend (split over the groups).
+        cost_tolerance: the share a cost difference must exceed beyond the measured spread.
+        power: of the seeds that would show an open choice within the margin.
+    """
+
+    margin: float
+    alpha: float = 0.05
+    cost_tolerance: float = costs.FLOOR
+    power: float = mcb.POWER
 
 
 @dataclass(frozen=True)
@@ -112,8 +130,7 @@ def groups(an: FactorAnalysis | None, factors: list[Factor]) -> list[list[int]]:
 
 
 def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
-           margin: float, alpha: float = 0.05, cost_tolerance: float = costs.FLOOR, *,
-           power: float = mcb.POWER, spent: Spent | None = None,
+           settings: Settings, *, spent: Spent | None = None,
            designed: Designed | None = None) -> Decision:
     """The winner of the study, factor by factor.
 
@@ -121,15 +138,14 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
         runs: one row per training run (``fetch.fetch_runs``).
         configs: ``select.aggregate(runs)``.
         an: the factor analysis (its interactions group the factors); None: no grouping.
-        margin: the margin of "within the best" (loss units).
-        alpha: the error the whole decision may spend (split over the groups).
-        cost_tolerance: the share a cost difference must exceed beyond the measured spread.
-        power: of the seeds that would show an open choice within the margin.
+        settings: the margin, the alpha the whole decision may spend, the cost tolerance and
+            the power of the seeds needed.
         spent: a decide study's last look (``report.decide.decided``): the decision spends its share
             of alpha only, the bounds over the levels not shown worse, as the study's looks
-            did; ``alpha`` stays the guarantee over all looks.
+            did; ``settings.alpha`` stays the guarantee over all looks.
         designed: ``design(runs, configs)``, made once by the report (None: made here).
     """
+    margin, alpha, cost_tolerance = settings.margin, settings.alpha, settings.cost_tolerance
     level = alpha  # the guarantee printed: 1 - alpha (a decide study's, over all its looks)
     unknown = spent is not None and not spent.alpha > 0  # looks not replayed: nothing shown
     if spent is not None and not unknown:
@@ -157,8 +173,9 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
         mean_s = [seconds.get(lv if len(lv) > 1 else lv[0], math.nan) for lv in levels]
         simple = np.array([sum(simplicity(factors[a].name, lv[i], factors[a].levels.index(lv[i]))
                                for i, a in enumerate(axes)) for lv in levels])
-        b, mean, pick = level_choice(cube.loss, len(factors), axes, delta, alpha / len(parts),
-                                     timing, simple, cost_tolerance, constrained)
+        terms = Terms(delta=delta, alpha=alpha / len(parts), tolerance=cost_tolerance,
+                      constrained=constrained)
+        b, mean, pick = level_choice(cube.loss, len(factors), axes, terms, timing, simple)
         cost = costs.level_cost(joint(timing, axes, len(factors)))
         choices.append(Choice(
             factors=names, levels=tuple(levels), status=tuple(str(s) for s in b.status),
@@ -167,8 +184,8 @@ def decide(runs: pd.DataFrame, configs: pd.DataFrame, an: FactorAnalysis | None,
             log_cost=tuple(float(x) for x in cost.log_mean), cost_spread=float(cost.spread),
             cost_runs=tuple(int(x) for x in cost.runs),
             chosen=int(pick), preferred=int(pick), basis=_basis_of(b, int(pick)),
-            seeds_needed=_seeds(b, int(pick), delta, power)))
-    dec = _settle(table, configs, choices, factors, margin, level, cost_tolerance)
+            seeds_needed=_seeds(b, int(pick), delta, settings.power)))
+    dec = _settle(table, configs, choices, factors, settings)
     return replace(dec, study=spent.note) if spent else dec
 
 
@@ -206,9 +223,10 @@ def _finished(configs: pd.DataFrame) -> list[str]:
 
 
 def _settle(table: pd.DataFrame, configs: pd.DataFrame, choices: list[Choice],
-            factors: list[Factor], margin: float, alpha: float,
-            tolerance: float) -> Decision:
-    """The config the choices make; if it has an unfinished seed, the next combination."""
+            factors: list[Factor], settings: Settings) -> Decision:
+    """The config the choices make; if it has an unfinished seed, the next combination
+    (``settings.alpha``: the guarantee printed)."""
+    margin, alpha, tolerance = settings.margin, settings.alpha, settings.cost_tolerance
     ok = set(_finished(configs))
     names = [f.name for f in factors]
     # Configs that differ only in keys that are not factors (e.g. the monitor) share a cell:
