@@ -49,8 +49,7 @@ class _Trainer:
     def epoch(self) -> dict[str, Any]:
         """One epoch; per-step seconds, samples, losses and window sizes."""
         seconds, losses, sizes, samples = [], [], [], 0
-        for window in windows(self.train, self.cfg.train.batch_size,
-                              self.cfg.train.accum_steps, self.shuffle, self.device):
+        for window in windows(self.train, self.cfg.train, self.shuffle, self.device):
             t0 = time.perf_counter()
             log = self.step.step(window)  # returns host floats: the device has finished
             seconds.append(time.perf_counter() - t0)

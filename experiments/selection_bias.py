@@ -28,7 +28,7 @@ import torch
 import yaml
 from scipy import stats
 
-from stability.core.batches import evaluate_task, task_of
+from stability.core.batches import EvalSettings, evaluate_task, task_of
 from stability.core.config import to_run_config
 
 
@@ -50,7 +50,7 @@ def losses(job: Path, data_seed: int) -> dict[str, object] | None:
         model = task.model()
         model.load_state_dict(state)
         _, val = task.train_val()
-        out[name] = evaluate_task(task, model, val, run.precision.name, "cpu")["loss"]
+        out[name] = evaluate_task(task, model, val, EvalSettings.of(run, "cpu"))["loss"]
     return out
 
 

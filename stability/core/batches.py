@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from stability.core import distributed
-from stability.core.config import RunConfig
+from stability.core.config import RunConfig, TrainConfig
 from stability.core.precision import autocast
 from stability.core.step import MicroBatch
 from stability.core.task import Task, build_task
@@ -60,27 +61,50 @@ def _gather(data: torch.Tensor, idx: torch.Tensor, device: str) -> torch.Tensor:
     return torch.index_select(data, 0, idx, out=out).to(device, non_blocking=True)
 
 
-@torch.no_grad()
-def evaluate_task(task: Task, model: nn.Module, dataset: Dataset, precision: str, device: str,
-                  batch_size: int = 1024, sharded: bool = False,
-                  num_workers: int = 0) -> dict[str, float]:
-    """Mean loss and the task's metrics of ``model`` on ``dataset``, under the run's autocast.
+@dataclass(frozen=True)
+class EvalSettings:
+    """How a model is evaluated: the run's autocast, where, in what batches, by which ranks.
 
-    Args:
-        task: supplies ``metrics`` (batch sums) and ``loss``.
-        model: the module.
-        dataset: the data to evaluate on.
+    Attributes:
         precision: the run's precision (``fp32`` | ``fp16`` | ``bf16``).
         device: ``cpu`` or ``cuda``.
         batch_size: evaluation batch size.
         sharded: data-parallel: each rank evaluates every world_size-th sample (no padding)
             and the sums are all-reduced, so every rank returns the whole dataset's numbers.
         num_workers: DataLoader workers (datasets that are not ``TensorDataset``).
+    """
+
+    precision: str
+    device: str
+    batch_size: int = 1024
+    sharded: bool = False
+    num_workers: int = 0
+
+    @classmethod
+    def of(cls, cfg: RunConfig, device: str, *, sharded: bool = False) -> EvalSettings:
+        """A run's evaluation of ``cfg`` on a concrete ``device``: its precision, its
+        ``train.num_workers``."""
+        return cls(precision=cfg.precision.name, device=device, sharded=sharded,
+                   num_workers=cfg.train.num_workers)
+
+
+@torch.no_grad()
+def evaluate_task(task: Task, model: nn.Module, dataset: Dataset,
+                  how: EvalSettings) -> dict[str, float]:
+    """Mean loss and the task's metrics of ``model`` on ``dataset``, under the run's autocast.
+
+    Args:
+        task: supplies ``metrics`` (batch sums) and ``loss``.
+        model: the module.
+        dataset: the data to evaluate on.
+        how: the precision, device, batch size, sharding and DataLoader workers.
 
     Returns:
         ``{"loss": mean, <metric>: mean, ...}`` over the samples, plus what the task's
         optional ``derived(means)`` adds (e.g. ``perplexity``).
     """
+    precision, device, batch_size = how.precision, how.device, how.batch_size
+    sharded, num_workers = how.sharded, how.num_workers
     n = len(dataset)  # type: ignore[arg-type]
     index = torch.arange(n)
     if sharded:
@@ -116,17 +140,30 @@ def evaluate_task(task: Task, model: nn.Module, dataset: Dataset, precision: str
     return means | derived(means) if callable(derived) else means
 
 
-def windows(split: Dataset, batch_size: int, accum_steps: int, generator: torch.Generator,
-            device: str, rank: int = 0, world_size: int = 1,
-            num_workers: int = 0) -> Iterator[list[MicroBatch]]:
-    """One epoch of shuffled micro-batches grouped into windows of ``accum_steps``.
+def windows(split: Dataset, train: TrainConfig, generator: torch.Generator, device: str,
+            rank: int = 0, world_size: int = 1) -> Iterator[list[MicroBatch]]:
+    """One epoch of shuffled micro-batches grouped into windows of ``train.accum_steps``.
 
     The last window may be shorter; it is still stepped (with its own divisor). With
     ``world_size > 1`` every rank draws the same permutation (same generator state) and takes
     its ``DistributedSampler`` share of it, so ranks see disjoint data and the same number of
     windows. A ``TensorDataset`` is indexed directly (no DataLoader on the hot path); any other
-    dataset goes through a ``DataLoader`` over the same index batches, with ``num_workers``.
+    dataset goes through a ``DataLoader`` over the same index batches, with
+    ``train.num_workers``.
+
+    Args:
+        split: the training split.
+        train: the run's ``train`` section: ``batch_size`` (a micro-batch), ``accum_steps``
+            (micro-batches per window) and ``num_workers``.
+        generator: the shuffling generator (the same state on every rank).
+        device: ``cpu`` or ``cuda``.
+        rank: this rank.
+        world_size: data-parallel ranks.
+
+    Yields:
+        Each window's micro-batches ``(x, y)``, on ``device``.
     """
+    batch_size, accum_steps, num_workers = train.batch_size, train.accum_steps, train.num_workers
     perm = distributed.shard_indices(torch.randperm(len(split), generator=generator),
                                      rank, world_size)
     batches = [perm[i : i + batch_size] for i in range(0, len(perm), batch_size)]

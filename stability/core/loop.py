@@ -32,7 +32,7 @@ import yaml
 
 from stability.core import checkpoint, distributed
 from stability.core.assembly import InitialLoss, RunAssembly, standard_sinks
-from stability.core.batches import evaluate_task, task_of, windows
+from stability.core.batches import EvalSettings, evaluate_task, task_of, windows
 from stability.core.config import RunConfig, to_yaml_dict
 from stability.core.cost import CostMeter
 from stability.core.faults import FaultInjector
@@ -165,23 +165,21 @@ def train(cfg: RunConfig, sinks: Sequence[StepSink] = (), world_size: int = 1) -
     # A killed run's folder continues after its last whole epoch (core/checkpoint.py).
     parts = checkpoint.Parts(model, optimizer, trainer, shuffle, named)
     resumed = checkpoint.restore(out, cfg, parts) if main and not ddp else None
+    # validation sums are reduced over ranks: the best epoch is the same on every rank
+    evaluation = EvalSettings.of(cfg, device, sharded=ddp)
     if resumed is not None:
         run.resume(resumed.epochs, resumed.best, resumed.best_metrics)
     else:  # before the first step; a checkpoint from before it was kept: NaN
-        initial.value = evaluate_task(task, model, val_set, cfg.precision.name, device,
-                                      sharded=ddp, num_workers=cfg.train.num_workers)["loss"]
+        initial.value = evaluate_task(task, model, val_set, evaluation)["loss"]
     status, reason = "finished", ""
     try:
         for epoch in range((resumed.epoch if resumed else 0) + 1, cfg.train.epochs + 1):
             te = time.perf_counter()
-            for window in windows(train_set, cfg.train.batch_size, cfg.train.accum_steps,
-                                  shuffle, device, rank, world_size, cfg.train.num_workers):
+            for window in windows(train_set, cfg.train, shuffle, device, rank, world_size):
                 ts = time.perf_counter()
                 s = trainer.step(window)
                 run.step(s, epoch, time.perf_counter() - ts)
-            # validation sums are reduced over ranks: the best epoch is the same on every rank
-            val = evaluate_task(task, model, val_set, cfg.precision.name, device, sharded=ddp,
-                                num_workers=cfg.train.num_workers)
+            val = evaluate_task(task, model, val_set, evaluation)
             run.epoch(epoch, val["loss"], val.get("acc", math.nan), time.perf_counter() - te,
                       val)
             if csv_writer is not None and not ddp:  # the resume point of this epoch

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from stability.core.batches import evaluate_task, task_of
+from stability.core.batches import EvalSettings, evaluate_task, task_of
 from stability.core.config import RunConfig
 from stability.core.loop import RunResult
 from stability.core.loop import train as _train
@@ -50,8 +50,7 @@ def model_builder(cfg: RunConfig, task: Task) -> Callable[[], nn.Module]:
 def evaluate(cfg: RunConfig, task: Task, model: nn.Module, dataset: Any,
              device: str) -> dict[str, float]:
     """The task's loss and metrics under the run's precision (``evaluate_task``)."""
-    return evaluate_task(task, model.to(device), dataset, cfg.precision.name, device,
-                         num_workers=cfg.train.num_workers)
+    return evaluate_task(task, model.to(device), dataset, EvalSettings.of(cfg, device))
 
 
 def example(cfg: RunConfig, task: Task, model: nn.Module) -> tuple[nn.Module, Any]:

@@ -40,7 +40,7 @@ from stability.core.measure import StepMeter
 from stability.core.monitor import Diagnostics
 from stability.core.rundir import CHECKPOINT_NAME, CONFIG_NAME, CSV_NAME
 from stability.core.steplog import CsvStepWriter, EpochLog, StepLog
-from stability.integrations.trainer_run import trainer_record
+from stability.integrations.trainer_run import RunIdentity, trainer_record
 from stability.tracking.run import TrackedRun
 
 PLAIN = "plain"  # the ``trainer`` param of a run recorded through ``track``
@@ -178,9 +178,9 @@ def track(folder: str | Path, *, task: str, sweep_id: str, seed: int = 0,
     out.mkdir(parents=True, exist_ok=True)
     if rebuilt is not None:
         (out / CONFIG_NAME).write_text(yaml.safe_dump(rebuilt[1], sort_keys=False))
-    record = trainer_record(out, target=task, trainer=PLAIN, settings=settings,
-                            seed=seed, sweep_id=sweep_id, loss_name=loss_name,
-                            tracking=tracking,
+    identity = RunIdentity(target=task, trainer=PLAIN, settings=settings, seed=seed,
+                           sweep_id=sweep_id)
+    record = trainer_record(out, identity, loss_name=loss_name, tracking=tracking,
                             fingerprint=None if rebuilt is None else fingerprint(rebuilt[0]))
     t0 = time.perf_counter()
     with TrackedRun(record) as tracked:

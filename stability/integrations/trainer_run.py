@@ -1,7 +1,8 @@
 """The ``RunRecord`` of a run a foreign trainer trains: what the report needs to read it.
 
 Our loop's runs are described by a ``RunConfig`` (``tracking.record.run_record``); a Lightning or
-HF run is described by its settings. ``trainer_record`` turns those into the params and the
+HF run is described by its identity (``RunIdentity``: what it trains, by which trainer, at which
+settings and seed, in which study). ``trainer_record`` turns that into the params and the
 ``contract.Rebuild`` tags (kind, sweep, fingerprint, seed, loss name), so the run is tracked by
 ``TrackedRun`` like any other and the report groups its seeds by fingerprint.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from stability.core.config import TrackingConfig
@@ -28,20 +30,36 @@ def settings_fingerprint(target: str, trainer: str, settings: Mapping[str, objec
     return hashlib.sha256(body.encode()).hexdigest()[:12]
 
 
-def trainer_record(folder: str | Path, *, target: str, trainer: str,
-                   settings: Mapping[str, object], seed: int, sweep_id: str,
-                   loss_name: str = "loss", tracking: TrackingConfig | None = None,
-                   name: str | None = None, fingerprint: str | None = None) -> RunRecord:
-    """The tracked-run description of one trainer run.
+@dataclass(frozen=True)
+class RunIdentity:
+    """Which run a trainer run is: what it trains, by which trainer, at which settings and
+    seed, in which study (its params and its ``contract.Rebuild`` grouping tags).
 
-    Args:
-        folder: its run folder (``steps.csv``, the journal).
+    Attributes:
         target: the import path of what is trained (``task._target_``).
-        trainer: ``lightning`` or ``hf``.
+        trainer: ``lightning``, ``hf`` or ``plain`` (``stability.track``).
         settings: the study's settings of this point (``precision.name``, ``clip.max_norm``...),
             logged as params and hashed into the fingerprint.
         seed: the training seed.
         sweep_id: the study it belongs to (``stability.sweep_id``).
+    """
+
+    target: str
+    trainer: str
+    settings: Mapping[str, object]
+    seed: int
+    sweep_id: str
+
+
+def trainer_record(folder: str | Path, run: RunIdentity, *, loss_name: str = "loss",
+                   tracking: TrackingConfig | None = None, name: str | None = None,
+                   fingerprint: str | None = None) -> RunRecord:
+    """The tracked-run description of one trainer run.
+
+    Args:
+        folder: its run folder (``steps.csv``, the journal).
+        run: which run it is: what it trains, by which trainer, at which settings and seed,
+            in which study.
         loss_name: what the loss is (axis labels).
         tracking: where it goes (default: the embedded store, experiment ``stability``).
         name: the MLflow run name (default: ``<trainer> <settings> s=<seed>``).
@@ -49,12 +67,12 @@ def trainer_record(folder: str | Path, *, target: str, trainer: str,
             ``core.identity.fingerprint``, which the report checks the file against); default:
             ``settings_fingerprint``.
     """
-    fp = fingerprint or settings_fingerprint(target, trainer, settings)
-    params = {TASK_TARGET_PARAM: target, TRAINER_PARAM: trainer, "seed": str(seed),
-              **{k: str(v) for k, v in settings.items()}}
-    tags = {Tag.KIND: str(Kind.TRAIN), Tag.SWEEP_ID: sweep_id, Tag.FINGERPRINT: fp,
-            Tag.SEED: str(seed), Tag.LOSS_NAME: loss_name, Tag.GIT_COMMIT: git_commit()}
-    label = " ".join(f"{k}={v}" for k, v in settings.items())
+    fp = fingerprint or settings_fingerprint(run.target, run.trainer, run.settings)
+    params = {TASK_TARGET_PARAM: run.target, TRAINER_PARAM: run.trainer, "seed": str(run.seed),
+              **{k: str(v) for k, v in run.settings.items()}}
+    tags = {Tag.KIND: str(Kind.TRAIN), Tag.SWEEP_ID: run.sweep_id, Tag.FINGERPRINT: fp,
+            Tag.SEED: str(run.seed), Tag.LOSS_NAME: loss_name, Tag.GIT_COMMIT: git_commit()}
+    label = " ".join(f"{k}={v}" for k, v in run.settings.items())
     return RunRecord(params=params, tags=tags, folder=Path(folder),
-                     name=name or f"{trainer} {label} s={seed}",
+                     name=name or f"{run.trainer} {label} s={run.seed}",
                      tracking=tracking or TrackingConfig())

@@ -308,16 +308,18 @@ def test_without_a_scaler_lightning_applies_a_nonfinite_update(tmp_path: Path) -
 def test_trainer_record_groups_seeds_and_separates_settings(tmp_path: Path) -> None:
     """Seeds of one setting share a fingerprint, another setting does not; the record has
     every tag and param the report needs (``contract.missing_records``)."""
-    from stability.integrations.trainer_run import trainer_record
+    from stability.integrations.trainer_run import RunIdentity, trainer_record
     from stability.tracking.contract import Tag, missing_records
 
     settings = {"precision.name": "fp16", "clip.max_norm": 1.0}
-    a, b = (trainer_record(tmp_path, target="m.M", trainer="lightning", settings=settings,
-                           seed=s, sweep_id="x") for s in (0, 1))
-    c = trainer_record(tmp_path, target="m.M", trainer="lightning",
-                       settings=settings | {"clip.max_norm": 0.5}, seed=0, sweep_id="x")
-    d = trainer_record(tmp_path, target="m.M", trainer="hf", settings=settings, seed=0,
-                       sweep_id="x")
+    a, b = (trainer_record(tmp_path, RunIdentity(target="m.M", trainer="lightning",
+                                                 settings=settings, seed=s, sweep_id="x"))
+            for s in (0, 1))
+    c = trainer_record(tmp_path, RunIdentity(target="m.M", trainer="lightning",
+                                             settings=settings | {"clip.max_norm": 0.5}, seed=0,
+                                             sweep_id="x"))
+    d = trainer_record(tmp_path, RunIdentity(target="m.M", trainer="hf", settings=settings,
+                                             seed=0, sweep_id="x"))
     assert a.tags[Tag.FINGERPRINT] == b.tags[Tag.FINGERPRINT]
     assert len({a.tags[Tag.FINGERPRINT], c.tags[Tag.FINGERPRINT], d.tags[Tag.FINGERPRINT]}) == 3
     assert (a.tags[Tag.SEED], b.tags[Tag.SEED]) == ("0", "1")

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from stability.core.batches import evaluate_task, task_of
+from stability.core.batches import EvalSettings, evaluate_task, task_of
 from stability.core.config import ConfigError, TrackingConfig, to_run_config
 from stability.core.identity import fingerprint, flatten
 from stability.integrations.track import rebuild_config, track
@@ -85,7 +85,7 @@ def test_the_docs_plain_loop_is_tracked_and_reported(
     model = task.model()
     model.load_state_dict(torch.load(tmp_path / "runs" / "s0" / "checkpoints" / "best.pt",
                                      weights_only=True))
-    want = evaluate_task(task, model, test_set, "fp32", "cpu")
+    want = evaluate_task(task, model, test_set, EvalSettings(precision="fp32", device="cpu"))
     (seed0,) = [r for r in c.search_runs([c.get_experiment_by_name("stability").experiment_id])
                 if r.data.params.get("seed") == "0"]
     assert seed0.data.metrics["test_loss"] == pytest.approx(want["loss"], abs=1e-6)
