@@ -44,6 +44,7 @@ class PeerFailedError(RuntimeError):
 class _State:
     store: Any = None  # our namespace in the rendezvous store (failure reasons)
     failed: bool = False  # this process recorded a failure: skip the orderly teardown
+    rank: int = 0  # the rank this process joined with; kept after it leaves the group
 
 
 _state = _State()
@@ -107,12 +108,31 @@ def setup(device: str = "auto") -> int:
                             rank=rank_, world_size=world, timeout=timeout)
     _state.store = dist.PrefixStore("stability", store)
     _state.failed = False
+    _state.rank = rank_
     atexit.register(shutdown)
     return world
 
 
+def leave() -> None:
+    """End a rank's training in order: wait for every rank, then leave the process group.
+
+    Called once training returned on every rank, while the interpreter is fully alive. The
+    barrier means every collective has completed on every rank before any rank tears its
+    group down; left to the exit handler alone, a gloo worker thread could still drop a
+    tensor during interpreter finalization and abort the rank ("terminate called without an
+    active exception", SIGABRT). A no-op without a process group.
+    """
+    if is_distributed() and not _state.failed:
+        dist.barrier()
+    shutdown()
+
+
 def shutdown() -> None:
-    """Leave the process group (idempotent). Skipped after a failure: the peers may be gone."""
+    """Leave the process group (idempotent). Skipped after a failure: the peers may be gone.
+
+    Also registered as an exit handler, with no barrier: at exit a peer may have stopped
+    without recording a failure (Ctrl-C), and waiting for it would only wait out the timeout.
+    """
     if is_distributed() and not _state.failed:
         dist.destroy_process_group()
     _state.store = None
@@ -124,8 +144,11 @@ def is_distributed() -> bool:
 
 
 def rank() -> int:
-    """This process's rank (0 without a process group)."""
-    return dist.get_rank() if is_distributed() else 0
+    """This process's rank: in its process group, or the one it had before ``leave`` (else 0).
+
+    Kept after leaving, so that only rank 0 still speaks once training has ended.
+    """
+    return dist.get_rank() if is_distributed() else _state.rank
 
 
 def world_size() -> int:

@@ -112,12 +112,15 @@ def train_tracked(cfg: RunConfig, overrides: Sequence[str] = (),
         claim(cfg.output_dir, cfg, world)
     if not cfg.tracking.enabled or not distributed.is_main():
         with distributed.rank_guard():
-            return fit(cfg, sinks, world_size=world)
+            result = fit(cfg, sinks, world_size=world)
+            distributed.leave()  # in the guard: a peer that broke at the barrier is named
+        return result
     # Deferred SIGTERM: when torchrun tears the ranks down, rank 0 still closes its run.
     record = run_record(cfg, overrides, world, backend.unused_params)
     with sigterm_deferred(), TrackedRun(record) as tracked:
         with distributed.rank_guard():
             result = fit(cfg, sinks=[tracked.sink, *sinks], world_size=world)
+            distributed.leave()
         tracked.finish(result.summary, result.status, result.reason)
     # A tracking outage never fails the run: MLflow's part waits in the folder (pending sync).
     log.info("MLflow run %s (%s)%s", tracked.run_id or "(not created yet)", redact_uri(tracked.uri),

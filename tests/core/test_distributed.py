@@ -651,6 +651,21 @@ def test_terminated_after_a_peer_failed_becomes_peer_failed(
         dist.destroy_process_group()
 
 
+def test_leave_ends_the_group_before_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``leave`` destroys the group while the interpreter is alive (not at exit); is idempotent."""
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    monkeypatch.setattr(distributed._state, "failed", False)
+    monkeypatch.setattr(distributed._state, "rank", 0)
+    distributed.leave()
+    assert not dist.is_initialized()
+    assert distributed.is_main() and distributed.world_size() == 1
+    distributed.leave()  # the exit handler's second call finds nothing to do
+    distributed.shutdown()
+
+
 def test_world_size_without_a_process_group_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="world_size=2 is invalid.*torchrun"):
         train(_run_config(tmp_path), world_size=2)
